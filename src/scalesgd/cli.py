@@ -1,0 +1,120 @@
+"""The `scalesgd` command: parse, validate once, dispatch. Bad input is one line and exit status 2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from scalesgd.config import DATASET_CHOICES, ENGINE_CHOICES, MODEL_CHOICES, TrainConfig
+from scalesgd.errors import EXIT_USAGE, UsageError
+from scalesgd.recipe import SCALING_RULES, SCHEDULES, WARMUPS
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad option as one line (no usage dump) with exit status 2."""
+
+    def error(self, message: str):
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _milestones(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of epochs") from None
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser("train", help="train a model data-parallel with the large-minibatch recipe",
+                       description="Train data-parallel on local workers (or under torchrun).",
+                       argument_default=argparse.SUPPRESS)
+    d = TrainConfig()
+    g = p.add_argument_group("workers")
+    g.add_argument("--workers", type=int, help=f"local worker processes (default {d.workers}); "
+                   "under torchrun the launch decides")
+    g.add_argument("--engine", choices=ENGINE_CHOICES, help=f"gradient exchange (default {d.engine})")
+    g.add_argument("--timeout", type=float, help=f"seconds any collective may wait (default {d.timeout:g})")
+    g.add_argument("--master-addr", help=f"rendezvous address (default {d.master_addr})")
+    g.add_argument("--master-port", type=int, help="rendezvous port (default: a free one)")
+    g.add_argument("--threads", type=int, help="compute threads per worker (default: cores / workers)")
+    g = p.add_argument_group("data and model")
+    g.add_argument("--dataset", help=f"{' | '.join(DATASET_CHOICES)} (default {d.dataset})")
+    g.add_argument("--data-dir", help="folder holding cifar-10-batches-py (cifar10)")
+    g.add_argument("--samples", type=int, help=f"synthetic training samples (default {d.samples})")
+    g.add_argument("--image-size", type=int, help=f"synthetic image side (default {d.image_size})")
+    g.add_argument("--classes", type=int, help=f"synthetic classes (default {d.classes})")
+    g.add_argument("--model", help=f"{' | '.join(MODEL_CHOICES)} (default {d.model})")
+    g = p.add_argument_group("large-minibatch recipe")
+    g.add_argument("--batch-size", type=int, help=f"global minibatch kn (default {d.batch_size})")
+    g.add_argument("--epochs", type=int, help=f"(default {d.epochs})")
+    g.add_argument("--base-lr", type=float, help=f"rate tuned at --base-batch (default {d.base_lr})")
+    g.add_argument("--base-batch", type=int, help=f"(default {d.base_batch})")
+    g.add_argument("--lr-scaling", help=f"{' | '.join(SCALING_RULES)} (default {d.lr_scaling})")
+    g.add_argument("--warmup", help=f"{' | '.join(WARMUPS)} (default {d.warmup})")
+    g.add_argument("--warmup-epochs", type=float, help=f"(default {d.warmup_epochs:g})")
+    g.add_argument("--schedule", help=f"{' | '.join(SCHEDULES)} (default {d.schedule})")
+    g.add_argument("--milestones", type=_milestones,
+                   help="step-schedule epochs, comma-separated (default: 30,60,80 of 90 scaled)")
+    g.add_argument("--power", type=float, help=f"poly schedule power (default {d.power:g})")
+    g.add_argument("--momentum", type=float, help=f"(default {d.momentum})")
+    g.add_argument("--nesterov", action="store_true")
+    g.add_argument("--weight-decay", type=float, help=f"(default {d.weight_decay:g}); never on BN γ/β")
+    g.add_argument("--no-bias-decay", dest="bias_decay", action="store_false", help="no decay on biases")
+    g.add_argument("--no-zero-gamma", dest="zero_gamma", action="store_false",
+                   help="γ = 1 on the last BN of residual blocks")
+    g.add_argument("--label-smoothing", type=float, help=f"(default {d.label_smoothing:g})")
+    g.add_argument("--seed", type=int, help=f"(default {d.seed})")
+    g = p.add_argument_group("output")
+    g.add_argument("--run-dir", help="where results go (default runs/<timestamp>)")
+    g.add_argument("--resume", type=Path, help="continue the run in this directory from its last checkpoint")
+    g.add_argument("--quiet", action="store_true", help="print nothing while training")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="scalesgd", description="Large-minibatch, communication-efficient data-parallel "
+                     "training on PyTorch.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_train(sub)
+    return parser
+
+
+def train_command(given: dict) -> int:
+    """`scalesgd train`: validate, then spawn workers or join a torchrun launch."""
+    from scalesgd.train import distributed, launch, worker
+
+    resume_dir = given.pop("resume", None)
+    torchrun = distributed.launched_by_torchrun()
+    if torchrun:
+        import os
+
+        world = int(os.environ["WORLD_SIZE"])
+        if given.get("workers", world) != world:
+            raise UsageError(f"--workers {given['workers']} contradicts the launch's WORLD_SIZE {world}")
+        given["workers"] = world
+    if resume_dir is not None:
+        cfg = launch.resume_config(resume_dir, given).validate()
+    else:
+        cfg = TrainConfig.from_dict(given).validate()
+    if torchrun:
+        return worker.run(cfg, resume_dir, resume=resume_dir is not None)
+    if resume_dir is not None:
+        launch.write_config(cfg, resume_dir)
+        return launch.spawn(cfg, resume_dir, resume=True)
+    return launch.spawn(cfg, launch.prepare_new_run(cfg), resume=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = vars(build_parser().parse_args(argv))
+        command = args.pop("command")
+        if command == "train":
+            return train_command(args)
+        raise UsageError(f"unknown command {command!r}")
+    except UsageError as err:
+        print(f"scalesgd: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

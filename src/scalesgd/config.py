@@ -1,0 +1,185 @@
+"""One dataclass per command, validated once before any worker starts."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from scalesgd.errors import UsageError
+from scalesgd.recipe.scaling import SCALING_RULES
+from scalesgd.recipe.schedule import SCHEDULES, WARMUPS, default_milestones
+
+MODEL_CHOICES = ("resnet8", "resnet20", "resnet56", "resnet50", "vgg16")
+DATASET_CHOICES = ("digits", "synthetic", "cifar10")
+ENGINE_CHOICES = ("ddp",)
+DIGITS_TRAIN_SIZE = 1437
+CIFAR10_TRAIN_SIZE = 50_000
+MIN_PER_WORKER = 2  # BatchNorm needs more than one sample per worker
+
+# Options that describe where and how a run executes, not what it computes: a resumed run may change them.
+RUNTIME_FIELDS = frozenset({"run_dir", "quiet", "timeout", "master_addr", "master_port", "threads"})
+
+
+@dataclass
+class TrainConfig:
+    """Everything `scalesgd train` needs; the same object is saved as config.json and in checkpoints."""
+
+    workers: int = 2
+    dataset: str = "digits"
+    data_dir: str | None = None
+    samples: int = 5000
+    image_size: int = 32
+    classes: int = 10
+    model: str = "resnet8"
+    batch_size: int = 128
+    epochs: int = 30
+    base_lr: float = 0.1
+    base_batch: int = 256
+    lr_scaling: str = "linear"
+    warmup: str = "gradual"
+    warmup_epochs: float = 5.0
+    schedule: str = "step"
+    milestones: tuple[float, ...] | None = None
+    power: float = 2.0
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 1e-4
+    bias_decay: bool = True
+    zero_gamma: bool = True
+    label_smoothing: float = 0.0
+    seed: int = 0
+    engine: str = "ddp"
+    run_dir: str = ""
+    timeout: float = 300.0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    threads: int = 0
+    quiet: bool = False
+
+    @property
+    def per_worker_batch(self) -> int:
+        return self.batch_size // self.workers
+
+    @property
+    def resolved_milestones(self) -> tuple[float, ...]:
+        return tuple(self.milestones) if self.milestones is not None else default_milestones(self.epochs)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["milestones"] = list(self.milestones) if self.milestones is not None else None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise UsageError(f"unknown configuration keys {unknown}; this version accepts {sorted(known)}")
+        d = dict(d)
+        if d.get("milestones") is not None:
+            d["milestones"] = tuple(float(m) for m in d["milestones"])
+        return cls(**d)
+
+    def validate(self) -> "TrainConfig":
+        """Raise UsageError naming the first bad value and what is accepted."""
+        _choice("--model", self.model, MODEL_CHOICES)
+        _choice("--dataset", self.dataset, DATASET_CHOICES)
+        _choice("--lr-scaling", self.lr_scaling, SCALING_RULES)
+        _choice("--warmup", self.warmup, WARMUPS)
+        _choice("--schedule", self.schedule, SCHEDULES)
+        _choice("--engine", self.engine, ENGINE_CHOICES)
+        for name, value in (("--workers", self.workers), ("--batch-size", self.batch_size),
+                            ("--epochs", self.epochs), ("--base-batch", self.base_batch),
+                            ("--samples", self.samples), ("--image-size", self.image_size),
+                            ("--classes", self.classes)):
+            _positive(name, value)
+        for name, value in (("--base-lr", self.base_lr), ("--timeout", self.timeout),
+                            ("--power", self.power)):
+            _positive(name, value)
+        if self.classes < 2:
+            raise UsageError(f"--classes {self.classes}: need at least 2 classes")
+        if not 0 <= self.momentum < 1:
+            raise UsageError(f"--momentum {self.momentum}: must be in [0, 1)")
+        if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):
+            raise UsageError(f"--weight-decay {self.weight_decay}: must be a finite number >= 0")
+        if not 0 <= self.label_smoothing < 1:
+            raise UsageError(f"--label-smoothing {self.label_smoothing}: must be in [0, 1)")
+        if self.threads < 0:
+            raise UsageError(f"--threads {self.threads}: must be >= 0 (0 picks cores / local workers)")
+        if not 0 <= self.master_port <= 65535:
+            raise UsageError(f"--master-port {self.master_port}: must be in 0..65535 (0 picks a free port)")
+        if self.batch_size % self.workers:
+            raise UsageError(f"--batch-size {self.batch_size} does not divide evenly by --workers "
+                             f"{self.workers}; use a multiple of {self.workers}")
+        if self.per_worker_batch < MIN_PER_WORKER:
+            raise UsageError(f"--batch-size {self.batch_size} gives {self.per_worker_batch} sample(s) per "
+                             f"worker; BatchNorm needs at least {MIN_PER_WORKER} per worker")
+        if self.warmup != "none":
+            if not (0 <= self.warmup_epochs <= self.epochs):
+                raise UsageError(f"--warmup-epochs {self.warmup_epochs} is longer than training "
+                                 f"(--epochs {self.epochs}); use 0..{self.epochs} or --warmup none")
+        milestones = self.resolved_milestones
+        if any(not 0 < m <= self.epochs for m in milestones) or list(milestones) != sorted(milestones):
+            raise UsageError(f"--milestones {','.join(f'{m:g}' for m in milestones)}: must be increasing "
+                             f"epochs in (0, {self.epochs}]")
+        if self.dataset == "cifar10":
+            self._check_data_dir()
+        train_size = self.train_size()
+        if self.batch_size > train_size:
+            raise UsageError(f"--batch-size {self.batch_size} is larger than the {self.dataset} training "
+                             f"set ({train_size} samples)")
+        return self
+
+    def train_size(self) -> int:
+        """Training-set size, known without loading the data."""
+        return {"digits": DIGITS_TRAIN_SIZE, "cifar10": CIFAR10_TRAIN_SIZE}.get(self.dataset, self.samples)
+
+    def _check_data_dir(self) -> None:
+        if not self.data_dir:
+            raise UsageError("--dataset cifar10 needs --data-dir: the folder holding cifar-10-batches-py")
+        from scalesgd.data.cifar10 import check_cifar10_dir  # imported late: validation stays cheap
+        from scalesgd.data.dataset import DataError
+
+        try:
+            check_cifar10_dir(self.data_dir)
+        except DataError as err:
+            raise UsageError(str(err)) from None
+
+    def incompatible_with(self, stored: "TrainConfig") -> list[str]:
+        """Names of the options that differ from a stored run's and would change what it computes."""
+        return [f.name for f in fields(self)
+                if f.name not in RUNTIME_FIELDS and getattr(self, f.name) != getattr(stored, f.name)]
+
+
+def option_name(field_name: str) -> str:
+    """The command-line spelling of a config field."""
+    return "--" + field_name.replace("_", "-")
+
+
+def _choice(option: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise UsageError(f"{option} {value!r} is not known; choose from {', '.join(choices)}")
+
+
+def _positive(option: str, value: float) -> None:
+    if not (value > 0 and math.isfinite(value)):
+        raise UsageError(f"{option} {value}: must be a positive number")
+
+
+def default_run_dir() -> Path:
+    """runs/<timestamp>, unique even when two runs start in the same second."""
+    import time
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = Path("runs") / stamp
+    n = 1
+    while path.exists():
+        n += 1
+        path = Path("runs") / f"{stamp}-{n}"
+    return path
+
+
+__all__ = ["TrainConfig", "MODEL_CHOICES", "DATASET_CHOICES", "ENGINE_CHOICES", "RUNTIME_FIELDS",
+           "option_name", "default_run_dir"]

@@ -1,0 +1,38 @@
+"""Parameter groups: weight decay only where it is a regulariser (Goyal et al. Remark 1)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+_NORM_TYPES = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)
+
+
+def param_groups(model: nn.Module, weight_decay: float, bias_decay: bool = True) -> list[dict]:
+    """Split parameters into a decayed group and a group with no decay.
+
+    The learnable γ/β of normalisation layers are never decayed; biases are decayed unless
+    `bias_decay` is False. Order inside each group follows `model.parameters()`, so every rank
+    builds identical groups.
+    """
+    no_decay_ids: set[int] = set()
+    for module in model.modules():
+        if isinstance(module, _NORM_TYPES):
+            no_decay_ids.update(id(p) for p in module.parameters(recurse=False))
+        elif not bias_decay and getattr(module, "bias", None) is not None:
+            no_decay_ids.add(id(module.bias))
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (no_decay if id(p) in no_decay_ids else decay).append(p)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def build_sgd(model: nn.Module, lr: float, momentum: float, nesterov: bool, weight_decay: float,
+              bias_decay: bool = True) -> torch.optim.SGD:
+    """torch's SGD (the u-form u ← m·u + g, w ← w − η·u: no momentum correction needed)."""
+    groups = param_groups(model, weight_decay, bias_decay)
+    return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=nesterov)

@@ -1,0 +1,157 @@
+"""The training loop: one readable path from data to checkpoint, the same on every rank."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from scalesgd.config import TrainConfig
+from scalesgd.data import GlobalBatchSampler, load_bundle, random_crop_flip
+from scalesgd.errors import NonFiniteLoss
+from scalesgd.models import build_model
+from scalesgd.recipe import LrFactor, build_scheduler, build_sgd, global_batch_loss, initialize, scaled_lr
+from scalesgd.train import checkpoint, engines, metrics, report
+from scalesgd.train.distributed import DistEnv, sync_buffers
+from scalesgd.train.progress import EpochProgress
+
+EVAL_BATCH = 1000
+
+
+def train(cfg: TrainConfig, run_dir: Path, env: DistEnv, resume: bool = False) -> dict:
+    """Train `cfg` on this rank; rank 0 writes metrics, checkpoints and the report. Returns the summary."""
+    wall_start = time.perf_counter()
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+    data = load_bundle(cfg.dataset, data_dir=cfg.data_dir, samples=cfg.samples,
+                       image_size=cfg.image_size, num_classes=cfg.classes)
+    model = initialize(build_model(cfg.model, data.num_classes, data.in_channels), cfg.zero_gamma)
+    model.to(env.device)
+    peak_lr = scaled_lr(cfg.base_lr, cfg.batch_size, cfg.base_batch, cfg.lr_scaling)
+    optimizer = build_sgd(model, peak_lr, cfg.momentum, cfg.nesterov, cfg.weight_decay, cfg.bias_decay)
+    sampler = GlobalBatchSampler(len(data.train), cfg.batch_size, env.world_size, env.rank, seed=cfg.seed)
+    steps_per_epoch = len(sampler)
+    scheduler = build_scheduler(optimizer, lr_factor(cfg, steps_per_epoch, peak_lr))
+    criterion = nn.CrossEntropyLoss(reduction="sum", label_smoothing=cfg.label_smoothing)
+    net = engines.wrap(cfg.engine, model, env)
+
+    start_epoch, best_acc, elapsed_before = 0, 0.0, 0.0
+    if resume:
+        state = checkpoint.load(run_dir / checkpoint.CHECKPOINT_NAME)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["rng"]["torch"][env.rank])
+        start_epoch, best_acc = state["epoch"], state["best_test_acc"]
+        elapsed_before = state["elapsed_s"]
+        if env.is_main:
+            metrics.truncate_after_epoch(run_dir / metrics.METRICS_NAME, start_epoch)
+
+    log = metrics.MetricsLog(run_dir / metrics.METRICS_NAME) if env.is_main else None
+    progress = EpochProgress(env.is_main and not cfg.quiet, cfg.epochs)
+    images_per_s: list[float] = []
+    record: dict = {}
+    for epoch in range(start_epoch + 1, cfg.epochs + 1):
+        sampler.set_epoch(epoch)
+        progress.start_epoch(epoch, steps_per_epoch)
+        net.train()
+        totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, samples (global)
+        epoch_start = time.perf_counter()
+        for i, indices in enumerate(sampler):
+            x, y = data.train.x[indices], data.train.y[indices]
+            if data.augment:
+                x = random_crop_flip(x)
+            x, y = x.to(env.device, non_blocking=True), y.to(env.device, non_blocking=True)
+            lr = optimizer.param_groups[0]["lr"]
+            logits = net(x)
+            loss_sum = criterion(logits, y)
+            global_batch_loss(loss_sum, env.world_size, sampler.global_counts(i)).backward()
+            step_stats = torch.stack([loss_sum.detach().double().cpu(),
+                                      (logits.argmax(1) == y).sum().double().cpu(),
+                                      torch.tensor(float(len(y)), dtype=torch.float64)])
+            dist.all_reduce(step_stats)
+            step_loss = (step_stats[0] / step_stats[2]).item()
+            if not math.isfinite(step_loss):
+                raise NonFiniteLoss(f"loss became {step_loss} at epoch {epoch}, iteration "
+                                    f"{(epoch - 1) * steps_per_epoch + i + 1}")
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            totals += step_stats
+            global_iter = (epoch - 1) * steps_per_epoch + i + 1
+            if log:
+                log.write({"kind": "iter", "epoch": epoch, "iter": global_iter, "lr": lr, "loss": step_loss})
+            progress.advance(step_loss, lr)
+        train_time = time.perf_counter() - epoch_start
+        images_per_s.append(totals[2].item() / train_time)
+
+        sync_buffers(model)  # evaluate and save rank 0's BN statistics, as DDP's forward does
+        test_loss, test_acc = evaluate(model, data.test, env)
+        best_acc = max(best_acc, test_acc)
+        record = {"kind": "epoch", "epoch": epoch, "iter": epoch * steps_per_epoch,
+                  "train_loss": totals[0].item() / totals[2].item(),
+                  "train_acc": totals[1].item() / totals[2].item(),
+                  "test_loss": test_loss, "test_acc": test_acc,
+                  "images_per_s": images_per_s[-1], "lr": optimizer.param_groups[0]["lr"]}
+        rng_states = gather_rng_states(env)
+        if env.is_main:
+            log.write(record)
+            log.flush()
+            checkpoint.save_atomic({
+                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(), "epoch": epoch, "rng": {"torch": rng_states},
+                "config": cfg.to_dict(), "best_test_acc": best_acc,
+                "elapsed_s": elapsed_before + time.perf_counter() - wall_start,
+            }, run_dir / checkpoint.CHECKPOINT_NAME)
+        progress.end_epoch(record)
+
+    summary = {
+        "final_test_acc": record.get("test_acc", best_acc), "best_test_acc": best_acc,
+        "wall_time_s": elapsed_before + time.perf_counter() - wall_start,
+        "images_per_s": sum(images_per_s) / len(images_per_s) if images_per_s else 0.0,
+        "epochs": cfg.epochs, "steps_per_epoch": steps_per_epoch, "peak_lr": peak_lr,
+        "world_size": env.world_size, "run_dir": str(run_dir), "config": cfg.to_dict(),
+    }
+    if env.is_main:
+        log.close()
+        report.write_summary(run_dir, summary)
+        report.plot_report(run_dir)
+        progress.table(report.summary_table(summary))
+    return summary
+
+
+def lr_factor(cfg: TrainConfig, steps_per_epoch: int, peak_lr: float) -> LrFactor:
+    """The run's schedule as a pure function of the global step."""
+    return LrFactor(
+        total_steps=cfg.epochs * steps_per_epoch, steps_per_epoch=steps_per_epoch,
+        warmup=cfg.warmup, warmup_steps=round(cfg.warmup_epochs * steps_per_epoch),
+        start=min(cfg.base_lr / peak_lr, 1.0), schedule=cfg.schedule,
+        milestones=cfg.resolved_milestones, power=cfg.power,
+    )
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, split, env: DistEnv) -> tuple[float, float]:
+    """Test loss and accuracy, each rank taking a strided shard, summed across ranks."""
+    model.eval()
+    shard = torch.arange(env.rank, len(split), env.world_size)
+    sums = torch.zeros(3, dtype=torch.float64)
+    for chunk in shard.split(EVAL_BATCH):
+        x, y = split.x[chunk].to(env.device), split.y[chunk].to(env.device)
+        logits = model(x)
+        sums[0] += nn.functional.cross_entropy(logits, y, reduction="sum").item()
+        sums[1] += (logits.argmax(1) == y).sum().item()
+        sums[2] += len(chunk)
+    dist.all_reduce(sums)
+    return (sums[0] / sums[2]).item(), (sums[1] / sums[2]).item()
+
+
+def gather_rng_states(env: DistEnv) -> list[torch.Tensor]:
+    """Every rank's CPU RNG state (data augmentation draws from it), for an exact resume."""
+    state = torch.get_rng_state()
+    states = [torch.empty_like(state) for _ in range(env.world_size)]
+    dist.all_gather(states, state)
+    return states

@@ -1,0 +1,73 @@
+"""The end-of-run artefacts: summary.json, the rich summary table and report.png."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from scalesgd.train.metrics import read
+
+SUMMARY_NAME = "summary.json"
+REPORT_NAME = "report.png"
+
+
+def write_summary(run_dir: Path, summary: dict) -> None:
+    (Path(run_dir) / SUMMARY_NAME).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+
+
+def summary_table(summary: dict):
+    """A rich table of the numbers a user looks for first."""
+    from rich.table import Table
+
+    table = Table(title="scalesgd run summary", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value", justify="right")
+    cfg = summary["config"]
+    rows = [
+        ("model / dataset", f"{cfg['model']} / {cfg['dataset']}"),
+        ("workers × per-worker batch", f"{cfg['workers']} × {cfg['batch_size'] // cfg['workers']}"),
+        ("peak learning rate", f"{summary['peak_lr']:.4g}"),
+        ("epochs", str(summary["epochs"])),
+        ("final test accuracy", f"{100 * summary['final_test_acc']:.2f} %"),
+        ("best test accuracy", f"{100 * summary['best_test_acc']:.2f} %"),
+        ("train throughput", f"{summary['images_per_s']:.0f} images/s"),
+        ("wall time", f"{summary['wall_time_s']:.1f} s"),
+        ("run directory", summary["run_dir"]),
+    ]
+    for what, value in rows:
+        table.add_row(what, value)
+    return table
+
+
+def plot_report(run_dir: Path) -> Path:
+    """report.png: loss, accuracy and learning rate against iterations."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read(Path(run_dir) / "metrics.jsonl")
+    iters = [r for r in records if r["kind"] == "iter"]
+    epochs = [r for r in records if r["kind"] == "epoch"]
+    fig, (ax_loss, ax_acc, ax_lr) = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
+    ax_loss.plot([r["iter"] for r in iters], [r["loss"] for r in iters], lw=0.8, label="train (per iteration)")
+    ends = [e["iter"] for e in epochs]
+    ax_loss.plot(ends, [e["test_loss"] for e in epochs], "o-", label="test (per epoch)")
+    ax_loss.set_ylabel("loss")
+    ax_loss.set_yscale("log")
+    ax_loss.legend()
+    ax_acc.plot(ends, [100 * e["train_acc"] for e in epochs], "o-", label="train")
+    ax_acc.plot(ends, [100 * e["test_acc"] for e in epochs], "s-", label="test")
+    ax_acc.set_ylabel("accuracy (%)")
+    ax_acc.legend()
+    ax_lr.plot([r["iter"] for r in iters], [r["lr"] for r in iters])
+    ax_lr.set_ylabel("learning rate")
+    ax_lr.set_xlabel("iteration")
+    for ax in (ax_loss, ax_acc, ax_lr):
+        ax.grid(alpha=0.3)
+    fig.suptitle(Path(run_dir).name)
+    fig.tight_layout()
+    out = Path(run_dir) / REPORT_NAME
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

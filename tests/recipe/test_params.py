@@ -1,0 +1,47 @@
+import torch
+from torch import nn
+
+from scalesgd.models import build_model
+from scalesgd.recipe import build_sgd, param_groups
+
+
+def _ids(group):
+    return {id(p) for p in group["params"]}
+
+
+def test_bn_gamma_beta_never_decayed_biases_decayed_by_default():
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4, 2))
+    decay, no_decay = param_groups(model, 1e-4)
+    assert decay["weight_decay"] == 1e-4 and no_decay["weight_decay"] == 0.0
+    assert _ids(no_decay) == {id(model[1].weight), id(model[1].bias)}
+    assert _ids(decay) == {id(model[0].weight), id(model[0].bias), id(model[3].weight), id(model[3].bias)}
+
+
+def test_no_bias_decay_moves_biases_to_the_undecayed_group():
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4, 2))
+    decay, no_decay = param_groups(model, 1e-4, bias_decay=False)
+    assert _ids(decay) == {id(model[0].weight), id(model[3].weight)}
+    assert id(model[3].bias) in _ids(no_decay)
+
+
+def test_every_parameter_appears_exactly_once_on_a_real_model():
+    model = build_model("resnet20", 10, 3)
+    groups = param_groups(model, 1e-4)
+    listed = [id(p) for g in groups for p in g["params"]]
+    assert sorted(listed) == sorted(id(p) for p in model.parameters())
+    bn_params = {id(p) for m in model.modules() if isinstance(m, nn.BatchNorm2d) for p in m.parameters()}
+    assert _ids(groups[1]) == bn_params
+
+
+def test_sgd_step_decays_weights_but_not_bn():
+    model = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
+    with torch.no_grad():
+        model[1].weight.fill_(2.0)
+    opt = build_sgd(model, lr=1.0, momentum=0.0, nesterov=False, weight_decay=0.5)
+    before = [p.detach().clone() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    lin_w, lin_b, bn_w, bn_b = model.parameters()
+    assert torch.allclose(lin_w, before[0] * 0.5)
+    assert torch.equal(bn_w, before[2]) and torch.equal(bn_b, before[3])

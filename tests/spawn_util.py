@@ -1,0 +1,40 @@
+"""Run a function on a few gloo workers on loopback, as the multi-process tests need."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, fn, world_size, port, out_dir, args):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo",
+                      RANK=str(rank), WORLD_SIZE=str(world_size))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        result = fn(rank, world_size, *args)
+        torch.save(result, Path(out_dir) / f"{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def run_workers(fn, world_size: int, *args):
+    """Call `fn(rank, world_size, *args)` in `world_size` spawned gloo processes; return their results."""
+    with tempfile.TemporaryDirectory() as out:
+        mp.start_processes(_entry, args=(fn, world_size, _free_port(), out, args), nprocs=world_size,
+                           join=True, start_method="spawn")
+        return [torch.load(Path(out) / f"{r}.pt", weights_only=False) for r in range(world_size)]

@@ -1,0 +1,105 @@
+"""Bad input: one clear line, exit status 2, no traceback, nothing written over."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from scalesgd.cli import main
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    err = capsys.readouterr().err
+    return code, err
+
+
+BAD = [
+    (("--batch-size", "9", "--workers", "2"), "--batch-size 9 does not divide evenly by --workers 2"),
+    (("--model", "alexnet"), "choose from resnet8, resnet20, resnet56, resnet50, vgg16"),
+    (("--dataset", "imagenet"), "choose from digits, synthetic, cifar10"),
+    (("--schedule", "linear"), "choose from step, cosine, poly"),
+    (("--warmup", "slow"), "choose from gradual, constant, none"),
+    (("--lr-scaling", "cube"), "choose from linear, sqrt, none"),
+    (("--epochs", "0"), "--epochs 0: must be a positive number"),
+    (("--epochs", "-3"), "--epochs -3: must be a positive number"),
+    (("--base-lr", "0"), "--base-lr 0.0: must be a positive number"),
+    (("--base-lr", "nan"), "--base-lr nan: must be a positive number"),
+    (("--batch-size", "0"), "--batch-size 0: must be a positive number"),
+    (("--workers", "0"), "--workers 0: must be a positive number"),
+    (("--epochs", "3", "--warmup-epochs", "5"), "--warmup-epochs 5.0 is longer than training"),
+    (("--dataset", "cifar10"), "--dataset cifar10 needs --data-dir"),
+    (("--batch-size", "4096"), "larger than the digits training set (1437 samples)"),
+    (("--milestones", "20,10"), "must be increasing epochs"),
+    (("--milestones", "a,b"), "is not a comma-separated list of epochs"),
+    (("--workers", "two"), "invalid int value: 'two'"),
+    (("--label-smoothing", "1.5"), "--label-smoothing 1.5: must be in [0, 1)"),
+    (("--momentum", "1"), "--momentum 1.0: must be in [0, 1)"),
+    (("--frobnicate",), "unrecognized arguments: --frobnicate"),
+]
+
+
+@pytest.mark.parametrize("argv,expected", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_option_is_one_line_exit_2_and_writes_nothing(capsys, tmp_path, monkeypatch, argv, expected):
+    monkeypatch.chdir(tmp_path)
+    code, err = run_cli(capsys, "train", "--run-dir", str(tmp_path / "run"), *argv)
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("scalesgd: error: ")
+    assert expected in err
+    assert not (tmp_path / "run").exists() and not (tmp_path / "runs").exists()
+
+
+def test_missing_and_malformed_data_dir(capsys, tmp_path):
+    code, err = run_cli(capsys, "train", "--dataset", "cifar10", "--data-dir", str(tmp_path / "nowhere"))
+    assert code == 2 and "nowhere" in err and err.count("\n") == 1
+    (tmp_path / "cifar-10-batches-py").mkdir()
+    code, err = run_cli(capsys, "train", "--dataset", "cifar10", "--data-dir", str(tmp_path))
+    assert code == 2 and "data_batch_1" in err and err.count("\n") == 1
+
+
+def test_existing_run_dir_is_not_written_over(capsys, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    code, err = run_cli(capsys, "train", "--run-dir", str(run))
+    assert code == 2 and "already holds files" in err and "--resume" in err
+    assert (run / "config.json").read_text() == "{}"
+    assert [p.name for p in run.iterdir()] == ["config.json"]
+
+
+def test_resume_without_checkpoint(capsys, tmp_path):
+    code, err = run_cli(capsys, "train", "--resume", str(tmp_path))
+    assert code == 2 and "no checkpoint at" in err
+
+
+def test_resume_of_a_garbage_checkpoint_is_one_line(capsys, tmp_path):
+    (tmp_path / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    code, err = run_cli(capsys, "train", "--resume", str(tmp_path))
+    assert code == 2 and "not a readable scalesgd checkpoint" in err and err.count("\n") == 1
+    assert (tmp_path / "checkpoint.pt").read_bytes() == b"not a checkpoint"
+
+
+def test_real_process_exit_status_and_no_traceback(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "scalesgd", "train", "--model", "lenet"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
+    assert "--model 'lenet' is not known" in proc.stderr
+
+
+def test_help_lists_the_train_options(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for option in ("--workers", "--lr-scaling", "--warmup", "--resume", "--no-zero-gamma"):
+        assert option in out
+
+
+def test_config_json_round_trips(tmp_path):
+    from scalesgd.config import TrainConfig
+
+    cfg = TrainConfig(milestones=(1.0, 2.0), epochs=3, warmup_epochs=1).validate()
+    again = TrainConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+    assert again == cfg

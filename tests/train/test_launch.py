@@ -1,0 +1,47 @@
+"""The local launcher's supervision: which failure is reported and with which exit status."""
+
+import subprocess
+import sys
+import time
+
+from scalesgd.errors import EXIT_NON_FINITE, EXIT_PEER_LOST, EXIT_USAGE
+from scalesgd.train.launch import supervise, worker_env
+
+
+def fake_workers(*scripts):
+    return [subprocess.Popen([sys.executable, "-c", s]) for s in scripts]
+
+
+def test_all_zero_is_success():
+    assert supervise(fake_workers("pass", "pass"), timeout_s=10) == 0
+
+
+def test_names_the_rank_that_failed_first_not_the_peers_that_lost_it(capsys):
+    procs = fake_workers(f"import time; time.sleep(0.3); raise SystemExit({EXIT_PEER_LOST})",
+                         "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    assert supervise(procs, timeout_s=10) == 1
+    assert capsys.readouterr().err == ("scalesgd: error: worker rank 1 was killed by SIGKILL; "
+                                       "the other workers were stopped\n")
+
+
+def test_a_hung_peer_is_killed_after_the_timeout(capsys):
+    procs = fake_workers("import time; time.sleep(600)", "raise SystemExit(7)")
+    start = time.monotonic()
+    assert supervise(procs, timeout_s=1) == 1
+    assert time.monotonic() - start < 10
+    assert procs[0].returncode is not None
+    assert "worker rank 1 exited with status 7" in capsys.readouterr().err
+
+
+def test_bad_input_and_divergence_keep_their_own_status_and_message(capsys):
+    assert supervise(fake_workers(f"raise SystemExit({EXIT_USAGE})", "pass"), timeout_s=5) == EXIT_USAGE
+    assert supervise(fake_workers(f"raise SystemExit({EXIT_NON_FINITE})", f"raise SystemExit({EXIT_NON_FINITE})"),
+                     timeout_s=5) == EXIT_NON_FINITE
+    assert capsys.readouterr().err == ""  # rank 0 itself already printed the one line
+
+
+def test_worker_environment_matches_torchrun_and_binds_loopback():
+    env = worker_env(1, 4, "127.0.0.1", 29500)
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == ("1", "4", "1", "4")
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("127.0.0.1", "29500")
+    assert env["GLOO_SOCKET_IFNAME"] == "lo"
