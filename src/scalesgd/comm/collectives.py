@@ -1,0 +1,200 @@
+"""Allreduce algorithms built from torch.distributed point-to-point primitives.
+
+Every step pairs a send with a receive (`batch_isend_irecv`, which on gloo posts `isend` and `irecv`
+together) so a link carries data both ways at once; gloo's own `all_to_all_single`/`all_gather` do
+not (see NOTES.md). All algorithms sum in place, like `dist.all_reduce`, on any backend and any dtype
+torch can add, and return the number of bytes this rank sent.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from scalesgd.comm.topology import Topology
+
+ALGORITHMS = ("ring", "halving_doubling", "hierarchical", "native")
+
+
+def allreduce(tensor: torch.Tensor, algorithm: str = "ring", group=None,
+              topology: Topology | None = None) -> int:
+    """Sum `tensor` in place across the ranks of `group`; return the bytes this rank sent.
+
+    `native` is `dist.all_reduce` (its bytes are the ring estimate 2·(p−1)/p·nbytes). `hierarchical`
+    runs over the default group with the node layout of `topology` (default `Topology.from_env()`).
+    """
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown allreduce algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
+    rank, peers = _ring_members(group)
+    if rank < 0 or len(peers) == 1:  # not a member (as dist.all_reduce: nothing to do) or alone
+        return 0
+    work = tensor.contiguous()  # the collectives need contiguous memory; copied back below
+    flat = work.view(-1)
+    if algorithm == "native":
+        dist.all_reduce(work, group=group)
+        sent = 2 * (len(peers) - 1) * flat.numel() * flat.element_size() // len(peers)
+    elif algorithm == "ring":
+        sent = _ring_allreduce(flat, group)
+    elif algorithm == "halving_doubling":
+        sent = _halving_doubling_allreduce(flat, rank, peers, group)
+    else:
+        sent = _hierarchical_allreduce(flat, group, topology)
+    if work is not tensor:
+        tensor.copy_(work)
+    return sent
+
+
+# --- shared pieces ---------------------------------------------------------------------------------
+
+def _ring_members(group) -> tuple[int, list[int]]:
+    """This rank's rank in `group` and the global rank of every group rank (p2p ops take global ranks)."""
+    group = dist.group.WORLD if group is None else group
+    rank = dist.get_rank(group)
+    if rank < 0:
+        return rank, []
+    return rank, [dist.get_global_rank(group, r) for r in range(dist.get_world_size(group))]
+
+
+def _chunk_bounds(n: int, parts: int) -> list[tuple[int, int]]:
+    """Split n elements into `parts` contiguous near-equal ranges (the first n % parts one longer)."""
+    base, extra = divmod(n, parts)
+    bounds, start = [], 0
+    for i in range(parts):
+        stop = start + base + (i < extra)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def _chunks(flat: torch.Tensor, parts: int) -> list[torch.Tensor]:
+    """Views of `flat` cut by `_chunk_bounds`, so every phase and every rank agree on the cut."""
+    return [flat[a:b] for a, b in _chunk_bounds(flat.numel(), parts)]
+
+
+def _exchange(group, send: torch.Tensor | None = None, dst: int | None = None,
+              recv: torch.Tensor | None = None, src: int | None = None) -> int:
+    """One step: post the send and the receive together (full duplex) and wait for both.
+
+    Empty tensors are skipped; both sides of a message compute the same size, so a skipped send
+    always meets a skipped receive and nobody waits for a message that never comes.
+    """
+    ops = []
+    if send is not None and send.numel():
+        ops.append(dist.P2POp(dist.isend, send, dst, group))
+    if recv is not None and recv.numel():
+        ops.append(dist.P2POp(dist.irecv, recv, src, group))
+    if ops:
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+    return send.numel() * send.element_size() if ops and send is not None else 0
+
+
+def _ring_reduce_scatter(chunks: list[torch.Tensor], rank: int, peers: list[int], group,
+                         buf: torch.Tensor) -> int:
+    """p−1 ring steps after which this rank's chunk `chunks[rank]` holds the sum over the ring."""
+    p = len(chunks)
+    right, left = peers[(rank + 1) % p], peers[(rank - 1) % p]
+    sent = 0
+    for step in range(p - 1):
+        out, into = chunks[(rank - step - 1) % p], chunks[(rank - step - 2) % p]
+        incoming = buf[:into.numel()]
+        sent += _exchange(group, out, right, incoming, left)
+        into.add_(incoming)
+    return sent
+
+
+def _ring_allgather(chunks: list[torch.Tensor], rank: int, peers: list[int], group) -> int:
+    """p−1 ring steps that pass every rank's chunk `chunks[rank]` to all others, received in place."""
+    p = len(chunks)
+    right, left = peers[(rank + 1) % p], peers[(rank - 1) % p]
+    sent = 0
+    for step in range(p - 1):
+        sent += _exchange(group, chunks[(rank - step) % p], right, chunks[(rank - step - 1) % p], left)
+    return sent
+
+
+def _ring_allreduce(flat: torch.Tensor, group, buf: torch.Tensor | None = None) -> int:
+    """Reduce-scatter then allgather around the ring of `group`: 2(p−1) steps of n/p elements."""
+    rank, peers = _ring_members(group)
+    p = len(peers)
+    if p == 1:
+        return 0
+    chunks = _chunks(flat, p)
+    if buf is None:
+        buf = flat.new_empty(chunks[0].numel())  # the first chunk is the longest: one buffer per call
+    return (_ring_reduce_scatter(chunks, rank, peers, group, buf)
+            + _ring_allgather(chunks, rank, peers, group))
+
+
+# --- halving/doubling (Rabenseifner) ---------------------------------------------------------------
+
+def _halving_doubling_allreduce(flat: torch.Tensor, rank: int, peers: list[int], group) -> int:
+    """Recursive-halving reduce-scatter then recursive-doubling allgather: 2·log2 p′ steps (+2 to fold).
+
+    With p not a power of two, the first 2r ranks (r = p − p′) pair up: each even rank hands its
+    vector to the odd one and sits out, then gets the result back at the end.
+    """
+    p = len(peers)
+    p2 = 1 << (p.bit_length() - 1)
+    r = p - p2
+    n = flat.numel()
+    if rank < 2 * r and rank % 2 == 0:  # folded away: contribute, then receive the result
+        sent = _exchange(group, send=flat, dst=peers[rank + 1])
+        _exchange(group, recv=flat, src=peers[rank + 1])
+        return sent
+    vrank = rank // 2 if rank < 2 * r else rank - r  # rank among the p′ that run the core
+
+    def real(v: int) -> int:
+        return peers[2 * v + 1 if v < r else v + r]
+
+    bounds = _chunk_bounds(n, p2)
+
+    def span(lo: int, hi: int) -> torch.Tensor:  # elements of blocks lo … hi−1
+        return flat[bounds[lo][0]:bounds[hi - 1][1]]
+
+    fold_in = rank < 2 * r
+    buf = flat.new_empty(n if fold_in else bounds[p2 // 2 - 1][1])  # largest receive of this call
+    sent = 0
+    if fold_in:
+        _exchange(group, recv=buf, src=peers[rank - 1])
+        flat.add_(buf)
+    lo, hi, dist_ = 0, p2, p2 // 2
+    while dist_:  # reduce-scatter: keep the half of [lo, hi) on our side of bit `dist_`
+        mid = (lo + hi) // 2
+        keep, give = ((lo, mid), (mid, hi)) if vrank & dist_ == 0 else ((mid, hi), (lo, mid))
+        mine = span(*keep)
+        incoming = buf[:mine.numel()]
+        sent += _exchange(group, span(*give), real(vrank ^ dist_), incoming, real(vrank ^ dist_))
+        mine.add_(incoming)
+        lo, hi = keep
+        dist_ //= 2
+    dist_ = 1
+    while dist_ < p2:  # allgather: swap our aligned run of `dist_` blocks with the partner's
+        partner = vrank ^ dist_
+        theirs = (partner // dist_) * dist_
+        sent += _exchange(group, span(lo, hi), real(partner), span(theirs, theirs + dist_), real(partner))
+        lo, hi = min(lo, theirs), max(hi, theirs + dist_)
+        dist_ *= 2
+    if fold_in:
+        sent += _exchange(group, send=flat, dst=peers[rank - 1])
+    return sent
+
+
+# --- hierarchical (Goyal et al., Oyama et al.) -----------------------------------------------------
+
+def _hierarchical_allreduce(flat: torch.Tensor, group, topology: Topology | None) -> int:
+    """Reduce-scatter in the node, ring-allreduce each part across nodes, allgather in the node.
+
+    Only the inter-node phase crosses the network, carrying 1/P′ of the vector per rank.
+    """
+    if group is not None and group is not dist.group.WORLD:
+        raise ValueError("hierarchical allreduce runs over the default group: its node and cross-node "
+                         "groups come from the topology")
+    topology = Topology.from_env() if topology is None else topology
+    groups = topology.groups()
+    rank, peers = _ring_members(groups.node_group)
+    chunks = _chunks(flat, len(peers))
+    buf = flat.new_empty(chunks[0].numel())
+    sent = _ring_reduce_scatter(chunks, rank, peers, groups.node_group, buf)
+    sent += _ring_allreduce(chunks[rank], groups.cross_group, buf)
+    return sent + _ring_allgather(chunks, rank, peers, groups.node_group)
