@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from scalesgd.config import DATASET_CHOICES, ENGINE_CHOICES, MODEL_CHOICES, TrainConfig
+from scalesgd.config import ALGORITHM_CHOICES, DATASET_CHOICES, ENGINE_CHOICES, MODEL_CHOICES, TrainConfig
 from scalesgd.errors import EXIT_USAGE, UsageError
 from scalesgd.recipe import SCALING_RULES, SCHEDULES, WARMUPS
 
@@ -33,7 +33,15 @@ def _add_train(sub) -> None:
     g = p.add_argument_group("workers")
     g.add_argument("--workers", type=int, help=f"local worker processes (default {d.workers}); "
                    "under torchrun the launch decides")
-    g.add_argument("--engine", choices=ENGINE_CHOICES, help=f"gradient exchange (default {d.engine})")
+    g.add_argument("--engine", help=f"gradient exchange: {' | '.join(ENGINE_CHOICES)} (default {d.engine})")
+    g.add_argument("--codec", help="what travels: fp32 | fp16 | bf16, and powersgd with ddp (default fp32); "
+                   "with ddp these are PyTorch's own comm hooks")
+    g.add_argument("--algorithm", help=f"scalesgd allreduce: {' | '.join(ALGORITHM_CHOICES)} (default {d.algorithm})")
+    g.add_argument("--buckets", help=f"scalesgd bucket plan: size:MB | growing[:FIRST_MB[:FACTOR]] | layer | single "
+                   f"(default {d.buckets})")
+    g.add_argument("--procs-per-node", type=int,
+                   help="processes per node for hierarchical exchange (default: LOCAL_WORLD_SIZE)")
+    g.add_argument("--trace", help="write a Chrome trace (open in Perfetto) of the last epoch to this file")
     g.add_argument("--timeout", type=float, help=f"seconds any collective may wait (default {d.timeout:g})")
     g.add_argument("--master-addr", help=f"rendezvous address (default {d.master_addr})")
     g.add_argument("--master-port", type=int, help="rendezvous port (default: a free one)")
@@ -71,11 +79,39 @@ def _add_train(sub) -> None:
     g.add_argument("--quiet", action="store_true", help="print nothing while training")
 
 
+def _add_plan(sub) -> None:
+    p = sub.add_parser("plan", help="print the bucket plan of a model",
+                       description="Show which gradients travel together, first exchanged first.")
+    p.add_argument("--model", default="resnet50", help=f"{' | '.join(MODEL_CHOICES)} (default resnet50)")
+    p.add_argument("--buckets", default="size:1", help="size:MB | growing[:FIRST_MB[:FACTOR]] | layer | single")
+    p.add_argument("--classes", type=int, default=1000, help="classifier outputs (default 1000)")
+    p.add_argument("--in-channels", type=int, default=3, help="input channels (default 3)")
+
+
+def plan_command(args: dict) -> int:
+    """`scalesgd plan`: the bucket plan of a model, as the engine would build it."""
+    from rich.console import Console
+
+    from scalesgd.comm.buckets import model_tensors, plan_buckets
+    from scalesgd.models import build_model
+
+    if args["model"] not in MODEL_CHOICES:
+        raise UsageError(f"--model {args['model']!r} is not known; choose from {', '.join(MODEL_CHOICES)}")
+    try:
+        plan = plan_buckets(args["buckets"], model_tensors(build_model(args["model"], args["classes"],
+                                                                       args["in_channels"])))
+    except ValueError as err:
+        raise UsageError(f"--buckets: {err}") from None
+    Console().print(plan.table())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="scalesgd", description="Large-minibatch, communication-efficient data-parallel "
                      "training on PyTorch.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_train(sub)
+    _add_plan(sub)
     return parser
 
 
@@ -110,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         command = args.pop("command")
         if command == "train":
             return train_command(args)
+        if command == "plan":
+            return plan_command(args)
         raise UsageError(f"unknown command {command!r}")
     except UsageError as err:
         print(f"scalesgd: error: {err}", file=sys.stderr)

@@ -7,19 +7,22 @@ import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from scalesgd.comm.buckets import parse_spec
 from scalesgd.errors import UsageError
 from scalesgd.recipe.scaling import SCALING_RULES
 from scalesgd.recipe.schedule import SCHEDULES, WARMUPS, default_milestones
 
 MODEL_CHOICES = ("resnet8", "resnet20", "resnet56", "resnet50", "vgg16")
 DATASET_CHOICES = ("digits", "synthetic", "cifar10")
-ENGINE_CHOICES = ("ddp",)
+ENGINE_CHOICES = ("ddp", "scalesgd")
+ALGORITHM_CHOICES = ("ring", "halving_doubling", "hierarchical", "native")
+ENGINE_CODECS = {"ddp": ("fp32", "fp16", "bf16", "powersgd"), "scalesgd": ("fp32", "fp16", "bf16")}
 DIGITS_TRAIN_SIZE = 1437
 CIFAR10_TRAIN_SIZE = 50_000
 MIN_PER_WORKER = 2  # BatchNorm needs more than one sample per worker
 
 # Options that describe where and how a run executes, not what it computes: a resumed run may change them.
-RUNTIME_FIELDS = frozenset({"run_dir", "quiet", "timeout", "master_addr", "master_port", "threads"})
+RUNTIME_FIELDS = frozenset({"run_dir", "quiet", "timeout", "master_addr", "master_port", "threads", "trace"})
 
 
 @dataclass
@@ -51,6 +54,11 @@ class TrainConfig:
     label_smoothing: float = 0.0
     seed: int = 0
     engine: str = "ddp"
+    codec: str = "fp32"
+    algorithm: str = "ring"
+    buckets: str = "size:1"
+    procs_per_node: int = 0
+    trace: str = ""
     run_dir: str = ""
     timeout: float = 300.0
     master_addr: str = "127.0.0.1"
@@ -90,6 +98,16 @@ class TrainConfig:
         _choice("--warmup", self.warmup, WARMUPS)
         _choice("--schedule", self.schedule, SCHEDULES)
         _choice("--engine", self.engine, ENGINE_CHOICES)
+        _choice(f"--codec (with --engine {self.engine})", self.codec, ENGINE_CODECS[self.engine])
+        _choice("--algorithm", self.algorithm, ALGORITHM_CHOICES)
+        try:
+            parse_spec(self.buckets)
+        except ValueError as err:
+            raise UsageError(f"--buckets: {err}") from None
+        if self.procs_per_node < 0:
+            raise UsageError(f"--procs-per-node {self.procs_per_node}: must be >= 0 (0 reads LOCAL_WORLD_SIZE)")
+        if self.procs_per_node and self.workers % self.procs_per_node:
+            raise UsageError(f"--procs-per-node {self.procs_per_node} does not divide --workers {self.workers}")
         for name, value in (("--workers", self.workers), ("--batch-size", self.batch_size),
                             ("--epochs", self.epochs), ("--base-batch", self.base_batch),
                             ("--samples", self.samples), ("--image-size", self.image_size),
@@ -182,4 +200,4 @@ def default_run_dir() -> Path:
 
 
 __all__ = ["TrainConfig", "MODEL_CHOICES", "DATASET_CHOICES", "ENGINE_CHOICES", "RUNTIME_FIELDS",
-           "option_name", "default_run_dir"]
+           "option_name", "default_run_dir", "ALGORITHM_CHOICES", "ENGINE_CODECS"]

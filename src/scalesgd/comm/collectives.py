@@ -11,17 +11,19 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from scalesgd.comm.topology import Topology
+from scalesgd.comm.topology import Topology, TopologyGroups
 
 ALGORITHMS = ("ring", "halving_doubling", "hierarchical", "native")
 
 
 def allreduce(tensor: torch.Tensor, algorithm: str = "ring", group=None,
-              topology: Topology | None = None) -> int:
+              topology: Topology | TopologyGroups | None = None) -> int:
     """Sum `tensor` in place across the ranks of `group`; return the bytes this rank sent.
 
     `native` is `dist.all_reduce` (its bytes are the ring estimate 2·(p−1)/p·nbytes). `hierarchical`
-    runs over the default group with the node layout of `topology` (default `Topology.from_env()`).
+    runs in the node and cross-node groups of `topology`: prebuilt `TopologyGroups` (what the engine
+    passes, created eagerly at start-up), or a `Topology` whose groups are built on first use over the
+    default group (default `Topology.from_env()`).
     """
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown allreduce algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
@@ -86,7 +88,7 @@ def _exchange(group, send: torch.Tensor | None = None, dst: int | None = None,
     if ops:
         for req in dist.batch_isend_irecv(ops):
             req.wait()
-    return send.numel() * send.element_size() if ops and send is not None else 0
+    return send.numel() * send.element_size() if send is not None else 0
 
 
 def _ring_reduce_scatter(chunks: list[torch.Tensor], rank: int, peers: list[int], group,
@@ -158,23 +160,23 @@ def _halving_doubling_allreduce(flat: torch.Tensor, rank: int, peers: list[int],
     if fold_in:
         _exchange(group, recv=buf, src=peers[rank - 1])
         flat.add_(buf)
-    lo, hi, dist_ = 0, p2, p2 // 2
-    while dist_:  # reduce-scatter: keep the half of [lo, hi) on our side of bit `dist_`
+    lo, hi, d = 0, p2, p2 // 2
+    while d:  # reduce-scatter: keep the half of [lo, hi) on our side of bit `d`
         mid = (lo + hi) // 2
-        keep, give = ((lo, mid), (mid, hi)) if vrank & dist_ == 0 else ((mid, hi), (lo, mid))
+        keep, give = ((lo, mid), (mid, hi)) if not vrank & d else ((mid, hi), (lo, mid))
         mine = span(*keep)
         incoming = buf[:mine.numel()]
-        sent += _exchange(group, span(*give), real(vrank ^ dist_), incoming, real(vrank ^ dist_))
+        sent += _exchange(group, span(*give), real(vrank ^ d), incoming, real(vrank ^ d))
         mine.add_(incoming)
         lo, hi = keep
-        dist_ //= 2
-    dist_ = 1
-    while dist_ < p2:  # allgather: swap our aligned run of `dist_` blocks with the partner's
-        partner = vrank ^ dist_
-        theirs = (partner // dist_) * dist_
-        sent += _exchange(group, span(lo, hi), real(partner), span(theirs, theirs + dist_), real(partner))
-        lo, hi = min(lo, theirs), max(hi, theirs + dist_)
-        dist_ *= 2
+        d //= 2
+    d = 1
+    while d < p2:  # allgather: swap our aligned run of `d` blocks with the partner's
+        partner = vrank ^ d
+        theirs = (partner // d) * d
+        sent += _exchange(group, span(lo, hi), real(partner), span(theirs, theirs + d), real(partner))
+        lo, hi = min(lo, theirs), max(hi, theirs + d)
+        d *= 2
     if fold_in:
         sent += _exchange(group, send=flat, dst=peers[rank - 1])
     return sent
@@ -182,16 +184,18 @@ def _halving_doubling_allreduce(flat: torch.Tensor, rank: int, peers: list[int],
 
 # --- hierarchical (Goyal et al., Oyama et al.) -----------------------------------------------------
 
-def _hierarchical_allreduce(flat: torch.Tensor, group, topology: Topology | None) -> int:
+def _hierarchical_allreduce(flat: torch.Tensor, group, topology: Topology | TopologyGroups | None) -> int:
     """Reduce-scatter in the node, ring-allreduce each part across nodes, allgather in the node.
 
     Only the inter-node phase crosses the network, carrying 1/P′ of the vector per rank.
     """
-    if group is not None and group is not dist.group.WORLD:
-        raise ValueError("hierarchical allreduce runs over the default group: its node and cross-node "
-                         "groups come from the topology")
-    topology = Topology.from_env() if topology is None else topology
-    groups = topology.groups()
+    if isinstance(topology, TopologyGroups):
+        groups = topology
+    else:
+        if group is not None and group is not dist.group.WORLD:
+            raise ValueError("hierarchical allreduce over a subgroup needs prebuilt TopologyGroups; "
+                             "a Topology builds its groups over the default group")
+        groups = (Topology.from_env() if topology is None else topology).groups()
     rank, peers = _ring_members(groups.node_group)
     chunks = _chunks(flat, len(peers))
     buf = flat.new_empty(chunks[0].numel())

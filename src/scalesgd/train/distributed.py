@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -17,13 +18,15 @@ _PEER_FAILURE_MARKS = ("gloo", "nccl", "connection reset", "connection closed", 
 
 @dataclass(frozen=True)
 class DistEnv:
-    """Where this process sits: global rank and size, and its place inside its node."""
+    """Where this process sits, and the process groups created for it at start-up."""
 
     rank: int
     world_size: int
     local_rank: int
     local_world_size: int
     device: torch.device
+    exchange_group: object = None  # the gradient exchange's own group (never shared with the loop's collectives)
+    topology_groups: object = None  # node and cross-node groups, for hierarchical exchange
 
     @property
     def is_main(self) -> bool:
@@ -35,8 +38,23 @@ def launched_by_torchrun(environ=os.environ) -> bool:
     return all(k in environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
-def init(timeout_s: float, threads: int = 0) -> DistEnv:
-    """Create the default process group from the environment (env://), gloo on CPU or NCCL on CUDA."""
+def start_init(timeout_s: float, threads: int = 0, exchange_group: bool = False,
+               procs_per_node: int | None = None) -> Future:
+    """Join the process group on a background thread, so model and data are built meanwhile (SPEC §4)."""
+    set_threads(threads)  # here: torch's thread count is per calling thread
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scalesgd-init")
+    future = pool.submit(init, timeout_s, threads, exchange_group, procs_per_node)
+    pool.shutdown(wait=False)
+    return future
+
+
+def init(timeout_s: float, threads: int = 0, exchange_group: bool = False,
+         procs_per_node: int | None = None) -> DistEnv:
+    """Create the default process group from the environment (env://), gloo on CPU or NCCL on CUDA.
+
+    With `exchange_group`, also create, eagerly and warmed, the gradient exchange's own group and,
+    when `procs_per_node` is given, the node and cross-node groups of the hierarchical exchange.
+    """
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
@@ -48,17 +66,36 @@ def init(timeout_s: float, threads: int = 0) -> DistEnv:
     else:
         device = torch.device("cpu")
         backend = "gloo"
-    torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // local_world))
+    set_threads(threads)
     dist.init_process_group(backend, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout_s))
-    env = DistEnv(rank, world, local_rank, local_world, device)
+    groups = {}
+    if exchange_group:
+        groups["exchange_group"] = dist.new_group(backend=backend)
+        if procs_per_node:
+            from scalesgd.comm.topology import Topology, build_groups
+
+            groups["topology_groups"] = build_groups(Topology(world, rank, procs_per_node), backend)
+    env = DistEnv(rank, world, local_rank, local_world, device, **groups)
     warm_up(env)
     return env
 
 
+def set_threads(threads: int = 0) -> None:
+    """Compute threads of the calling thread: `threads`, else the cores shared among this node's workers."""
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1)))
+    torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // local_world))
+
+
 def warm_up(env: DistEnv) -> None:
-    """One small collective at start-up so connections exist before iteration 1 (SPEC §4)."""
-    dist.all_reduce(torch.zeros(1, device=env.device))
+    """One small collective in every group at start-up, so connections exist before iteration 1."""
+    probe = torch.zeros(1, device=env.device)
+    dist.all_reduce(probe)
+    if env.exchange_group is not None:
+        dist.all_reduce(probe, group=env.exchange_group)
+    if env.topology_groups is not None:
+        dist.all_reduce(probe, group=env.topology_groups.node_group)
+        dist.all_reduce(probe, group=env.topology_groups.cross_group)
 
 
 def is_peer_failure(exc: BaseException) -> bool:

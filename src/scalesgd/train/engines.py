@@ -1,16 +1,45 @@
-"""Wrapping the model in the chosen gradient-exchange engine."""
+"""Wrapping model and optimizer in the chosen gradient-exchange engine: PyTorch DDP or scalesgd's own."""
 
 from __future__ import annotations
 
+import torch
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
+from scalesgd.config import TrainConfig
+from scalesgd.trace import Tracer
 from scalesgd.train.distributed import DistEnv
 
+POWERSGD_RANK = 4
+POWERSGD_START_ITER = 10  # plain allreduce for the first 10 iterations, PyTorch's documented warm start
 
-def wrap(engine: str, model: nn.Module, env: DistEnv) -> nn.Module:
-    """The module the loop runs forward/backward through; its backward averages gradients over ranks."""
-    if engine == "ddp":
+
+def wrap(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, env: DistEnv,
+         tracer: Tracer) -> tuple[nn.Module, object]:
+    """(module to run forward/backward through, optimizer to step); backward+step average gradients."""
+    if cfg.engine == "ddp":
         device_ids = [env.device.index] if env.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=device_ids)
-    raise ValueError(f"unknown engine {engine!r}")
+        ddp = DistributedDataParallel(model, device_ids=device_ids)
+        _register_ddp_hook(ddp, cfg.codec)
+        return ddp, optimizer
+    if cfg.engine == "scalesgd":
+        from scalesgd.comm.engine import DistributedOptimizer
+
+        engine = DistributedOptimizer(optimizer, model, codec=cfg.codec, algorithm=cfg.algorithm,
+                                      buckets=cfg.buckets, group=env.exchange_group,
+                                      topology=env.topology_groups, tracer=tracer)
+        return model, engine
+    raise ValueError(f"unknown engine {cfg.engine!r}")
+
+
+def _register_ddp_hook(ddp: DistributedDataParallel, codec: str) -> None:
+    """PyTorch's own compression hooks, the baselines every speed claim is measured against."""
+    if codec == "fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif codec == "bf16":
+        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    elif codec == "powersgd":
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=POWERSGD_RANK,
+                                            start_powerSGD_iter=POWERSGD_START_ITER)
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)

@@ -74,6 +74,7 @@ def worker_env(rank: int, world: int, addr: str, port: int) -> dict:
                GROUP_RANK="0", MASTER_ADDR=addr, MASTER_PORT=str(port), **{LAUNCHED_MARK: "1"})
     if addr.startswith("127.") or addr == "localhost":
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))  # as torchrun does
     return env
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import statistics
 import time
+from concurrent.futures import Future
 from pathlib import Path
 
 import torch
@@ -15,28 +17,33 @@ from scalesgd.data import GlobalBatchSampler, load_bundle, random_crop_flip
 from scalesgd.errors import NonFiniteLoss
 from scalesgd.models import build_model
 from scalesgd.recipe import LrFactor, build_scheduler, build_sgd, global_batch_loss, initialize, scaled_lr
+from scalesgd.trace import Tracer, write_chrome_trace
 from scalesgd.train import checkpoint, engines, metrics, report
 from scalesgd.train.distributed import DistEnv, sync_buffers
 from scalesgd.train.progress import EpochProgress
 
 EVAL_BATCH = 1000
+SKIP_ITERS = 2  # first iterations of a run, left out of the timing breakdown (allocation, warm caches)
 
 
-def train(cfg: TrainConfig, run_dir: Path, env: DistEnv, resume: bool = False) -> dict:
-    """Train `cfg` on this rank; rank 0 writes metrics, checkpoints and the report. Returns the summary."""
+def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool = False) -> dict:
+    """Train `cfg` on this rank; rank 0 writes metrics, checkpoints and the report. Returns the summary.
+
+    `env` may still be joining the process group (a Future): data and model are built meanwhile.
+    """
     wall_start = time.perf_counter()
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     data = load_bundle(cfg.dataset, data_dir=cfg.data_dir, samples=cfg.samples,
                        image_size=cfg.image_size, num_classes=cfg.classes)
     model = initialize(build_model(cfg.model, data.num_classes, data.in_channels), cfg.zero_gamma)
-    model.to(env.device)
     peak_lr = scaled_lr(cfg.base_lr, cfg.batch_size, cfg.base_batch, cfg.lr_scaling)
     optimizer = build_sgd(model, peak_lr, cfg.momentum, cfg.nesterov, cfg.weight_decay, cfg.bias_decay)
+    env = env.result() if isinstance(env, Future) else env
+    model.to(env.device)
     sampler = GlobalBatchSampler(len(data.train), cfg.batch_size, env.world_size, env.rank, seed=cfg.seed)
     steps_per_epoch = len(sampler)
     scheduler = build_scheduler(optimizer, lr_factor(cfg, steps_per_epoch, peak_lr))
     criterion = nn.CrossEntropyLoss(reduction="sum", label_smoothing=cfg.label_smoothing)
-    net = engines.wrap(cfg.engine, model, env)
 
     start_epoch, best_acc, elapsed_before = 0, 0.0, 0.0
     if resume:
@@ -49,39 +56,47 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv, resume: bool = False) -
         elapsed_before = state["elapsed_s"]
         if env.is_main:
             metrics.truncate_after_epoch(run_dir / metrics.METRICS_NAME, start_epoch)
+    tracer = Tracer(False)
+    net, opt = engines.wrap(cfg, model, optimizer, env, tracer)
 
     log = metrics.MetricsLog(run_dir / metrics.METRICS_NAME) if env.is_main else None
     progress = EpochProgress(env.is_main and not cfg.quiet, cfg.epochs)
     images_per_s: list[float] = []
+    timings: list[dict] = []
     record: dict = {}
     for epoch in range(start_epoch + 1, cfg.epochs + 1):
         sampler.set_epoch(epoch)
+        tracer.enabled = bool(cfg.trace) and epoch == cfg.epochs  # the last epoch's timeline
         progress.start_epoch(epoch, steps_per_epoch)
         net.train()
         totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, samples (global)
         epoch_start = time.perf_counter()
         for i, indices in enumerate(sampler):
+            t0 = time.perf_counter()
             x, y = data.train.x[indices], data.train.y[indices]
             if data.augment:
                 x = random_crop_flip(x)
             x, y = x.to(env.device, non_blocking=True), y.to(env.device, non_blocking=True)
             lr = optimizer.param_groups[0]["lr"]
-            logits = net(x)
-            loss_sum = criterion(logits, y)
-            global_batch_loss(loss_sum, env.world_size, sampler.global_counts(i)).backward()
+            with tracer.span("forward"):
+                logits = net(x)
+                loss_sum = criterion(logits, y)
+            with tracer.span("backward"):
+                global_batch_loss(loss_sum, env.world_size, sampler.global_counts(i)).backward()
+            t1 = time.perf_counter()
             step_stats = torch.stack([loss_sum.detach().double().cpu(),
                                       (logits.argmax(1) == y).sum().double().cpu(),
                                       torch.tensor(float(len(y)), dtype=torch.float64)])
             dist.all_reduce(step_stats)
             step_loss = (step_stats[0] / step_stats[2]).item()
-            if not math.isfinite(step_loss):
-                raise NonFiniteLoss(f"loss became {step_loss} at epoch {epoch}, iteration "
-                                    f"{(epoch - 1) * steps_per_epoch + i + 1}")
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            totals += step_stats
             global_iter = (epoch - 1) * steps_per_epoch + i + 1
+            if not math.isfinite(step_loss):
+                raise NonFiniteLoss(f"loss became {step_loss} at epoch {epoch}, iteration {global_iter}")
+            opt.step()
+            scheduler.step()
+            opt.zero_grad(set_to_none=True)
+            timings.append(iteration_timing(opt, t0, t1, time.perf_counter()))
+            totals += step_stats
             if log:
                 log.write({"kind": "iter", "epoch": epoch, "iter": global_iter, "lr": lr, "loss": step_loss})
             progress.advance(step_loss, lr)
@@ -101,19 +116,24 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv, resume: bool = False) -
             log.write(record)
             log.flush()
             checkpoint.save_atomic({
-                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "model": model.state_dict(), "optimizer": opt.state_dict(),
                 "scheduler": scheduler.state_dict(), "epoch": epoch, "rng": {"torch": rng_states},
                 "config": cfg.to_dict(), "best_test_acc": best_acc,
                 "elapsed_s": elapsed_before + time.perf_counter() - wall_start,
             }, run_dir / checkpoint.CHECKPOINT_NAME)
         progress.end_epoch(record)
 
+    if cfg.trace:
+        save_trace(cfg.trace, tracer, env)
+    if hasattr(opt, "close"):
+        opt.close()
     summary = {
         "final_test_acc": record.get("test_acc", best_acc), "best_test_acc": best_acc,
         "wall_time_s": elapsed_before + time.perf_counter() - wall_start,
         "images_per_s": sum(images_per_s) / len(images_per_s) if images_per_s else 0.0,
         "epochs": cfg.epochs, "steps_per_epoch": steps_per_epoch, "peak_lr": peak_lr,
-        "world_size": env.world_size, "run_dir": str(run_dir), "config": cfg.to_dict(),
+        "world_size": env.world_size, "run_dir": str(run_dir),
+        "iteration": breakdown(timings[SKIP_ITERS:] or timings), "config": cfg.to_dict(),
     }
     if env.is_main:
         log.close()
@@ -131,6 +151,26 @@ def lr_factor(cfg: TrainConfig, steps_per_epoch: int, peak_lr: float) -> LrFacto
         start=min(cfg.base_lr / peak_lr, 1.0), schedule=cfg.schedule,
         milestones=cfg.resolved_milestones, power=cfg.power,
     )
+
+
+def iteration_timing(opt, start: float, backward_end: float, end: float) -> dict:
+    """One iteration's times; the scalesgd engine also says how much of its exchange was hidden."""
+    timing = {"iteration_s": end - start, "compute_s": backward_end - start}
+    if hasattr(opt, "pop_stats"):
+        stats = opt.pop_stats()
+        timing.update(codec_s=stats.codec_s, comm_s=stats.comm_s, exposed_comm_s=stats.exposed_s,
+                      overlapped_comm_s=stats.overlapped_s, bytes_sent=stats.bytes_sent)
+    return timing
+
+
+def breakdown(timings: list[dict]) -> dict:
+    """Median iteration time and the mean of each part, for summary.json."""
+    if not timings:
+        return {}
+    out = {"iterations": len(timings), "median_iteration_s": statistics.median(t["iteration_s"] for t in timings)}
+    for key in timings[0]:
+        out[f"mean_{key}"] = statistics.fmean(t[key] for t in timings)
+    return out
 
 
 @torch.no_grad()
@@ -155,3 +195,11 @@ def gather_rng_states(env: DistEnv) -> list[torch.Tensor]:
     states = [torch.empty_like(state) for _ in range(env.world_size)]
     dist.all_gather(states, state)
     return states
+
+
+def save_trace(path: str, tracer: Tracer, env: DistEnv) -> None:
+    """Gather every rank's spans on rank 0 and write one Chrome trace."""
+    everyone: list = [None] * env.world_size
+    dist.all_gather_object(everyone, tracer.events)
+    if env.is_main:
+        write_chrome_trace(Path(path), everyone)

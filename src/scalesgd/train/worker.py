@@ -20,12 +20,14 @@ def run(cfg: TrainConfig, run_dir: Path | None, resume: bool) -> int:
 
     rank = int(os.environ.get("RANK", 0))
     under_our_launcher = os.environ.get(LAUNCHED_MARK) == "1"
-    env = None
+    pending = None
     try:
-        env = distributed.init(cfg.timeout, cfg.threads)
-        if run_dir is None:
+        pending = distributed.start_init(cfg.timeout, cfg.threads, exchange_group=cfg.engine == "scalesgd",
+                                         procs_per_node=procs_per_node(cfg))
+        if run_dir is None:  # torchrun: rank 0 names the run directory
+            env = pending.result()
             run_dir = Path(distributed.broadcast_object(str(prepare_new_run(cfg)) if env.is_main else None))
-        train(cfg, run_dir, env, resume)
+        train(cfg, run_dir, pending, resume)
         return 0
     except (UsageError, DataError) as err:
         _say(rank, f"error: {err}")
@@ -44,11 +46,18 @@ def run(cfg: TrainConfig, run_dir: Path | None, resume: bool) -> int:
                   file=sys.stderr)
         return EXIT_PEER_LOST
     finally:
-        if env is not None:
+        if pending is not None:
             try:
                 distributed.close()
             except Exception:
                 pass
+
+
+def procs_per_node(cfg: TrainConfig) -> int | None:
+    """Processes per node for the hierarchical exchange: the option, else LOCAL_WORLD_SIZE."""
+    if cfg.engine != "scalesgd" or cfg.algorithm != "hierarchical":
+        return None
+    return cfg.procs_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", cfg.workers))
 
 
 def _say(rank: int, line: str) -> None:

@@ -1,0 +1,60 @@
+"""The codec interface: how one bucket of gradients is encoded, summed across ranks and decoded."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Exchange:
+    """Where a bucket's exchange runs: the process group, its size, the allreduce algorithm and topology."""
+
+    group: object
+    world_size: int
+    algorithm: str = "ring"
+    topology: object | None = None
+
+    def allreduce(self, tensor: torch.Tensor) -> int:
+        """In-place sum over the group; returns the bytes this rank sent."""
+        from scalesgd.comm.collectives import allreduce
+
+        return allreduce(tensor, self.algorithm, group=self.group, topology=self.topology)
+
+
+@dataclass
+class BucketView:
+    """What a codec may know about a bucket: its index, parameters and their offsets in the flat buffer."""
+
+    index: int
+    params: list[torch.Tensor]
+    offsets: list[int] = field(default_factory=list)
+    numel: int = 0
+
+
+class Codec:
+    """encode → communicate → decode for one bucket; the result written to `out` is the mean over ranks.
+
+    Subclasses keep any state they need across iterations (residuals, ranges) and expose it through
+    `state_dict`/`load_state_dict`, so a checkpoint restores it.
+    """
+
+    name = "codec"
+
+    def encode(self, flat: torch.Tensor, bucket: BucketView, exchange: Exchange) -> torch.Tensor:
+        raise NotImplementedError
+
+    def communicate(self, wire: torch.Tensor, bucket: BucketView, exchange: Exchange) -> int:
+        """Sum `wire` across ranks in place (the default: one allreduce); returns bytes sent."""
+        return exchange.allreduce(wire)
+
+    def decode(self, wire: torch.Tensor, bucket: BucketView, out: torch.Tensor, exchange: Exchange) -> None:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state:
+            raise ValueError(f"codec {self.name} keeps no state, got keys {sorted(state)}")
