@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from scalesgd.config import ALGORITHM_CHOICES, DATASET_CHOICES, ENGINE_CHOICES, MODEL_CHOICES, TrainConfig
+from scalesgd.config import (ALGORITHM_CHOICES, DATASET_CHOICES, ENGINE_CHOICES, MODEL_CHOICES,
+                             AllreduceBenchConfig, TrainConfig)
 from scalesgd.errors import EXIT_USAGE, UsageError
 from scalesgd.recipe import SCALING_RULES, SCHEDULES, WARMUPS
 
@@ -106,12 +107,69 @@ def plan_command(args: dict) -> int:
     return 0
 
 
+def _sizes(text: str) -> tuple[int, ...]:
+    """Element counts like 256,4K,1M (K = 1024, M = 1024²)."""
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    try:
+        return tuple(int(float(part[:-1]) * scale[part[-1].upper()]) if part[-1].upper() in scale else int(part)
+                     for part in (p.strip() for p in text.split(",")) if part)
+    except (ValueError, IndexError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of element counts like 256,4K,1M") from None
+
+
+def _words(text: str) -> tuple[str, ...]:
+    return tuple(w.strip() for w in text.split(",") if w.strip())
+
+
+def _add_bench(sub) -> None:
+    bench = sub.add_parser("bench", help="measure collectives, codecs and training speed")
+    kinds = bench.add_subparsers(dest="bench", required=True, parser_class=_Parser)
+    p = kinds.add_parser("allreduce", help="time and bus bandwidth of each allreduce algorithm against size",
+                         argument_default=argparse.SUPPRESS)
+    d = AllreduceBenchConfig()
+    p.add_argument("--workers", type=int, help=f"local workers (default {d.workers}); under torchrun the launch decides")
+    p.add_argument("--sizes", type=_sizes, help="element counts, e.g. 256,4K,64K,1M,16M (K = 1024)")
+    p.add_argument("--algorithms", type=_words, help=f"comma-separated from {', '.join(ALGORITHM_CHOICES)} "
+                   f"(default {','.join(d.algorithms)})")
+    p.add_argument("--repeats", type=int, help=f"timed repetitions per point (default {d.repeats})")
+    p.add_argument("--warmup", type=int, help=f"untimed repetitions first (default {d.warmup})")
+    p.add_argument("--dtype", help=f"element type (default {d.dtype})")
+    p.add_argument("--procs-per-node", type=int, help="processes per node for hierarchical (default LOCAL_WORLD_SIZE)")
+    p.add_argument("--out", help="output directory (default runs/bench/allreduce-<timestamp>)")
+    p.add_argument("--timeout", type=float, help=f"seconds any collective may wait (default {d.timeout:g})")
+    p.add_argument("--master-addr", help=f"rendezvous address (default {d.master_addr})")
+    p.add_argument("--master-port", type=int, help="rendezvous port (default: a free one)")
+    p.add_argument("--threads", type=int, help="compute threads per worker (default: cores / workers)")
+
+
+def bench_allreduce_command(given: dict, argv: list[str]) -> int:
+    """`scalesgd bench allreduce`: validate, then spawn workers that re-run this command, or join torchrun."""
+    import time
+
+    from scalesgd import launcher
+    from scalesgd.bench import allreduce
+    from scalesgd.train import distributed
+
+    cfg = AllreduceBenchConfig(**given).validate()
+    command = "scalesgd " + " ".join(a for a in argv)
+    if distributed.launched_by_torchrun():
+        import os
+
+        cfg.workers = int(os.environ["WORLD_SIZE"])
+        cfg.out = cfg.out or f"runs/bench/allreduce-{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}"
+        return allreduce.run(cfg, command)
+    cfg.out = cfg.out or f"runs/bench/allreduce-{time.strftime('%Y%m%d-%H%M%S')}"
+    args = ["-m", "scalesgd", *argv, "--out", cfg.out]
+    return launcher.spawn(args, cfg.workers, cfg.master_addr, cfg.master_port, cfg.timeout)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="scalesgd", description="Large-minibatch, communication-efficient data-parallel "
                      "training on PyTorch.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_train(sub)
     _add_plan(sub)
+    _add_bench(sub)
     return parser
 
 
@@ -136,8 +194,8 @@ def train_command(given: dict) -> int:
         return worker.run(cfg, resume_dir, resume=resume_dir is not None)
     if resume_dir is not None:
         launch.write_config(cfg, resume_dir)
-        return launch.spawn(cfg, resume_dir, resume=True)
-    return launch.spawn(cfg, launch.prepare_new_run(cfg), resume=False)
+        return launch.spawn_train(cfg, resume_dir, resume=True)
+    return launch.spawn_train(cfg, launch.prepare_new_run(cfg), resume=False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
             return train_command(args)
         if command == "plan":
             return plan_command(args)
+        if command == "bench" and args.pop("bench") == "allreduce":
+            return bench_allreduce_command(args, list(sys.argv[1:] if argv is None else argv))
         raise UsageError(f"unknown command {command!r}")
     except UsageError as err:
         print(f"scalesgd: error: {err}", file=sys.stderr)

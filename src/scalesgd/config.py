@@ -201,3 +201,46 @@ def default_run_dir() -> Path:
 
 __all__ = ["TrainConfig", "MODEL_CHOICES", "DATASET_CHOICES", "ENGINE_CHOICES", "RUNTIME_FIELDS",
            "option_name", "default_run_dir", "ALGORITHM_CHOICES", "ENGINE_CODECS"]
+
+
+DTYPE_CHOICES = ("float32", "float16", "bfloat16", "float64")
+
+
+@dataclass
+class AllreduceBenchConfig:
+    """`scalesgd bench allreduce`: sizes in elements, every algorithm timed on the same tensors."""
+
+    workers: int = 4
+    sizes: tuple[int, ...] = (256, 4096, 16384, 65536, 262144, 1 << 20, 1 << 22)
+    algorithms: tuple[str, ...] = ("ring", "halving_doubling", "native")
+    repeats: int = 10
+    warmup: int = 3
+    dtype: str = "float32"
+    procs_per_node: int = 0
+    out: str = ""
+    timeout: float = 300.0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    threads: int = 0
+
+    def validate(self) -> "AllreduceBenchConfig":
+        _positive("--workers", self.workers)
+        _positive("--repeats", self.repeats)
+        _positive("--timeout", self.timeout)
+        if self.warmup < 0:
+            raise UsageError(f"--warmup {self.warmup}: must be >= 0")
+        if not self.sizes or any(n < 0 for n in self.sizes):
+            raise UsageError(f"--sizes {','.join(map(str, self.sizes))}: give element counts >= 0")
+        if not self.algorithms:
+            raise UsageError("--algorithms: give at least one")
+        for algorithm in self.algorithms:
+            _choice("--algorithms", algorithm, ALGORITHM_CHOICES)
+        _choice("--dtype", self.dtype, DTYPE_CHOICES)
+        if self.procs_per_node < 0 or (self.procs_per_node and self.workers % self.procs_per_node):
+            raise UsageError(f"--procs-per-node {self.procs_per_node}: must divide --workers {self.workers}")
+        return self
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["sizes"], d["algorithms"] = list(self.sizes), list(self.algorithms)
+        return d

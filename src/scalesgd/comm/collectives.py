@@ -1,7 +1,6 @@
 """Allreduce algorithms built from torch.distributed point-to-point primitives.
 
-Every step pairs a send with a receive (`batch_isend_irecv`, which on gloo posts `isend` and `irecv`
-together) so a link carries data both ways at once; gloo's own `all_to_all_single`/`all_gather` do
+Every step posts a receive and a send together (batched on NCCL) so a link carries data both ways at once; gloo's own `all_to_all_single`/`all_gather` do
 not (see NOTES.md). All algorithms sum in place, like `dist.all_reduce`, on any backend and any dtype
 torch can add, and return the number of bytes this rank sent.
 """
@@ -49,12 +48,12 @@ def allreduce(tensor: torch.Tensor, algorithm: str = "ring", group=None,
 # --- shared pieces ---------------------------------------------------------------------------------
 
 def _ring_members(group) -> tuple[int, list[int]]:
-    """This rank's rank in `group` and the global rank of every group rank (p2p ops take global ranks)."""
+    """This rank's rank in `group` and the group ranks of all members (-1 and [] when not a member)."""
     group = dist.group.WORLD if group is None else group
     rank = dist.get_rank(group)
     if rank < 0:
         return rank, []
-    return rank, [dist.get_global_rank(group, r) for r in range(dist.get_world_size(group))]
+    return rank, list(range(dist.get_world_size(group)))
 
 
 def _chunk_bounds(n: int, parts: int) -> list[tuple[int, int]]:
@@ -75,19 +74,26 @@ def _chunks(flat: torch.Tensor, parts: int) -> list[torch.Tensor]:
 
 def _exchange(group, send: torch.Tensor | None = None, dst: int | None = None,
               recv: torch.Tensor | None = None, src: int | None = None) -> int:
-    """One step: post the send and the receive together (full duplex) and wait for both.
+    """One step with group ranks `dst`/`src`: post the receive and the send together, wait for both.
 
     Empty tensors are skipped; both sides of a message compute the same size, so a skipped send
-    always meets a skipped receive and nobody waits for a message that never comes.
+    always meets a skipped receive and nobody waits for a message that never comes. CUDA tensors (NCCL)
+    need the pair batched (separate calls can deadlock a ring); on gloo the process group's own send/recv
+    are used, as the `dist.isend` wrappers cost a fixed Python overhead per step that dominates
+    small messages.
     """
-    ops = []
-    if send is not None and send.numel():
-        ops.append(dist.P2POp(dist.isend, send, dst, group))
-    if recv is not None and recv.numel():
-        ops.append(dist.P2POp(dist.irecv, recv, src, group))
-    if ops:
-        for req in dist.batch_isend_irecv(ops):
-            req.wait()
+    pg = dist.group.WORLD if group is None else group
+    recv = recv if recv is not None and recv.numel() else None
+    send = send if send is not None and send.numel() else None
+    if (send if send is not None else recv) is not None and (send if send is not None else recv).is_cuda:
+        ops = ([dist.P2POp(dist.irecv, recv, dist.get_global_rank(pg, src), pg)] if recv is not None else []) + \
+              ([dist.P2POp(dist.isend, send, dist.get_global_rank(pg, dst), pg)] if send is not None else [])
+        works = dist.batch_isend_irecv(ops) if ops else []
+    else:
+        works = ([pg.recv([recv], src, 0)] if recv is not None else []) + \
+                ([pg.send([send], dst, 0)] if send is not None else [])
+    for work in works:
+        work.wait()
     return send.numel() * send.element_size() if send is not None else 0
 
 

@@ -52,8 +52,8 @@ def init(timeout_s: float, threads: int = 0, exchange_group: bool = False,
          procs_per_node: int | None = None) -> DistEnv:
     """Create the default process group from the environment (env://), gloo on CPU or NCCL on CUDA.
 
-    With `exchange_group`, also create, eagerly and warmed, the gradient exchange's own group and,
-    when `procs_per_node` is given, the node and cross-node groups of the hierarchical exchange.
+    Also create, eagerly and warmed: with `exchange_group`, the gradient exchange's own group; with
+    `procs_per_node`, the node and cross-node groups of the hierarchical exchange.
     """
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
@@ -72,10 +72,10 @@ def init(timeout_s: float, threads: int = 0, exchange_group: bool = False,
     groups = {}
     if exchange_group:
         groups["exchange_group"] = dist.new_group(backend=backend)
-        if procs_per_node:
-            from scalesgd.comm.topology import Topology, build_groups
+    if procs_per_node:
+        from scalesgd.comm.topology import Topology, build_groups
 
-            groups["topology_groups"] = build_groups(Topology(world, rank, procs_per_node), backend)
+        groups["topology_groups"] = build_groups(Topology(world, rank, procs_per_node), backend)
     env = DistEnv(rank, world, local_rank, local_world, device, **groups)
     warm_up(env)
     return env

@@ -15,7 +15,8 @@ from scalesgd.train import distributed
 def run(cfg: TrainConfig, run_dir: Path | None, resume: bool) -> int:
     """Train on this rank; `run_dir` None means rank 0 chooses it (torchrun, where ranks may disagree)."""
     from scalesgd.data import DataError
-    from scalesgd.train.launch import LAUNCHED_MARK, prepare_new_run
+    from scalesgd.launcher import LAUNCHED_MARK
+    from scalesgd.train.launch import prepare_new_run
     from scalesgd.train.loop import train
 
     rank = int(os.environ.get("RANK", 0))

@@ -1,0 +1,118 @@
+"""`scalesgd bench allreduce`: time and bus bandwidth of each allreduce algorithm against size."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from scalesgd.bench import output
+from scalesgd.comm.collectives import allreduce
+from scalesgd.config import AllreduceBenchConfig
+from scalesgd.train import distributed
+
+
+def run(cfg: AllreduceBenchConfig, command: str) -> int:
+    """Measure on this rank (all ranks take part); rank 0 writes the results."""
+    hierarchical = "hierarchical" in cfg.algorithms
+    env = distributed.init(cfg.timeout, cfg.threads,
+                           procs_per_node=(cfg.procs_per_node or env_local_world(cfg)) if hierarchical else None)
+    try:
+        results = [r for n in cfg.sizes for r in measure_size(cfg, env, n)]
+        if env.is_main:
+            report(cfg, env.world_size, results, command)
+        return 0 if all(r["correct"] for r in results) else 1
+    finally:
+        distributed.close()
+
+
+def env_local_world(cfg: AllreduceBenchConfig) -> int:
+    import os
+
+    return int(os.environ.get("LOCAL_WORLD_SIZE", cfg.workers))
+
+
+def measure_size(cfg: AllreduceBenchConfig, env, numel: int) -> list[dict]:
+    """Each algorithm on `numel` elements, taking turns every repetition so drift hits all alike.
+
+    A point's time is the median over repetitions of the slowest rank's time (after a barrier).
+    """
+    dtype = getattr(torch, cfg.dtype)
+    base = torch.full((numel,), float(env.rank + 1), dtype=dtype, device=env.device)
+    expected = env.world_size * (env.world_size + 1) / 2
+    times = {a: [] for a in cfg.algorithms}
+    correct = {a: True for a in cfg.algorithms}
+    sent = {}
+    for i in range(cfg.warmup + cfg.repeats):
+        for algorithm in cfg.algorithms:
+            work = base.clone()
+            dist.barrier()
+            start = time.perf_counter()
+            sent[algorithm] = allreduce(work, algorithm, topology=env.topology_groups)
+            elapsed = time.perf_counter() - start
+            if i >= cfg.warmup:
+                times[algorithm].append(elapsed)
+            correct[algorithm] &= bool(numel == 0 or torch.all(work == expected))
+    slowest = torch.tensor([times[a] for a in cfg.algorithms], dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    flags = torch.tensor([0.0 if correct[a] else 1.0 for a in cfg.algorithms])
+    dist.all_reduce(flags)
+    nbytes, p = numel * base.element_size(), env.world_size
+    results = []
+    for row, algorithm in enumerate(cfg.algorithms):
+        seconds = statistics.median(slowest[row].tolist())
+        results.append({"algorithm": algorithm, "numel": numel, "bytes": nbytes, "median_s": seconds,
+                        "bus_gbps": 2 * (p - 1) / p * nbytes / seconds / 1e9 if seconds > 0 else 0.0,
+                        "bytes_sent": sent[algorithm], "correct": flags[row].item() == 0})
+    return results
+
+
+def report(cfg: AllreduceBenchConfig, world: int, results: list[dict], command: str) -> None:
+    """Table with each algorithm's time and its ratio to `native`, JSON, Markdown and the PNG."""
+    from rich.console import Console
+
+    native = {r["numel"]: r["median_s"] for r in results if r["algorithm"] == "native"}
+    columns = ["elements", "bytes", "algorithm", "median ms", "bus GB/s", "× native", "correct"]
+    rows = [[f"{r['numel']:,}", _human(r["bytes"]), r["algorithm"], f"{1e3 * r['median_s']:.3f}",
+             f"{r['bus_gbps']:.3f}", f"{r['median_s'] / native[r['numel']]:.2f}" if r["numel"] in native else "",
+             "yes" if r["correct"] else "NO"] for r in results]
+    out = Path(cfg.out)
+    output.write(out, "allreduce", {"world_size": world, "config": cfg.to_dict(), "results": results},
+                 columns, rows, command)
+    plot(out / "allreduce.png", world, results)
+    Console().print(output.rich_table(f"allreduce, {world} workers, median of {cfg.repeats}", columns, rows))
+    Console().print(f"written to {out}/allreduce.{{json,md,png}}", highlight=False)
+
+
+def plot(path: Path, world: int, results: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for algorithm in dict.fromkeys(r["algorithm"] for r in results):
+        mine = [r for r in results if r["algorithm"] == algorithm and r["bytes"] > 0]
+        ax_t.plot([r["bytes"] for r in mine], [1e3 * r["median_s"] for r in mine], "o-", label=algorithm)
+        ax_b.plot([r["bytes"] for r in mine], [r["bus_gbps"] for r in mine], "o-", label=algorithm)
+    for ax, label in ((ax_t, "time (ms)"), (ax_b, "bus bandwidth (GB/s)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("message size (bytes)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    ax_t.set_yscale("log")
+    fig.suptitle(f"allreduce, {world} workers")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _human(nbytes: int) -> str:
+    for unit, size in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= size:
+            return f"{nbytes / size:g} {unit}"
+    return f"{nbytes} B"
