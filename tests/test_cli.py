@@ -37,6 +37,12 @@ BAD = [
     (("--label-smoothing", "1.5"), "--label-smoothing 1.5: must be in [0, 1)"),
     (("--momentum", "1"), "--momentum 1.0: must be in [0, 1)"),
     (("--frobnicate",), "unrecognized arguments: --frobnicate"),
+    (("--engine", "horovod"), "--engine 'horovod' is not known; choose from ddp, scalesgd"),
+    (("--engine", "scalesgd", "--codec", "powersgd"), "choose from fp32, fp16, bf16"),
+    (("--codec", "fp7"), "choose from fp32, fp16, bf16, powersgd"),
+    (("--algorithm", "tree"), "choose from ring, halving_doubling, hierarchical, native"),
+    (("--buckets", "size:0"), "use one of size:MB, growing[:FIRST_MB[:FACTOR]], layer, single"),
+    (("--procs-per-node", "3"), "--procs-per-node 3 does not divide --workers 2"),
 ]
 
 
@@ -103,3 +109,14 @@ def test_config_json_round_trips(tmp_path):
     cfg = TrainConfig(milestones=(1.0, 2.0), epochs=3, warmup_epochs=1).validate()
     again = TrainConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
     assert again == cfg
+
+
+def test_plan_prints_the_bucket_table(capsys):
+    assert main(["plan", "--model", "resnet20", "--buckets", "growing", "--classes", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "bucket plan growing" in out and "fc.bias" in out and "conv1.weight" in out
+
+
+def test_plan_rejects_a_bad_spec_in_one_line(capsys):
+    code, err = run_cli(capsys, "plan", "--buckets", "growing:1:0.5")
+    assert code == 2 and err.count("\n") == 1 and "FACTOR >= 1" in err

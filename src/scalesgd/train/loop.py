@@ -133,7 +133,9 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
         "images_per_s": sum(images_per_s) / len(images_per_s) if images_per_s else 0.0,
         "epochs": cfg.epochs, "steps_per_epoch": steps_per_epoch, "peak_lr": peak_lr,
         "world_size": env.world_size, "run_dir": str(run_dir),
-        "iteration": breakdown(timings[SKIP_ITERS:] or timings), "config": cfg.to_dict(),
+        "iteration": {**breakdown(timings[SKIP_ITERS:] or timings),
+                      "first_iteration_s": timings[0]["iteration_s"] if timings else 0.0},
+        "config": cfg.to_dict(),
     }
     if env.is_main:
         log.close()

@@ -1,0 +1,32 @@
+"""`scalesgd bench allreduce` end to end on two local workers."""
+
+import json
+import subprocess
+import sys
+
+
+def test_bench_allreduce_writes_json_markdown_and_png_for_every_algorithm(tmp_path):
+    out = tmp_path / "bench"
+    proc = subprocess.run([sys.executable, "-m", "scalesgd", "bench", "allreduce", "--workers", "2",
+                           "--sizes", "0,5,1K", "--algorithms", "ring,halving_doubling,hierarchical,native",
+                           "--procs-per-node", "1", "--repeats", "2", "--warmup", "1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads((out / "allreduce.json").read_text())
+    assert record["world_size"] == 2 and record["machine"]["torch"]
+    points = {(r["algorithm"], r["numel"]) for r in record["results"]}
+    assert points == {(a, n) for a in ("ring", "halving_doubling", "hierarchical", "native") for n in (0, 5, 1024)}
+    assert all(r["correct"] and r["median_s"] > 0 for r in record["results"])
+    ring_1k = next(r for r in record["results"] if r["algorithm"] == "ring" and r["numel"] == 1024)
+    assert ring_1k["bytes"] == 4096 and ring_1k["bytes_sent"] == 4096  # 2·(p−1)/p of the vector
+    markdown = (out / "allreduce.md").read_text()
+    assert markdown.startswith("`scalesgd bench allreduce") and "| halving_doubling |" in markdown
+    assert (out / "allreduce.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bad_algorithm_is_one_line_exit_2(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "scalesgd", "bench", "allreduce", "--algorithms", "ring,tree",
+                           "--out", str(tmp_path / "x")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "--algorithms 'tree' is not known; choose from ring, halving_doubling, hierarchical, native" in proc.stderr
+    assert not (tmp_path / "x").exists()
