@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from scalesgd.config import (ALGORITHM_CHOICES, DATASET_CHOICES, ENGINE_CHOICES, MODEL_CHOICES,
-                             AllreduceBenchConfig, TrainConfig)
+                             AllreduceBenchConfig, TrainBenchConfig, TrainConfig)
 from scalesgd.errors import EXIT_USAGE, UsageError
 from scalesgd.recipe import SCALING_RULES, SCHEDULES, WARMUPS
 
@@ -121,46 +121,71 @@ def _words(text: str) -> tuple[str, ...]:
     return tuple(w.strip() for w in text.split(",") if w.strip())
 
 
+def _add_runtime(p, workers: int) -> None:
+    """Options every multi-worker command shares."""
+    p.add_argument("--workers", type=int, help=f"local workers (default {workers}); under torchrun the launch decides")
+    p.add_argument("--procs-per-node", type=int, help="processes per node for hierarchical (default LOCAL_WORLD_SIZE)")
+    p.add_argument("--out", help="output directory (default runs/bench/<kind>-<timestamp>)")
+    p.add_argument("--timeout", type=float, help="seconds any collective may wait (default 300)")
+    p.add_argument("--master-addr", help="rendezvous address (default 127.0.0.1)")
+    p.add_argument("--master-port", type=int, help="rendezvous port (default: a free one)")
+    p.add_argument("--threads", type=int, help="compute threads per worker (default: cores / workers)")
+
+
 def _add_bench(sub) -> None:
-    bench = sub.add_parser("bench", help="measure collectives, codecs and training speed")
+    bench = sub.add_parser("bench", help="measure collectives and training speed against the baselines")
     kinds = bench.add_subparsers(dest="bench", required=True, parser_class=_Parser)
     p = kinds.add_parser("allreduce", help="time and bus bandwidth of each allreduce algorithm against size",
                          argument_default=argparse.SUPPRESS)
     d = AllreduceBenchConfig()
-    p.add_argument("--workers", type=int, help=f"local workers (default {d.workers}); under torchrun the launch decides")
+    _add_runtime(p, d.workers)
     p.add_argument("--sizes", type=_sizes, help="element counts, e.g. 256,4K,64K,1M,16M (K = 1024)")
     p.add_argument("--algorithms", type=_words, help=f"comma-separated from {', '.join(ALGORITHM_CHOICES)} "
                    f"(default {','.join(d.algorithms)})")
     p.add_argument("--repeats", type=int, help=f"timed repetitions per point (default {d.repeats})")
     p.add_argument("--warmup", type=int, help=f"untimed repetitions first (default {d.warmup})")
     p.add_argument("--dtype", help=f"element type (default {d.dtype})")
-    p.add_argument("--procs-per-node", type=int, help="processes per node for hierarchical (default LOCAL_WORLD_SIZE)")
-    p.add_argument("--out", help="output directory (default runs/bench/allreduce-<timestamp>)")
-    p.add_argument("--timeout", type=float, help=f"seconds any collective may wait (default {d.timeout:g})")
-    p.add_argument("--master-addr", help=f"rendezvous address (default {d.master_addr})")
-    p.add_argument("--master-port", type=int, help="rendezvous port (default: a free one)")
-    p.add_argument("--threads", type=int, help="compute threads per worker (default: cores / workers)")
+
+    p = kinds.add_parser("train", help="iteration time of each exchange mode against DDP, side by side",
+                         argument_default=argparse.SUPPRESS)
+    t = TrainBenchConfig()
+    _add_runtime(p, t.workers)
+    p.add_argument("--model", help=f"{' | '.join(MODEL_CHOICES)} (default {t.model})")
+    p.add_argument("--image-size", type=int, help=f"synthetic input side (default {t.image_size})")
+    p.add_argument("--channels", type=int, help=f"input channels (default {t.channels})")
+    p.add_argument("--classes", type=int, help=f"(default {t.classes})")
+    p.add_argument("--batch-size", type=int, help=f"global minibatch (default {t.batch_size})")
+    p.add_argument("--modes", type=_words, help="comma-separated: none (no exchange: the compute-only bound), "
+                   "ddp, ddp-fp16, ddp-bf16, ddp-powersgd, scalesgd-CODEC-ALGORITHM-BUCKETS "
+                   f"(default {','.join(t.modes)})")
+    p.add_argument("--warmup", type=int, help=f"untimed iterations per mode first (default {t.warmup})")
+    p.add_argument("--iterations", type=int, help=f"timed iterations per mode (default {t.iterations})")
+    p.add_argument("--rounds", type=int, help=f"modes take turns this many times (default {t.rounds})")
 
 
-def bench_allreduce_command(given: dict, argv: list[str]) -> int:
-    """`scalesgd bench allreduce`: validate, then spawn workers that re-run this command, or join torchrun."""
+BENCH_CONFIGS = {"allreduce": AllreduceBenchConfig, "train": TrainBenchConfig}
+
+
+def bench_command(kind: str, given: dict, argv: list[str]) -> int:
+    """`scalesgd bench KIND`: validate, then spawn workers that re-run this command, or join torchrun."""
+    import importlib
+    import os
     import time
 
     from scalesgd import launcher
-    from scalesgd.bench import allreduce
     from scalesgd.train import distributed
 
-    cfg = AllreduceBenchConfig(**given).validate()
-    command = "scalesgd " + " ".join(a for a in argv)
+    cfg = BENCH_CONFIGS[kind](**given).validate()
+    command = "scalesgd " + " ".join(argv)
+    run = importlib.import_module(f"scalesgd.bench.{kind}").run
     if distributed.launched_by_torchrun():
-        import os
-
         cfg.workers = int(os.environ["WORLD_SIZE"])
-        cfg.out = cfg.out or f"runs/bench/allreduce-{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}"
-        return allreduce.run(cfg, command)
-    cfg.out = cfg.out or f"runs/bench/allreduce-{time.strftime('%Y%m%d-%H%M%S')}"
-    args = ["-m", "scalesgd", *argv, "--out", cfg.out]
-    return launcher.spawn(args, cfg.workers, cfg.master_addr, cfg.master_port, cfg.timeout)
+        cfg.out = cfg.out or f"runs/bench/{kind}-{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}"
+        return run(cfg, command)
+    if not cfg.out:  # every worker must write to the directory the parent chose
+        cfg.out = f"runs/bench/{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
+        argv = [*argv, "--out", cfg.out]
+    return launcher.spawn(["-m", "scalesgd", *argv], cfg.workers, cfg.master_addr, cfg.master_port, cfg.timeout)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -206,8 +231,8 @@ def main(argv: list[str] | None = None) -> int:
             return train_command(args)
         if command == "plan":
             return plan_command(args)
-        if command == "bench" and args.pop("bench") == "allreduce":
-            return bench_allreduce_command(args, list(sys.argv[1:] if argv is None else argv))
+        if command == "bench":
+            return bench_command(args.pop("bench"), args, list(sys.argv[1:] if argv is None else argv))
         raise UsageError(f"unknown command {command!r}")
     except UsageError as err:
         print(f"scalesgd: error: {err}", file=sys.stderr)

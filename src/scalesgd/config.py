@@ -244,3 +244,63 @@ class AllreduceBenchConfig:
         d = dataclasses.asdict(self)
         d["sizes"], d["algorithms"] = list(self.sizes), list(self.algorithms)
         return d
+
+
+@dataclass
+class TrainBenchConfig:
+    """`scalesgd bench train`: every exchange mode timed on the same model, data and workers."""
+
+    workers: int = 2
+    model: str = "resnet20"
+    image_size: int = 32
+    channels: int = 3
+    classes: int = 10
+    batch_size: int = 64
+    modes: tuple[str, ...] = ("none", "ddp", "ddp-fp16", "ddp-powersgd", "scalesgd-fp32-ring-size:1",
+                              "scalesgd-fp16-ring-size:1")
+    warmup: int = 12
+    iterations: int = 30
+    rounds: int = 5
+    procs_per_node: int = 0
+    out: str = ""
+    timeout: float = 300.0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    threads: int = 0
+
+    def validate(self) -> "TrainBenchConfig":
+        from scalesgd.bench.train import parse_mode
+
+        for name in ("workers", "image_size", "channels", "batch_size", "iterations", "rounds"):
+            _positive(option_name(name), getattr(self, name))
+        if self.warmup < 0:
+            raise UsageError(f"--warmup {self.warmup}: must be >= 0")
+        _choice("--model", self.model, MODEL_CHOICES)
+        if self.classes < 2:
+            raise UsageError(f"--classes {self.classes}: need at least 2 classes")
+        if self.batch_size % self.workers or self.batch_size // self.workers < MIN_PER_WORKER:
+            raise UsageError(f"--batch-size {self.batch_size}: must be a multiple of --workers {self.workers} "
+                             f"with at least {MIN_PER_WORKER} per worker")
+        if not self.modes:
+            raise UsageError("--modes: give at least one")
+        for text in self.modes:
+            try:
+                mode = parse_mode(text)
+            except ValueError as err:
+                raise UsageError(f"--modes: {err}") from None
+            if mode.engine != "none":
+                _choice(f"--modes {text}: codec", mode.codec, ENGINE_CODECS[mode.engine])
+            if mode.engine == "scalesgd":
+                _choice(f"--modes {text}: algorithm", mode.algorithm, ALGORITHM_CHOICES)
+                try:
+                    parse_spec(mode.buckets)
+                except ValueError as err:
+                    raise UsageError(f"--modes {text}: {err}") from None
+        if self.procs_per_node < 0 or (self.procs_per_node and self.workers % self.procs_per_node):
+            raise UsageError(f"--procs-per-node {self.procs_per_node}: must divide --workers {self.workers}")
+        return self
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["modes"] = list(self.modes)
+        return d

@@ -18,8 +18,8 @@ from scalesgd.train import distributed
 def run(cfg: AllreduceBenchConfig, command: str) -> int:
     """Measure on this rank (all ranks take part); rank 0 writes the results."""
     hierarchical = "hierarchical" in cfg.algorithms
-    env = distributed.init(cfg.timeout, cfg.threads,
-                           procs_per_node=(cfg.procs_per_node or env_local_world(cfg)) if hierarchical else None)
+    env = distributed.init(cfg.timeout, cfg.threads, procs_per_node=(
+        cfg.procs_per_node or distributed.local_world_size(cfg.workers)) if hierarchical else None)
     try:
         results = [r for n in cfg.sizes for r in measure_size(cfg, env, n)]
         if env.is_main:
@@ -27,12 +27,6 @@ def run(cfg: AllreduceBenchConfig, command: str) -> int:
         return 0 if all(r["correct"] for r in results) else 1
     finally:
         distributed.close()
-
-
-def env_local_world(cfg: AllreduceBenchConfig) -> int:
-    import os
-
-    return int(os.environ.get("LOCAL_WORLD_SIZE", cfg.workers))
 
 
 def measure_size(cfg: AllreduceBenchConfig, env, numel: int) -> list[dict]:

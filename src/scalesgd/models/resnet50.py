@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from scalesgd.models.blocks import shortcut
+
 
 class Bottleneck(nn.Module):
     """1x1-3x3-1x1 bottleneck with expansion 4 and a projection shortcut when the shape changes."""
@@ -22,14 +24,7 @@ class Bottleneck(nn.Module):
         self.conv3 = nn.Conv2d(width, out_ch, kernel_size=1, bias=False)
         self.last_bn = nn.BatchNorm2d(out_ch)
         self.relu3 = nn.ReLU()
-        self.shortcut: nn.Module
-        if stride != 1 or in_ch != out_ch:
-            self.shortcut = nn.Sequential(
-                nn.Conv2d(in_ch, out_ch, kernel_size=1, stride=stride, bias=False),
-                nn.BatchNorm2d(out_ch),
-            )
-        else:
-            self.shortcut = nn.Identity()
+        self.shortcut = shortcut(in_ch, out_ch, stride)
 
     def forward(self, x: Tensor) -> Tensor:
         """Add the bottleneck branch to the shortcut and apply the final ReLU."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from scalesgd.models.blocks import shortcut
+
 
 def _conv3x3(in_ch: int, out_ch: int, stride: int = 1) -> nn.Conv2d:
     """3x3 convolution with padding 1 and no bias, because a BatchNorm always follows it."""
@@ -21,14 +23,7 @@ class BasicBlock(nn.Module):
         self.conv2 = _conv3x3(out_ch, out_ch)
         self.last_bn = nn.BatchNorm2d(out_ch)
         self.relu2 = nn.ReLU()
-        self.shortcut: nn.Module
-        if stride != 1 or in_ch != out_ch:
-            self.shortcut = nn.Sequential(
-                nn.Conv2d(in_ch, out_ch, kernel_size=1, stride=stride, bias=False),
-                nn.BatchNorm2d(out_ch),
-            )
-        else:
-            self.shortcut = nn.Identity()
+        self.shortcut = shortcut(in_ch, out_ch, stride)
 
     def forward(self, x: Tensor) -> Tensor:
         """Add the residual branch to the shortcut and apply the final ReLU."""

@@ -81,6 +81,11 @@ def init(timeout_s: float, threads: int = 0, exchange_group: bool = False,
     return env
 
 
+def local_world_size(default: int) -> int:
+    """Processes on this node, as the launcher (ours or torchrun) says; `default` without one."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", default))
+
+
 def set_threads(threads: int = 0) -> None:
     """Compute threads of the calling thread: `threads`, else the cores shared among this node's workers."""
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1)))

@@ -13,6 +13,10 @@ from scalesgd.train.distributed import DistEnv
 
 POWERSGD_RANK = 4
 POWERSGD_START_ITER = 10  # plain allreduce for the first 10 iterations, PyTorch's documented warm start
+# PowerSGD's hook issues its later allreduces from future callbacks; with several DDP buckets in
+# flight, gloo ranks can issue them in different orders ("Received data size doesn't match
+# expected size"). One bucket keeps a single chain in flight, so the baseline runs on gloo.
+POWERSGD_BUCKET_MB = 1024
 
 
 def wrap(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, env: DistEnv,
@@ -20,7 +24,9 @@ def wrap(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, e
     """(module to run forward/backward through, optimizer to step); backward+step average gradients."""
     if cfg.engine == "ddp":
         device_ids = [env.device.index] if env.device.type == "cuda" else None
-        ddp = DistributedDataParallel(model, device_ids=device_ids)
+        single_bucket = cfg.codec == "powersgd" and env.device.type != "cuda"
+        ddp = DistributedDataParallel(model, device_ids=device_ids,
+                                      bucket_cap_mb=POWERSGD_BUCKET_MB if single_bucket else None)
         _register_ddp_hook(ddp, cfg.codec)
         return ddp, optimizer
     if cfg.engine == "scalesgd":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import time
@@ -58,6 +59,8 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
             metrics.truncate_after_epoch(run_dir / metrics.METRICS_NAME, start_epoch)
     tracer = Tracer(False)
     net, opt = engines.wrap(cfg, model, optimizer, env, tracer)
+    if env.is_main and hasattr(opt, "plan"):
+        (run_dir / "buckets.json").write_text(json.dumps(opt.plan.to_dict(), indent=2) + "\n", encoding="utf-8")
 
     log = metrics.MetricsLog(run_dir / metrics.METRICS_NAME) if env.is_main else None
     progress = EpochProgress(env.is_main and not cfg.quiet, cfg.epochs)

@@ -58,7 +58,7 @@ def procs_per_node(cfg: TrainConfig) -> int | None:
     """Processes per node for the hierarchical exchange: the option, else LOCAL_WORLD_SIZE."""
     if cfg.engine != "scalesgd" or cfg.algorithm != "hierarchical":
         return None
-    return cfg.procs_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", cfg.workers))
+    return cfg.procs_per_node or distributed.local_world_size(cfg.workers)
 
 
 def _say(rank: int, line: str) -> None:

@@ -1,0 +1,181 @@
+"""`scalesgd bench train`: iteration time of every exchange mode side by side, in one run of workers.
+
+Every mode gets its own copy of the model; modes take turns in rounds, so a slow spell of the
+machine or the network hits all of them alike, and the baselines (PyTorch DDP fp32, DDP with
+`fp16_compress_hook`, DDP with PowerSGD) are measured on the same hardware in the same minute.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from scalesgd.bench import output
+from scalesgd.config import TrainBenchConfig, TrainConfig
+from scalesgd.models import build_model
+from scalesgd.recipe import build_sgd, initialize
+from scalesgd.trace import Tracer
+from scalesgd.train import distributed, engines
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One way to exchange gradients: `none` (no exchange: the compute-only bound), DDP or scalesgd."""
+
+    name: str
+    engine: str
+    codec: str = "fp32"
+    algorithm: str = "ring"
+    buckets: str = "size:1"
+
+
+def parse_mode(text: str) -> Mode:
+    """`none`, `ddp[-CODEC]` or `scalesgd[-CODEC[-ALGORITHM[-BUCKETS]]]`; ValueError otherwise."""
+    engine, _, rest = text.partition("-")
+    if engine == "none" and not rest:
+        return Mode(text, "none")
+    if engine == "ddp":
+        return Mode(text, "ddp", rest or "fp32")
+    if engine == "scalesgd":
+        parts = rest.split("-", 2) if rest else []
+        defaults = ["fp32", "ring", "size:1"]
+        codec, algorithm, buckets = parts + defaults[len(parts):]
+        return Mode(text, "scalesgd", codec, algorithm, buckets)
+    raise ValueError(f"mode {text!r} is not known; use none, ddp[-CODEC] or scalesgd[-CODEC[-ALGORITHM[-BUCKETS]]]")
+
+
+@dataclass
+class Runner:
+    """A mode's own model, optimizer and engine, and what its timed iterations measured."""
+
+    mode: Mode
+    net: nn.Module
+    opt: object
+    times: list[float]
+    compute: list[float]
+    stats: list
+
+
+def run(cfg: TrainBenchConfig, command: str) -> int:
+    """Measure on this rank (all ranks take part); rank 0 writes the results."""
+    modes = [parse_mode(m) for m in cfg.modes]
+    hierarchical = any(m.algorithm == "hierarchical" for m in modes if m.engine == "scalesgd")
+    env = distributed.init(cfg.timeout, cfg.threads, procs_per_node=(
+        cfg.procs_per_node or distributed.local_world_size(cfg.workers)) if hierarchical else None)
+    try:
+        per_rank = cfg.batch_size // env.world_size
+        g = torch.Generator().manual_seed(1000 + env.rank)
+        x = torch.randn(per_rank, cfg.channels, cfg.image_size, cfg.image_size, generator=g).to(env.device)
+        y = torch.randint(0, cfg.classes, (per_rank,), generator=g).to(env.device)
+        runners = [build_runner(cfg, mode, env) for mode in modes]
+        for runner in runners:
+            for _ in range(cfg.warmup):
+                iteration(runner, x, y, record=False)
+        per_round = max(1, cfg.iterations // cfg.rounds)
+        for _ in range(cfg.rounds):
+            for runner in runners:
+                dist.barrier()
+                for _ in range(per_round):
+                    iteration(runner, x, y, record=True)
+        results = [summarize(cfg, runner, env) for runner in runners]
+        if env.is_main:
+            report(cfg, env.world_size, results, command)
+        for runner in runners:
+            if hasattr(runner.opt, "close"):
+                runner.opt.close()
+        return 0
+    finally:
+        distributed.close()
+
+
+def build_runner(cfg: TrainBenchConfig, mode: Mode, env) -> Runner:
+    """The same initial model for every mode, wrapped as the mode says."""
+    torch.manual_seed(0)
+    model = initialize(build_model(cfg.model, cfg.classes, cfg.channels)).to(env.device)
+    optimizer = build_sgd(model, 0.01, 0.9, False, 1e-4)
+    if mode.engine == "none":
+        return Runner(mode, model, optimizer, [], [], [])
+    train_cfg = TrainConfig(workers=env.world_size, engine=mode.engine, codec=mode.codec,
+                            algorithm=mode.algorithm, buckets=mode.buckets)
+    group = dist.new_group() if mode.engine == "scalesgd" else None
+    env_for_mode = distributed.DistEnv(env.rank, env.world_size, env.local_rank, env.local_world_size,
+                                       env.device, group, env.topology_groups)
+    net, opt = engines.wrap(train_cfg, model, optimizer, env_for_mode, Tracer(False))
+    return Runner(mode, net, opt, [], [], [])
+
+
+def iteration(runner: Runner, x: torch.Tensor, y: torch.Tensor, record: bool) -> None:
+    """Forward, backward, exchange and step, timed on this rank."""
+    start = time.perf_counter()
+    nn.functional.cross_entropy(runner.net(x), y).backward()
+    backward_end = time.perf_counter()
+    runner.opt.step()
+    runner.opt.zero_grad(set_to_none=True)
+    end = time.perf_counter()
+    stats = runner.opt.pop_stats() if hasattr(runner.opt, "pop_stats") else None
+    if record:
+        runner.times.append(end - start)
+        runner.compute.append(backward_end - start)
+        if stats is not None:
+            runner.stats.append(stats)
+
+
+def summarize(cfg: TrainBenchConfig, runner: Runner, env) -> dict:
+    """Median over iterations of the slowest rank's time; the breakdown as this mode measured it."""
+    slowest = torch.tensor(runner.times, dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    median = statistics.median(slowest.tolist())
+    row = {"mode": runner.mode.name, "median_iteration_s": median, "images_per_s": cfg.batch_size / median,
+           "mean_compute_s": statistics.fmean(runner.compute), "iterations": len(runner.times)}
+    if runner.stats:
+        for key in ("codec_s", "comm_s", "exposed_s", "overlapped_s", "bytes_sent"):
+            row[f"mean_{key}"] = statistics.fmean(getattr(s, key) for s in runner.stats)
+    elif runner.mode.engine == "ddp" and runner.mode.codec in ("fp32", "fp16", "bf16"):
+        grad_bytes = sum(p.numel() for p in runner.net.parameters()) * (4 if runner.mode.codec == "fp32" else 2)
+        row["mean_bytes_sent"] = 2 * (env.world_size - 1) / env.world_size * grad_bytes  # gloo ring estimate
+    return row
+
+
+def report(cfg: TrainBenchConfig, world: int, results: list[dict], command: str) -> None:
+    """Table with each mode's time and its ratio to DDP fp32, JSON, Markdown and the PNG."""
+    from rich.console import Console
+
+    ddp = next((r["median_iteration_s"] for r in results if r["mode"] == "ddp"), None)
+    columns = ["mode", "median ms", "images/s", "ddp ÷ mode", "compute ms", "exposed comm ms",
+               "overlapped comm ms", "MB sent / iter"]
+    rows = [[r["mode"], f"{1e3 * r['median_iteration_s']:.1f}", f"{r['images_per_s']:.0f}",
+             f"{ddp / r['median_iteration_s']:.2f}" if ddp else "",
+             f"{1e3 * r['mean_compute_s']:.1f}",
+             f"{1e3 * r['mean_exposed_s']:.1f}" if "mean_exposed_s" in r else "",
+             f"{1e3 * r['mean_overlapped_s']:.1f}" if "mean_overlapped_s" in r else "",
+             f"{r['mean_bytes_sent'] / 1e6:.2f}" if "mean_bytes_sent" in r else ""] for r in results]
+    out = Path(cfg.out)
+    output.write(out, "train", {"world_size": world, "config": cfg.to_dict(), "results": results},
+                 columns, rows, command)
+    plot(out / "train.png", world, cfg, results)
+    Console().print(output.rich_table(f"{cfg.model}, {world} workers, global batch {cfg.batch_size}",
+                                      columns, rows))
+    Console().print(f"written to {out}/train.{{json,md,png}}", highlight=False)
+
+
+def plot(path: Path, world: int, cfg: TrainBenchConfig, results: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(results) + 1.5))
+    names = [r["mode"] for r in results][::-1]
+    ax.barh(names, [1e3 * r["median_iteration_s"] for r in results][::-1], color="tab:blue")
+    ax.set_xlabel("median iteration time (ms)")
+    ax.set_title(f"{cfg.model}, {world} workers, global batch {cfg.batch_size}")
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,47 @@
+"""`scalesgd bench train`: every mode, side by side, on two local workers."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from scalesgd.bench.train import Mode, parse_mode
+
+
+def test_modes_parse_with_defaults():
+    assert parse_mode("none") == Mode("none", "none")
+    assert parse_mode("ddp") == Mode("ddp", "ddp", "fp32")
+    assert parse_mode("ddp-powersgd") == Mode("ddp-powersgd", "ddp", "powersgd")
+    assert parse_mode("scalesgd") == Mode("scalesgd", "scalesgd", "fp32", "ring", "size:1")
+    assert parse_mode("scalesgd-fp16-halving_doubling-growing:0.5:2") == Mode(
+        "scalesgd-fp16-halving_doubling-growing:0.5:2", "scalesgd", "fp16", "halving_doubling", "growing:0.5:2")
+    with pytest.raises(ValueError, match="use none, ddp"):
+        parse_mode("horovod")
+
+
+def test_bench_train_measures_every_mode_against_ddp(tmp_path):
+    out = tmp_path / "bench"
+    modes = "none,ddp,ddp-fp16,ddp-powersgd,scalesgd-fp32-ring-layer,scalesgd-fp16-hierarchical-size:0.01"
+    proc = subprocess.run([sys.executable, "-m", "scalesgd", "bench", "train", "--workers", "2", "--model", "resnet8",
+                           "--image-size", "8", "--batch-size", "16", "--modes", modes, "--procs-per-node", "1",
+                           "--warmup", "11", "--iterations", "4", "--rounds", "2", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((out / "train.json").read_text())
+    results = {r["mode"]: r for r in record["results"]}
+    assert list(results) == modes.split(",")
+    assert all(r["iterations"] == 4 and r["median_iteration_s"] > 0 for r in results.values())
+    ours = results["scalesgd-fp32-ring-layer"]
+    assert ours["mean_bytes_sent"] == 78_042 * 4  # ring on 2 ranks sends 2(p−1)/p of the gradient
+    assert results["scalesgd-fp16-hierarchical-size:0.01"]["mean_bytes_sent"] == 78_042 * 2
+    assert "mean_exposed_s" in ours and "mean_exposed_s" not in results["ddp"]
+    assert "| ddp-powersgd |" in (out / "train.md").read_text()
+    assert (out / "train.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bad_mode_is_one_line_exit_2(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "scalesgd", "bench", "train", "--modes", "ddp,scalesgd-fp8",
+                           "--out", str(tmp_path / "x")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "--modes scalesgd-fp8: codec 'fp8' is not known; choose from fp32, fp16, bf16" in proc.stderr
