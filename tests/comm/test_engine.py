@@ -1,7 +1,6 @@
 """DistributedOptimizer against DDP, with gradient accumulation, unused parameters and failures."""
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 

@@ -24,6 +24,7 @@ def run(cfg: AllreduceBenchConfig, command: str) -> int:
         results = [r for n in cfg.sizes for r in measure_size(cfg, env, n)]
         if env.is_main:
             report(cfg, env.world_size, results, command)
+        distributed.finish()
         return 0 if all(r["correct"] for r in results) else 1
     finally:
         distributed.close()

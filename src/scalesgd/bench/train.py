@@ -89,6 +89,7 @@ def run(cfg: TrainBenchConfig, command: str) -> int:
         for runner in runners:
             if hasattr(runner.opt, "close"):
                 runner.opt.close()
+        distributed.finish()
         return 0
     finally:
         distributed.close()

@@ -123,6 +123,13 @@ def sync_buffers(module: torch.nn.Module, src: int = 0) -> None:
         dist.broadcast(buf, src)
 
 
+def finish() -> None:
+    """After a successful run: wait for every rank, so none tears its connections down under a peer."""
+    if dist.is_initialized():
+        dist.barrier()
+    close()
+
+
 def close() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -29,6 +29,7 @@ def run(cfg: TrainConfig, run_dir: Path | None, resume: bool) -> int:
             env = pending.result()
             run_dir = Path(distributed.broadcast_object(str(prepare_new_run(cfg)) if env.is_main else None))
         train(cfg, run_dir, pending, resume)
+        distributed.finish()
         return 0
     except (UsageError, DataError) as err:
         _say(rank, f"error: {err}")
