@@ -12,6 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from scalesgd.train.distributed import exit_process
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -30,6 +32,7 @@ def _entry(rank, fn, world_size, port, out_dir, args):
         torch.save(result, Path(out_dir) / f"{rank}.pt")
     finally:
         dist.destroy_process_group()
+    exit_process(0)  # as scalesgd's workers do: no interpreter teardown under gloo's threads
 
 
 def run_workers(fn, world_size: int, *args):

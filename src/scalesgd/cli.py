@@ -224,6 +224,16 @@ def train_command(given: dict) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; a process that joined a distributed launch ends without interpreter teardown."""
+    from scalesgd.train import distributed
+
+    code = _run(argv)
+    if distributed.launched_by_torchrun() and argv is None:
+        distributed.exit_process(code)
+    return code
+
+
+def _run(argv: list[str] | None) -> int:
     try:
         args = vars(build_parser().parse_args(argv))
         command = args.pop("command")

@@ -199,15 +199,34 @@ def default_run_dir() -> Path:
     return path
 
 
-__all__ = ["TrainConfig", "MODEL_CHOICES", "DATASET_CHOICES", "ENGINE_CHOICES", "RUNTIME_FIELDS",
-           "option_name", "default_run_dir", "ALGORITHM_CHOICES", "ENGINE_CODECS"]
-
-
 DTYPE_CHOICES = ("float32", "float16", "bfloat16", "float64")
 
 
 @dataclass
-class AllreduceBenchConfig:
+class BenchLaunch:
+    """Where a benchmark's workers run and where rank 0 writes; shared by every `scalesgd bench` command."""
+
+    procs_per_node: int = 0
+    out: str = ""
+    timeout: float = 300.0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    threads: int = 0
+
+    def _validate_launch(self, workers: int, warmup: int) -> None:
+        _positive("--workers", workers)
+        _positive("--timeout", self.timeout)
+        if warmup < 0:
+            raise UsageError(f"--warmup {warmup}: must be >= 0")
+        if self.procs_per_node < 0 or (self.procs_per_node and workers % self.procs_per_node):
+            raise UsageError(f"--procs-per-node {self.procs_per_node}: must divide --workers {workers}")
+
+    def to_dict(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+
+
+@dataclass
+class AllreduceBenchConfig(BenchLaunch):
     """`scalesgd bench allreduce`: sizes in elements, every algorithm timed on the same tensors."""
 
     workers: int = 4
@@ -216,19 +235,10 @@ class AllreduceBenchConfig:
     repeats: int = 10
     warmup: int = 3
     dtype: str = "float32"
-    procs_per_node: int = 0
-    out: str = ""
-    timeout: float = 300.0
-    master_addr: str = "127.0.0.1"
-    master_port: int = 0
-    threads: int = 0
 
     def validate(self) -> "AllreduceBenchConfig":
-        _positive("--workers", self.workers)
+        self._validate_launch(self.workers, self.warmup)
         _positive("--repeats", self.repeats)
-        _positive("--timeout", self.timeout)
-        if self.warmup < 0:
-            raise UsageError(f"--warmup {self.warmup}: must be >= 0")
         if not self.sizes or any(n < 0 for n in self.sizes):
             raise UsageError(f"--sizes {','.join(map(str, self.sizes))}: give element counts >= 0")
         if not self.algorithms:
@@ -236,18 +246,11 @@ class AllreduceBenchConfig:
         for algorithm in self.algorithms:
             _choice("--algorithms", algorithm, ALGORITHM_CHOICES)
         _choice("--dtype", self.dtype, DTYPE_CHOICES)
-        if self.procs_per_node < 0 or (self.procs_per_node and self.workers % self.procs_per_node):
-            raise UsageError(f"--procs-per-node {self.procs_per_node}: must divide --workers {self.workers}")
         return self
-
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["sizes"], d["algorithms"] = list(self.sizes), list(self.algorithms)
-        return d
 
 
 @dataclass
-class TrainBenchConfig:
+class TrainBenchConfig(BenchLaunch):
     """`scalesgd bench train`: every exchange mode timed on the same model, data and workers."""
 
     workers: int = 2
@@ -261,20 +264,13 @@ class TrainBenchConfig:
     warmup: int = 12
     iterations: int = 30
     rounds: int = 5
-    procs_per_node: int = 0
-    out: str = ""
-    timeout: float = 300.0
-    master_addr: str = "127.0.0.1"
-    master_port: int = 0
-    threads: int = 0
 
     def validate(self) -> "TrainBenchConfig":
         from scalesgd.bench.train import parse_mode
 
-        for name in ("workers", "image_size", "channels", "batch_size", "iterations", "rounds"):
+        self._validate_launch(self.workers, self.warmup)
+        for name in ("image_size", "channels", "batch_size", "iterations", "rounds"):
             _positive(option_name(name), getattr(self, name))
-        if self.warmup < 0:
-            raise UsageError(f"--warmup {self.warmup}: must be >= 0")
         _choice("--model", self.model, MODEL_CHOICES)
         if self.classes < 2:
             raise UsageError(f"--classes {self.classes}: need at least 2 classes")
@@ -296,11 +292,4 @@ class TrainBenchConfig:
                     parse_spec(mode.buckets)
                 except ValueError as err:
                     raise UsageError(f"--modes {text}: {err}") from None
-        if self.procs_per_node < 0 or (self.procs_per_node and self.workers % self.procs_per_node):
-            raise UsageError(f"--procs-per-node {self.procs_per_node}: must divide --workers {self.workers}")
         return self
-
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["modes"] = list(self.modes)
-        return d

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -128,6 +129,17 @@ def finish() -> None:
     if dist.is_initialized():
         dist.barrier()
     close()
+
+
+def exit_process(code: int):
+    """End a worker without interpreter finalization, after flushing its output.
+
+    Gloo's C++ threads can still hold work objects with tensors when Python tears down; releasing
+    them then needs the GIL of a dying interpreter and aborts the process (SIGABRT at exit).
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def close() -> None:
