@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from scalesgd.config import (ALGORITHM_CHOICES, DATASET_CHOICES, ENGINE_CHOICES, MODEL_CHOICES,
-                             AllreduceBenchConfig, TrainBenchConfig, TrainConfig)
+                             AllreduceBenchConfig, LinkBenchConfig, TrainBenchConfig, TrainConfig)
 from scalesgd.errors import EXIT_USAGE, UsageError
 from scalesgd.recipe import SCALING_RULES, SCHEDULES, WARMUPS
 
@@ -162,8 +162,61 @@ def _add_bench(sub) -> None:
     p.add_argument("--iterations", type=int, help=f"timed iterations per mode (default {t.iterations})")
     p.add_argument("--rounds", type=int, help=f"modes take turns this many times (default {t.rounds})")
 
+    p = kinds.add_parser("link", help="throughput and round trip between node 0 and node 1 (run it in the testbed)",
+                         argument_default=argparse.SUPPRESS)
+    k = LinkBenchConfig()
+    _add_runtime(p, k.workers)
+    p.add_argument("--megabytes", type=int, help=f"payload per transfer (default {k.megabytes})")
+    p.add_argument("--repeats", type=int, help=f"timed transfers (default {k.repeats})")
 
-BENCH_CONFIGS = {"allreduce": AllreduceBenchConfig, "train": TrainBenchConfig}
+
+def _add_testbed(sub) -> None:
+    tb = sub.add_parser("testbed", help="a cluster of network namespaces with shaped links on this machine (root)")
+    verbs = tb.add_subparsers(dest="verb", required=True, parser_class=_Parser)
+    p = verbs.add_parser("up", help="create (or keep) the testbed")
+    p.add_argument("--nodes", type=int, default=2, help="nodes (network namespaces), default 2")
+    p.add_argument("--procs-per-node", type=int, default=1, help="worker processes per node, default 1")
+    p.add_argument("--bandwidth", default="1gbit", help="each node's link rate, both ways (default 1gbit)")
+    p.add_argument("--latency", default="0", help="one-way delay added to each node's uplink, needs netem "
+                   "(default 0)")
+    for name in ("up", "down", "status", "run"):
+        q = p if name == "up" else verbs.add_parser(name, help={"down": "remove the testbed",
+                                                                  "status": "show the testbed",
+                                                                  "run": "run a command's workers in the nodes"}[name])
+        q.add_argument("--prefix", default="ssgd", help="names of everything created start with this (default ssgd)")
+        if name == "run":
+            q.add_argument("--timeout", type=float, default=300.0, help="seconds the others get after a failure")
+            q.add_argument("to_run", nargs=argparse.REMAINDER, help="-- then the command, e.g. scalesgd bench link")
+
+
+def testbed_command(args: dict) -> int:
+    """`scalesgd testbed up|down|status|run`."""
+    import json
+
+    from scalesgd import testbed
+
+    try:
+        if args["verb"] == "up":
+            spec = testbed.TestbedSpec(args["nodes"], args["procs_per_node"], args["bandwidth"], args["latency"],
+                                       args["prefix"]).validate()
+            testbed.up(spec)
+            print(f"testbed {spec.prefix}: {spec.nodes} nodes × {spec.procs_per_node} processes, "
+                  f"{spec.bandwidth} links, {spec.latency} added latency, node 0 at {spec.address(0)}")
+            return 0
+        if args["verb"] == "down":
+            removed = testbed.down(args["prefix"])
+            print(f"removed {len(removed)} namespaces" + (f": {', '.join(removed)}" if removed else ""))
+            return 0
+        if args["verb"] == "status":
+            print(json.dumps(testbed.status(args["prefix"]) or {"up": False}, indent=2))
+            return 0
+        command = args["to_run"][1:] if args["to_run"][:1] == ["--"] else args["to_run"]
+        return testbed.run(args["prefix"], command, args["timeout"])
+    except (ValueError, testbed.TestbedError) as err:
+        raise UsageError(str(err)) from None
+
+
+BENCH_CONFIGS = {"allreduce": AllreduceBenchConfig, "train": TrainBenchConfig, "link": LinkBenchConfig}
 
 
 def bench_command(kind: str, given: dict, argv: list[str]) -> int:
@@ -195,6 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_plan(sub)
     _add_bench(sub)
+    _add_testbed(sub)
     return parser
 
 
@@ -241,6 +295,8 @@ def _run(argv: list[str] | None) -> int:
             return train_command(args)
         if command == "plan":
             return plan_command(args)
+        if command == "testbed":
+            return testbed_command(args)
         if command == "bench":
             return bench_command(args.pop("bench"), args, list(sys.argv[1:] if argv is None else argv))
         raise UsageError(f"unknown command {command!r}")

@@ -293,3 +293,21 @@ class TrainBenchConfig(BenchLaunch):
                 except ValueError as err:
                     raise UsageError(f"--modes {text}: {err}") from None
         return self
+
+
+@dataclass
+class LinkBenchConfig(BenchLaunch):
+    """`scalesgd bench link`: throughput and round trip across the link between two nodes."""
+
+    workers: int = 2
+    megabytes: int = 16
+    repeats: int = 5
+    warmup: int = 0
+
+    def validate(self) -> "LinkBenchConfig":
+        self._validate_launch(self.workers, self.warmup)
+        _positive("--megabytes", self.megabytes)
+        _positive("--repeats", self.repeats)
+        if self.workers < 2:
+            raise UsageError(f"--workers {self.workers}: a link needs at least 2")
+        return self

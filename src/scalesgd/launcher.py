@@ -23,12 +23,17 @@ def free_port(addr: str) -> int:
         return s.getsockname()[1]
 
 
-def worker_env(rank: int, world: int, addr: str, port: int) -> dict:
-    """The environment torchrun would give local worker `rank`, plus loopback for gloo."""
+def worker_env(rank: int, world: int, addr: str, port: int, local_rank: int | None = None,
+               local_world: int | None = None, node: int = 0, ifname: str | None = None) -> dict:
+    """The environment torchrun would give worker `rank`; gloo binds to `ifname` (loopback for 127.x)."""
     env = dict(os.environ)
-    env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-               GROUP_RANK="0", MASTER_ADDR=addr, MASTER_PORT=str(port), **{LAUNCHED_MARK: "1"})
-    if addr.startswith("127.") or addr == "localhost":
+    local_world = world if local_world is None else local_world
+    env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank if local_rank is None else local_rank),
+               LOCAL_WORLD_SIZE=str(local_world), GROUP_RANK=str(node), MASTER_ADDR=addr, MASTER_PORT=str(port),
+               **{LAUNCHED_MARK: "1"})
+    if ifname:
+        env["GLOO_SOCKET_IFNAME"] = ifname
+    elif addr.startswith("127.") or addr == "localhost":
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))  # as torchrun does
     return env

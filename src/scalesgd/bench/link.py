@@ -1,0 +1,89 @@
+"""`scalesgd bench link`: throughput and round trip between the first process of node 0 and of node 1."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from scalesgd.bench import output
+from scalesgd.config import LinkBenchConfig
+from scalesgd.train import distributed
+
+PINGS = 20
+
+
+def run(cfg: LinkBenchConfig, command: str) -> int:
+    """Rank 0 and the first rank of the next node measure; every other rank only takes part in barriers."""
+    env = distributed.init(cfg.timeout, cfg.threads)
+    try:
+        peer = env.local_world_size if env.world_size > env.local_world_size else 1
+        if env.world_size < 2:
+            raise ValueError("bench link needs at least 2 processes (2 nodes for a link)")
+        me = 0 if env.rank == 0 else 1 if env.rank == peer else None
+        other = peer if me == 0 else 0
+        payload = torch.ones(cfg.megabytes * (1 << 20) // 4)
+        inbox, tick = torch.empty_like(payload), torch.zeros(1)
+        rtt, one_way, duplex = [], [], []
+        for _ in range(cfg.repeats):
+            dist.barrier()
+            if me is not None:
+                rtt.append(_ping(me, other, tick))
+                one_way.append(_one_way(me, other, payload, inbox, tick))
+                duplex.append(_duplex(other, payload, inbox))
+        if env.rank == 0:
+            r, o, d = statistics.median(rtt), statistics.median(one_way), statistics.median(duplex)
+            bits = payload.numel() * 4 * 8
+            result = {"peer_rank": peer, "megabytes": cfg.megabytes, "rtt_ms": 1e3 * r,
+                      "one_way_mbit_s": bits / (o - r / 2) / 1e6, "duplex_mbit_s_each_way": bits / d / 1e6}
+            columns = ["between ranks", "round trip ms", "one way Mbit/s", "both ways at once, Mbit/s each"]
+            rows = [[f"0 ↔ {peer}", f"{result['rtt_ms']:.3f}", f"{result['one_way_mbit_s']:.0f}",
+                     f"{result['duplex_mbit_s_each_way']:.0f}"]]
+            output.write(Path(cfg.out), "link", {"world_size": env.world_size, "config": cfg.to_dict(),
+                                                 "result": result}, columns, rows, command)
+            from rich.console import Console
+
+            Console().print(output.rich_table(f"link, median of {cfg.repeats}", columns, rows))
+        distributed.finish()
+        return 0
+    finally:
+        distributed.close()
+
+
+def _ping(me: int, other: int, tick: torch.Tensor) -> float:
+    """Median round trip of a one-element message."""
+    times = []
+    for _ in range(PINGS):
+        start = time.perf_counter()
+        if me == 0:
+            dist.send(tick, other)
+            dist.recv(tick, other)
+        else:
+            dist.recv(tick, other)
+            dist.send(tick, other)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _one_way(me: int, other: int, payload: torch.Tensor, inbox: torch.Tensor, tick: torch.Tensor) -> float:
+    """Rank 0 sends the payload, the peer acknowledges with one element: seconds until the ack."""
+    start = time.perf_counter()
+    if me == 0:
+        dist.send(payload, other)
+        dist.recv(tick, other)
+    else:
+        dist.recv(inbox, other)
+        dist.send(tick, other)
+    return time.perf_counter() - start
+
+
+def _duplex(other: int, payload: torch.Tensor, inbox: torch.Tensor) -> float:
+    """Both send the payload at once (paired isend/irecv): seconds until both directions are done."""
+    start = time.perf_counter()
+    works = [dist.irecv(inbox, other), dist.isend(payload, other)]
+    for work in works:
+        work.wait()
+    return time.perf_counter() - start

@@ -1,0 +1,129 @@
+"""Building and removing a testbed with `ip` and `tc`: namespaces, a bridge, veth links, shaping."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from scalesgd.testbed.spec import TestbedSpec
+
+STATE_DIR = Path("/run/scalesgd")
+DEVICE = "eth0"  # every node's link, also what gloo binds to (GLOO_SOCKET_IFNAME)
+BURST = "256kb"
+TBF_LATENCY = "100ms"
+
+
+class TestbedError(RuntimeError):
+    """The testbed could not be built or used; the message says which command failed and why."""
+
+
+def check_host() -> None:
+    """Root and iproute2 are needed; say so in one line otherwise."""
+    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+    if missing:
+        raise TestbedError(f"{' and '.join(missing)} not found; install iproute2 (apt-get install iproute2)")
+    if os.geteuid() != 0:
+        raise TestbedError("the testbed creates network namespaces and needs root (run with sudo)")
+
+
+def sh(*args: str) -> str:
+    """Run one command; TestbedError with its stderr when it fails."""
+    proc = subprocess.run(list(args), capture_output=True, text=True)
+    if proc.returncode:
+        raise TestbedError(f"`{' '.join(args)}` failed: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc.stdout
+
+
+def namespaces() -> list[str]:
+    return [line.split()[0] for line in sh("ip", "netns", "list").splitlines() if line.strip()]
+
+
+def state_file(prefix: str) -> Path:
+    return STATE_DIR / f"testbed-{prefix}.json"
+
+
+def read_state(prefix: str) -> TestbedSpec | None:
+    path = state_file(prefix)
+    if not path.exists():
+        return None
+    return TestbedSpec(**json.loads(path.read_text()))
+
+
+def up(spec: TestbedSpec) -> TestbedSpec:
+    """Create the testbed; the same spec twice is a no-op, a different one is rebuilt; partial work is undone."""
+    check_host()
+    existing = read_state(spec.prefix)
+    if existing == spec and all(ns in namespaces() for ns in (spec.switch, *map(spec.node, range(spec.nodes)))):
+        return spec
+    down(spec.prefix)
+    try:
+        _build(spec)
+    except BaseException:  # a failed command or Ctrl-C: leave nothing behind
+        down(spec.prefix)
+        raise
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    state_file(spec.prefix).write_text(json.dumps(spec.to_dict()))
+    return spec
+
+
+def _build(spec: TestbedSpec) -> None:
+    sw = spec.switch
+    sh("ip", "netns", "add", sw)
+    sh("ip", "-n", sw, "link", "set", "lo", "up")
+    sh("ip", "-n", sw, "link", "add", "br0", "type", "bridge")
+    sh("ip", "-n", sw, "link", "set", "br0", "up")
+    for i in range(spec.nodes):
+        node, port = spec.node(i), spec.switch_port(i)
+        sh("ip", "netns", "add", node)
+        sh("ip", "link", "add", port, "netns", sw, "type", "veth", "peer", "name", DEVICE, "netns", node)
+        sh("ip", "-n", sw, "link", "set", port, "master", "br0", "up")
+        sh("ip", "-n", node, "addr", "add", f"{spec.address(i)}/24", "dev", DEVICE)
+        sh("ip", "-n", node, "link", "set", DEVICE, "up")
+        sh("ip", "-n", node, "link", "set", "lo", "up")
+        # Upload: (delay, then) rate on the node's side; download: rate on the switch's side.
+        rate = ["tbf", "rate", spec.bandwidth, "burst", BURST, "latency", TBF_LATENCY]
+        if spec.delayed:
+            _tc_netem(node, spec.latency)
+            sh("tc", "-n", node, "qdisc", "add", "dev", DEVICE, "parent", "1:", "handle", "2:", *rate)
+        else:
+            sh("tc", "-n", node, "qdisc", "add", "dev", DEVICE, "root", *rate)
+        sh("tc", "-n", sw, "qdisc", "add", "dev", port, "root", *rate)
+
+
+def _tc_netem(node: str, latency: str) -> None:
+    """Added delay needs the kernel's netem qdisc; without it, say so instead of a raw tc error."""
+    try:
+        sh("tc", "-n", node, "qdisc", "add", "dev", DEVICE, "root", "handle", "1:", "netem", "delay", latency)
+    except TestbedError as err:
+        if "unknown" in str(err).lower():
+            raise TestbedError(f"--latency {latency} needs the kernel's netem qdisc, which this kernel lacks; "
+                               "use --latency 0 (rate shaping with tbf still works)") from None
+        raise
+
+
+def down(prefix: str) -> list[str]:
+    """Remove every namespace (and so every link and qdisc) this prefix made; returns what was removed."""
+    check_host()
+    removed = [ns for ns in namespaces() if ns == f"{prefix}-sw" or ns.startswith(f"{prefix}-n")]
+    for ns in removed:
+        sh("ip", "netns", "del", ns)
+    state_file(prefix).unlink(missing_ok=True)
+    return removed
+
+
+def status(prefix: str) -> dict:
+    """The testbed's spec and each node's address and qdiscs, or {} when none is up."""
+    check_host()
+    spec = read_state(prefix)
+    present = set(namespaces())
+    if spec is None:
+        return {}
+    nodes = []
+    for i in range(spec.nodes):
+        node = spec.node(i)
+        qdiscs = sh("tc", "-n", node, "qdisc", "show", "dev", DEVICE).strip() if node in present else "missing"
+        nodes.append({"namespace": node, "address": spec.address(i), "up": node in present, "qdisc": qdiscs})
+    return {"spec": spec.to_dict(), "nodes": nodes}

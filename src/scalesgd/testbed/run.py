@@ -1,0 +1,44 @@
+"""Starting a command's workers inside the testbed's nodes, with torchrun's environment."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from scalesgd import launcher
+from scalesgd.testbed.netns import DEVICE, TestbedError, check_host, read_state
+
+MASTER_PORT = 29500  # each node has its own network stack: no clash with the host's ports
+
+
+def resolve(command: list[str]) -> list[str]:
+    """`scalesgd …` and `python …` run with this interpreter (the venv need not be on PATH)."""
+    if not command:
+        raise TestbedError("give the command to run after --, e.g. `scalesgd testbed run -- scalesgd bench link`")
+    if command[0] == "scalesgd":
+        return [sys.executable, "-m", "scalesgd", *command[1:]]
+    if command[0] in ("python", "python3"):
+        return [sys.executable, *command[1:]]
+    return command
+
+
+def run(prefix: str, command: list[str], timeout_s: float) -> int:
+    """One process per (node, local rank); rank 0's output is streamed; the first failure's status returned."""
+    check_host()
+    spec = read_state(prefix)
+    if spec is None:
+        raise TestbedError(f"no testbed {prefix!r} is up; start one with `scalesgd testbed up --prefix {prefix}`")
+    argv = resolve(command)
+    procs = []
+    try:
+        for node in range(spec.nodes):
+            for local in range(spec.procs_per_node):
+                rank = node * spec.procs_per_node + local
+                env = launcher.worker_env(rank, spec.world_size, spec.address(0), MASTER_PORT, local_rank=local,
+                                          local_world=spec.procs_per_node, node=node, ifname=DEVICE)
+                procs.append(subprocess.Popen(["ip", "netns", "exec", spec.node(node), *argv], env=env,
+                                              stdout=None if rank == 0 else subprocess.DEVNULL))
+        return launcher.supervise(procs, timeout_s)
+    except KeyboardInterrupt:
+        launcher.stop(procs)
+        return 130

@@ -1,0 +1,62 @@
+"""What a testbed is: N nodes of P processes on a private subnet, each node's link shaped."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+
+RATE = re.compile(r"^\d+(\.\d+)?(bit|kbit|mbit|gbit|bps|kbps|mbps|gbps)$")
+DELAY = re.compile(r"^(0|\d+(\.\d+)?(us|ms|s))$")
+SUBNET = "10.213.{index}"  # a /24 inside namespaces this testbed creates, never a real network
+
+
+@dataclass(frozen=True)
+class TestbedSpec:
+    """One testbed; every name it creates starts with `prefix`, so two testbeds never collide."""
+
+    nodes: int = 2
+    procs_per_node: int = 1
+    bandwidth: str = "1gbit"
+    latency: str = "0"
+    prefix: str = "ssgd"
+    subnet_index: int = 0
+
+    def validate(self) -> "TestbedSpec":
+        if not 1 <= self.nodes <= 64:
+            raise ValueError(f"--nodes {self.nodes}: must be in 1..64")
+        if self.procs_per_node < 1:
+            raise ValueError(f"--procs-per-node {self.procs_per_node}: must be >= 1")
+        if not RATE.match(self.bandwidth):
+            raise ValueError(f"--bandwidth {self.bandwidth!r}: use a tc rate such as 1gbit, 100mbit, 500kbit")
+        if not DELAY.match(self.latency):
+            raise ValueError(f"--latency {self.latency!r}: use 0 or a tc delay such as 100us, 1ms")
+        if not re.fullmatch(r"[a-z][a-z0-9]{0,7}", self.prefix):
+            raise ValueError(f"--prefix {self.prefix!r}: 1-8 lower-case letters and digits, starting with a letter")
+        if not 0 <= self.subnet_index <= 255:
+            raise ValueError(f"--subnet-index {self.subnet_index}: must be in 0..255")
+        return self
+
+    @property
+    def delayed(self) -> bool:
+        """Whether links get an added delay (netem) besides the rate limit (tbf)."""
+        return float(re.sub(r"[a-z]+$", "", self.latency)) > 0
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+    @property
+    def switch(self) -> str:
+        return f"{self.prefix}-sw"
+
+    def node(self, i: int) -> str:
+        return f"{self.prefix}-n{i}"
+
+    def switch_port(self, i: int) -> str:
+        return f"{self.prefix}p{i}"
+
+    def address(self, i: int) -> str:
+        return f"{SUBNET.format(index=self.subnet_index)}.{i + 1}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)

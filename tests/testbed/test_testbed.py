@@ -1,0 +1,79 @@
+"""The namespace testbed: up, a 2-node allreduce through shaped links, down, nothing left behind."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from scalesgd.testbed import TestbedSpec as Spec
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root (CI runs as root)")
+PREFIX = f"t{os.getpid() % 100000}"
+
+
+def scalesgd(*argv, timeout=300):
+    return subprocess.run([sys.executable, "-m", "scalesgd", *argv], capture_output=True, text=True, timeout=timeout)
+
+
+def leftovers() -> list[str]:
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    return [n for n in names if n.startswith(f"{PREFIX}-")]
+
+
+@pytest.fixture
+def testbed():
+    up = scalesgd("testbed", "up", "--nodes", "2", "--procs-per-node", "1", "--bandwidth", "500mbit",
+                  "--prefix", PREFIX)
+    assert up.returncode == 0, up.stderr
+    try:
+        yield PREFIX
+    finally:
+        scalesgd("testbed", "down", "--prefix", PREFIX)
+        assert leftovers() == []
+
+
+def test_up_is_idempotent_and_status_shows_shaped_nodes(testbed):
+    again = scalesgd("testbed", "up", "--nodes", "2", "--procs-per-node", "1", "--bandwidth", "500mbit",
+                     "--prefix", testbed)
+    assert again.returncode == 0
+    status = json.loads(scalesgd("testbed", "status", "--prefix", testbed).stdout)
+    assert [n["address"] for n in status["nodes"]] == ["10.213.0.1", "10.213.0.2"]
+    assert all(n["up"] and "tbf" in n["qdisc"] and "500Mbit" in n["qdisc"] for n in status["nodes"])
+    assert sorted(leftovers()) == sorted([f"{testbed}-sw", f"{testbed}-n0", f"{testbed}-n1"])
+
+
+def test_two_node_allreduce_runs_through_the_testbed_and_failures_pass_through(testbed, tmp_path):
+    proc = scalesgd("testbed", "run", "--prefix", testbed, "--", "scalesgd", "bench", "allreduce", "--sizes",
+                    "1K,256K", "--algorithms", "ring,native", "--repeats", "2", "--warmup", "1",
+                    "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads((tmp_path / "allreduce.json").read_text())
+    assert record["world_size"] == 2 and all(r["correct"] for r in record["results"])
+    failing = scalesgd("testbed", "run", "--prefix", testbed, "--", "python", "-c",
+                       "import os; raise SystemExit(7 if os.environ['RANK'] == '1' else 0)")
+    assert failing.returncode != 0 and "worker rank 1 exited with status 7" in failing.stderr
+    assert len(leftovers()) == 3  # a failed command leaves the testbed as it was
+
+
+def test_bad_spec_and_failed_build_leave_nothing_behind():
+    bad = scalesgd("testbed", "up", "--bandwidth", "fast", "--prefix", PREFIX)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--bandwidth 'fast'" in bad.stderr
+    with pytest.raises(ValueError, match="--nodes 0"):
+        Spec(nodes=0).validate()
+    assert leftovers() == []
+
+
+def test_run_without_a_testbed_is_one_clear_line():
+    proc = scalesgd("testbed", "run", "--prefix", "nonesuch", "--", "true")
+    assert proc.returncode == 2 and "no testbed 'nonesuch' is up" in proc.stderr
+
+
+def test_shaping_holds_within_ten_percent_of_the_set_rate(testbed, tmp_path):
+    proc = scalesgd("testbed", "run", "--prefix", testbed, "--", "scalesgd", "bench", "link", "--megabytes", "8",
+                    "--repeats", "3", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads((tmp_path / "link.json").read_text())["result"]
+    assert abs(result["one_way_mbit_s"] - 500) <= 50
+    assert abs(result["duplex_mbit_s_each_way"] - 500) <= 50  # the link is full duplex
