@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 import torch
@@ -33,7 +34,7 @@ class BucketView:
     numel: int = 0
 
 
-class Codec:
+class Codec(ABC):
     """encode → communicate → decode for one bucket; the result written to `out` is the mean over ranks.
 
     Subclasses keep any state they need across iterations (residuals, ranges) and expose it through
@@ -42,15 +43,17 @@ class Codec:
 
     name = "codec"
 
+    @abstractmethod
     def encode(self, flat: torch.Tensor, bucket: BucketView, exchange: Exchange) -> torch.Tensor:
-        raise NotImplementedError
+        """What travels for this bucket (may be `flat` itself, changed in place)."""
 
     def communicate(self, wire: torch.Tensor, bucket: BucketView, exchange: Exchange) -> int:
         """Sum `wire` across ranks in place (the default: one allreduce); returns bytes sent."""
         return exchange.allreduce(wire)
 
+    @abstractmethod
     def decode(self, wire: torch.Tensor, bucket: BucketView, out: torch.Tensor, exchange: Exchange) -> None:
-        raise NotImplementedError
+        """Write the mean over ranks, recovered from the summed `wire`, into `out`."""
 
     def state_dict(self) -> dict:
         return {}
