@@ -55,28 +55,23 @@ def run(cfg: LinkBenchConfig, command: str) -> int:
 
 def _ping(me: int, other: int, tick: torch.Tensor) -> float:
     """Median round trip of a one-element message."""
-    times = []
-    for _ in range(PINGS):
-        start = time.perf_counter()
-        if me == 0:
-            dist.send(tick, other)
-            dist.recv(tick, other)
-        else:
-            dist.recv(tick, other)
-            dist.send(tick, other)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(_round_trip(me, other, tick, tick, tick) for _ in range(PINGS))
 
 
 def _one_way(me: int, other: int, payload: torch.Tensor, inbox: torch.Tensor, tick: torch.Tensor) -> float:
     """Rank 0 sends the payload, the peer acknowledges with one element: seconds until the ack."""
+    return _round_trip(me, other, payload, inbox, tick)
+
+
+def _round_trip(me: int, other: int, send: torch.Tensor, into: torch.Tensor, reply: torch.Tensor) -> float:
+    """Rank 0 sends `send` and waits for `reply`; the peer receives into `into` and answers."""
     start = time.perf_counter()
     if me == 0:
-        dist.send(payload, other)
-        dist.recv(tick, other)
+        dist.send(send, other)
+        dist.recv(reply, other)
     else:
-        dist.recv(inbox, other)
-        dist.send(tick, other)
+        dist.recv(into, other)
+        dist.send(reply, other)
     return time.perf_counter() - start
 
 
