@@ -84,9 +84,12 @@ def _wait_for_checkpoint(run: Path, proc: subprocess.Popen, timeout: float = 180
     raise AssertionError(f"no checkpoint appeared (exit {proc.poll()})")
 
 
-def test_interrupted_and_resumed_run_ends_with_the_same_parameters(tmp_path):
+@pytest.mark.parametrize("engine", [[], ["--engine", "scalesgd", "--codec", "fp16", "--buckets", "growing"]],
+                         ids=["ddp", "scalesgd-fp16"])
+def test_interrupted_and_resumed_run_ends_with_the_same_parameters(tmp_path, engine):
     whole, broken = tmp_path / "whole", tmp_path / "broken"
-    proc = subprocess.Popen([sys.executable, "-m", "scalesgd", "train", "--run-dir", str(broken), *RESUME_RUN],
+    run = [*RESUME_RUN, *engine]
+    proc = subprocess.Popen([sys.executable, "-m", "scalesgd", "train", "--run-dir", str(broken), *run],
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _wait_for_checkpoint(broken, proc)
     os.killpg(proc.pid, signal.SIGKILL)  # launcher and workers die mid-epoch, as on a lost machine
@@ -97,7 +100,7 @@ def test_interrupted_and_resumed_run_ends_with_the_same_parameters(tmp_path):
 
     resumed = scalesgd("train", "--resume", str(broken))
     assert resumed.returncode == 0, resumed.stderr
-    uninterrupted = scalesgd("train", "--run-dir", str(whole), *RESUME_RUN)
+    uninterrupted = scalesgd("train", "--run-dir", str(whole), *run)
     assert uninterrupted.returncode == 0, uninterrupted.stderr
 
     a, b = load_ckpt(whole), load_ckpt(broken)

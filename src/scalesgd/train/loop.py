@@ -46,21 +46,22 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
     scheduler = build_scheduler(optimizer, lr_factor(cfg, steps_per_epoch, peak_lr))
     criterion = nn.CrossEntropyLoss(reduction="sum", label_smoothing=cfg.label_smoothing)
 
+    tracer = Tracer(False)
+    net, opt = engines.wrap(cfg, model, optimizer, env, tracer)
+    if env.is_main and hasattr(opt, "plan"):
+        (run_dir / "buckets.json").write_text(json.dumps(opt.plan.to_dict(), indent=2) + "\n", encoding="utf-8")
+
     start_epoch, best_acc, elapsed_before = 0, 0.0, 0.0
-    if resume:
+    if resume:  # after wrapping: `opt` is what was saved (with the engine's state for scalesgd)
         state = checkpoint.load(run_dir / checkpoint.CHECKPOINT_NAME)
         model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
+        opt.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["rng"]["torch"][env.rank])
         start_epoch, best_acc = state["epoch"], state["best_test_acc"]
         elapsed_before = state["elapsed_s"]
         if env.is_main:
             metrics.truncate_after_epoch(run_dir / metrics.METRICS_NAME, start_epoch)
-    tracer = Tracer(False)
-    net, opt = engines.wrap(cfg, model, optimizer, env, tracer)
-    if env.is_main and hasattr(opt, "plan"):
-        (run_dir / "buckets.json").write_text(json.dumps(opt.plan.to_dict(), indent=2) + "\n", encoding="utf-8")
 
     log = metrics.MetricsLog(run_dir / metrics.METRICS_NAME) if env.is_main else None
     progress = EpochProgress(env.is_main and not cfg.quiet, cfg.epochs)
