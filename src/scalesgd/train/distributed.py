@@ -88,7 +88,11 @@ def local_world_size(default: int) -> int:
 
 
 def set_threads(threads: int = 0) -> None:
-    """Compute threads of the calling thread: `threads`, else the cores shared among this node's workers."""
+    """Compute threads of the calling thread: `threads`, else OMP_NUM_THREADS as the launcher set it
+    (it knows how many workers share this machine: on the testbed, all nodes do), else the cores
+    shared among this node's workers."""
+    if not threads and os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        threads = int(os.environ["OMP_NUM_THREADS"])
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1)))
     torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // local_world))
 
