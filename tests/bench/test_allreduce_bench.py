@@ -1,16 +1,15 @@
 """`scalesgd bench allreduce` end to end on two local workers."""
 
 import json
-import subprocess
-import sys
+
+from tests.bench.cli import bench
 
 
 def test_bench_allreduce_writes_json_markdown_and_png_for_every_algorithm(tmp_path):
     out = tmp_path / "bench"
-    proc = subprocess.run([sys.executable, "-m", "scalesgd", "bench", "allreduce", "--workers", "2",
-                           "--sizes", "0,5,1K", "--algorithms", "ring,halving_doubling,hierarchical,native",
-                           "--procs-per-node", "1", "--repeats", "2", "--warmup", "1", "--out", str(out)],
-                          capture_output=True, text=True, timeout=240)
+    proc = bench("allreduce", "--workers", "2", "--sizes", "0,5,1K", "--algorithms",
+                 "ring,halving_doubling,hierarchical,native", "--procs-per-node", "1", "--repeats", "2",
+                 "--warmup", "1", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     record = json.loads((out / "allreduce.json").read_text())
     assert record["world_size"] == 2 and record["machine"]["torch"]
@@ -25,8 +24,7 @@ def test_bench_allreduce_writes_json_markdown_and_png_for_every_algorithm(tmp_pa
 
 
 def test_bad_algorithm_is_one_line_exit_2(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "scalesgd", "bench", "allreduce", "--algorithms", "ring,tree",
-                           "--out", str(tmp_path / "x")], capture_output=True, text=True, timeout=60)
+    proc = bench("allreduce", "--algorithms", "ring,tree", "--out", str(tmp_path / "x"))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert "--algorithms 'tree' is not known; choose from ring, halving_doubling, hierarchical, native" in proc.stderr
     assert not (tmp_path / "x").exists()

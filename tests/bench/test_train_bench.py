@@ -1,12 +1,11 @@
 """`scalesgd bench train`: every mode, side by side, on two local workers."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from scalesgd.bench.train import Mode, parse_mode
+from tests.bench.cli import bench
 
 
 def test_modes_parse_with_defaults():
@@ -23,10 +22,9 @@ def test_modes_parse_with_defaults():
 def test_bench_train_measures_every_mode_against_ddp(tmp_path):
     out = tmp_path / "bench"
     modes = "none,ddp,ddp-fp16,ddp-powersgd,scalesgd-fp32-ring-layer,scalesgd-fp16-hierarchical-size:0.01"
-    proc = subprocess.run([sys.executable, "-m", "scalesgd", "bench", "train", "--workers", "2", "--model", "resnet8",
-                           "--image-size", "8", "--batch-size", "16", "--modes", modes, "--procs-per-node", "1",
-                           "--warmup", "11", "--iterations", "4", "--rounds", "2", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300)
+    proc = bench("train", "--workers", "2", "--model", "resnet8", "--image-size", "8", "--batch-size", "16",
+                 "--modes", modes, "--procs-per-node", "1", "--warmup", "11", "--iterations", "4", "--rounds", "2",
+                 "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads((out / "train.json").read_text())
     results = {r["mode"]: r for r in record["results"]}
@@ -41,7 +39,6 @@ def test_bench_train_measures_every_mode_against_ddp(tmp_path):
 
 
 def test_bad_mode_is_one_line_exit_2(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "scalesgd", "bench", "train", "--modes", "ddp,scalesgd-fp8",
-                           "--out", str(tmp_path / "x")], capture_output=True, text=True, timeout=60)
+    proc = bench("train", "--modes", "ddp,scalesgd-fp8", "--out", str(tmp_path / "x"))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert "--modes scalesgd-fp8: codec 'fp8' is not known; choose from fp32, fp16, bf16" in proc.stderr

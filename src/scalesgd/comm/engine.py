@@ -32,7 +32,6 @@ class IterationStats:
     comm_s: float = 0.0
     exposed_s: float = 0.0
     bytes_sent: int = 0
-    buckets: int = 0
 
     @property
     def overlapped_s(self) -> float:
@@ -227,7 +226,6 @@ class DistributedOptimizer:
             self._stats.codec_s += (t[1] - t[0] + t[3] - t[2]) / 1e6
             self._stats.comm_s += (t[2] - t[1]) / 1e6
             self._stats.bytes_sent += sent
-            self._stats.buckets += 1
 
     # ---- set-up ----------------------------------------------------------------------------------
     def _make_bucket(self, index: int, params: list[torch.Tensor]) -> _Bucket:
