@@ -6,8 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from scalesgd.config import (ALGORITHM_CHOICES, DATASET_CHOICES, ENGINE_CHOICES, MODEL_CHOICES,
-                             AllreduceBenchConfig, LinkBenchConfig, TrainBenchConfig, TrainConfig)
+from scalesgd.config import (ALGORITHM_CHOICES, BENCH_EXCHANGES, DATASET_CHOICES, ENGINE_CHOICES, MODEL_CHOICES,
+                             AccuracyBenchConfig, AllreduceBenchConfig, CodecBenchConfig, LinkBenchConfig,
+                             TrainBenchConfig, TrainConfig)
 from scalesgd.errors import EXIT_USAGE, UsageError
 from scalesgd.recipe import SCALING_RULES, SCHEDULES, WARMUPS
 
@@ -35,13 +36,18 @@ def _add_train(sub) -> None:
     g.add_argument("--workers", type=int, help=f"local worker processes (default {d.workers}); "
                    "under torchrun the launch decides")
     g.add_argument("--engine", help=f"gradient exchange: {' | '.join(ENGINE_CHOICES)} (default {d.engine})")
-    g.add_argument("--codec", help="what travels: fp32 | fp16 | bf16, and powersgd with ddp (default fp32); "
-                   "with ddp these are PyTorch's own comm hooks")
+    g.add_argument("--codec", help="what travels: fp32 | fp16 | bf16 | fp8 | fp8-direct | fp8-flat, and powersgd "
+                   "with ddp (default fp32); with ddp, fp16/bf16/powersgd are PyTorch's own comm hooks, fp8* ours")
     g.add_argument("--algorithm", help=f"scalesgd allreduce: {' | '.join(ALGORITHM_CHOICES)} (default {d.algorithm})")
     g.add_argument("--buckets", help=f"scalesgd bucket plan: size:MB | growing[:FIRST_MB[:FACTOR]] | layer | single "
                    f"(default {d.buckets})")
     g.add_argument("--procs-per-node", type=int,
                    help="processes per node for hierarchical exchange (default: LOCAL_WORLD_SIZE)")
+    g.add_argument("--fp8-eps", type=float, help=f"ε of fp8's relative data g/(|w|+ε) (default {d.fp8_eps:g})")
+    g.add_argument("--fp8-quantile", type=float,
+                   help=f"fp8 range: this quantile of |data| maps to the top (default {d.fp8_quantile:g})")
+    g.add_argument("--fp8-period", type=int, help=f"fp8 range re-estimated every N steps (default {d.fp8_period})")
+    g.add_argument("--fp8-samples", type=int, help=f"elements sampled per tensor for it (default {d.fp8_samples})")
     g.add_argument("--trace", help="write a Chrome trace (open in Perfetto) of the last epoch to this file")
     g.add_argument("--timeout", type=float, help=f"seconds any collective may wait (default {d.timeout:g})")
     g.add_argument("--master-addr", help=f"rendezvous address (default {d.master_addr})")
@@ -140,8 +146,8 @@ def _add_bench(sub) -> None:
     d = AllreduceBenchConfig()
     _add_runtime(p, d.workers)
     p.add_argument("--sizes", type=_sizes, help="element counts, e.g. 256,4K,64K,1M,16M (K = 1024)")
-    p.add_argument("--algorithms", type=_words, help=f"comma-separated from {', '.join(ALGORITHM_CHOICES)} "
-                   f"(default {','.join(d.algorithms)})")
+    p.add_argument("--algorithms", type=_words, help=f"comma-separated from {', '.join(BENCH_EXCHANGES)} "
+                   f"(default {','.join(d.algorithms)}); fp16/fp8/fp8-flat time encode + sum + decode")
     p.add_argument("--repeats", type=int, help=f"timed repetitions per point (default {d.repeats})")
     p.add_argument("--warmup", type=int, help=f"untimed repetitions first (default {d.warmup})")
     p.add_argument("--dtype", help=f"element type (default {d.dtype})")
@@ -161,6 +167,30 @@ def _add_bench(sub) -> None:
     p.add_argument("--warmup", type=int, help=f"untimed iterations per mode first (default {t.warmup})")
     p.add_argument("--iterations", type=int, help=f"timed iterations per mode (default {t.iterations})")
     p.add_argument("--rounds", type=int, help=f"modes take turns this many times (default {t.rounds})")
+
+    p = kinds.add_parser("codec", help="fp8 kernel throughput, fused (torch.compile) against eager, one process",
+                         argument_default=argparse.SUPPRESS)
+    c = CodecBenchConfig()
+    p.add_argument("--sizes", type=_sizes, help=f"element counts (default {','.join(map(str, c.sizes))})")
+    p.add_argument("--paths", type=_words, help=f"compiled and/or eager (default {','.join(c.paths)})")
+    p.add_argument("--repeats", type=int, help=f"timed calls per point (default {c.repeats})")
+    p.add_argument("--warmup", type=int, help=f"untimed calls first (default {c.warmup})")
+    p.add_argument("--threads", type=int, help=f"compute threads (default {c.threads})")
+    p.add_argument("--out", help="output directory (default runs/bench/codec-<timestamp>)")
+
+    p = kinds.add_parser("accuracy", help="final test accuracy of training variants, median over seeds",
+                         argument_default=argparse.SUPPRESS,
+                         description="Run `scalesgd train` for every variant × seed, one after another; "
+                         "options after -- go to every run. Finished runs are kept and cut-short runs "
+                         "resumed when the same command runs again.")
+    a = AccuracyBenchConfig()
+    p.add_argument("--variants", type=lambda t: tuple(v.strip() for v in t.split(";") if v.strip()),
+                   help="';'-separated train options per variant, e.g. '--codec fp32;--codec fp8' "
+                   "(the first is the reference)")
+    p.add_argument("--seeds", type=lambda t: tuple(int(x) for x in _words(t)),
+                   help=f"(default {','.join(map(str, a.seeds))})")
+    p.add_argument("--out", help="output directory (default runs/bench/accuracy-<timestamp>)")
+    p.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then options for every run")
 
     p = kinds.add_parser("link", help="throughput and round trip between node 0 and node 1 (run it in the testbed)",
                          argument_default=argparse.SUPPRESS)
@@ -216,7 +246,9 @@ def testbed_command(args: dict) -> int:
         raise UsageError(str(err)) from None
 
 
-BENCH_CONFIGS = {"allreduce": AllreduceBenchConfig, "train": TrainBenchConfig, "link": LinkBenchConfig}
+BENCH_CONFIGS = {"allreduce": AllreduceBenchConfig, "train": TrainBenchConfig, "link": LinkBenchConfig,
+                 "codec": CodecBenchConfig, "accuracy": AccuracyBenchConfig}
+IN_PROCESS = ("codec", "accuracy")  # run in this process (accuracy starts its own training runs)
 
 
 def bench_command(kind: str, given: dict, argv: list[str]) -> int:
@@ -228,9 +260,14 @@ def bench_command(kind: str, given: dict, argv: list[str]) -> int:
     from scalesgd import launcher
     from scalesgd.train import distributed
 
+    if "train_args" in given:
+        given["train_args"] = tuple(given["train_args"][1:] if given["train_args"][:1] == ["--"] else given["train_args"])
     cfg = BENCH_CONFIGS[kind](**given).validate()
     command = "scalesgd " + " ".join(argv)
     run = importlib.import_module(f"scalesgd.bench.{kind}").run
+    if kind in IN_PROCESS:
+        cfg.out = cfg.out or f"runs/bench/{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
+        return run(cfg, command)
     if distributed.launched_by_torchrun():
         cfg.workers = int(os.environ["WORLD_SIZE"])
         cfg.out = cfg.out or f"runs/bench/{kind}-{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}"
@@ -250,6 +287,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(sub)
     _add_testbed(sub)
     return parser
+
+
+def train_config(argv: list[str]) -> TrainConfig:
+    """The validated TrainConfig that `scalesgd train ARGV` would run (UsageError otherwise)."""
+    args = vars(build_parser().parse_args(["train", *argv]))
+    args.pop("command")
+    if "resume" in args:
+        raise UsageError("--resume cannot be combined here")
+    return TrainConfig.from_dict(args).validate()
 
 
 def train_command(given: dict) -> int:

@@ -16,7 +16,10 @@ MODEL_CHOICES = ("resnet8", "resnet20", "resnet56", "resnet50", "vgg16")
 DATASET_CHOICES = ("digits", "synthetic", "cifar10")
 ENGINE_CHOICES = ("ddp", "scalesgd")
 ALGORITHM_CHOICES = ("ring", "halving_doubling", "hierarchical", "native")
-ENGINE_CODECS = {"ddp": ("fp32", "fp16", "bf16", "powersgd"), "scalesgd": ("fp32", "fp16", "bf16")}
+FP8_CODECS = ("fp8", "fp8-direct", "fp8-flat")
+ENGINE_CODECS = {"ddp": ("fp32", "fp16", "bf16", "powersgd", *FP8_CODECS),
+                 "scalesgd": ("fp32", "fp16", "bf16", *FP8_CODECS)}
+TWO_STAGE_CODECS = ("fp8", "fp8-direct")  # need the node groups, as the hierarchical allreduce does
 DIGITS_TRAIN_SIZE = 1437
 CIFAR10_TRAIN_SIZE = 50_000
 MIN_PER_WORKER = 2  # BatchNorm needs more than one sample per worker
@@ -58,6 +61,10 @@ class TrainConfig:
     algorithm: str = "ring"
     buckets: str = "size:1"
     procs_per_node: int = 0
+    fp8_eps: float = 1e-5
+    fp8_quantile: float = 0.95
+    fp8_period: int = 100
+    fp8_samples: int = 1024
     trace: str = ""
     run_dir: str = ""
     timeout: float = 300.0
@@ -69,6 +76,16 @@ class TrainConfig:
     @property
     def per_worker_batch(self) -> int:
         return self.batch_size // self.workers
+
+    @property
+    def needs_topology(self) -> bool:
+        """Whether workers build the node / cross-node groups (hierarchical allreduce, two-stage fp8)."""
+        return self.algorithm == "hierarchical" and self.engine == "scalesgd" or self.codec in TWO_STAGE_CODECS
+
+    def fp8_options(self):
+        from scalesgd.comm.codecs.fp8 import Fp8Options
+
+        return Fp8Options(self.fp8_eps, self.fp8_quantile, self.fp8_period, self.fp8_samples)
 
     @property
     def resolved_milestones(self) -> tuple[float, ...]:
@@ -104,6 +121,8 @@ class TrainConfig:
             parse_spec(self.buckets)
         except ValueError as err:
             raise UsageError(f"--buckets: {err}") from None
+        for problem in self.fp8_options().problems():
+            raise UsageError(f"--{problem.replace(' ', '-', 1)}")
         if self.procs_per_node < 0:
             raise UsageError(f"--procs-per-node {self.procs_per_node}: must be >= 0 (0 reads LOCAL_WORLD_SIZE)")
         if self.procs_per_node and self.workers % self.procs_per_node:
@@ -200,6 +219,7 @@ def default_run_dir() -> Path:
 
 
 DTYPE_CHOICES = ("float32", "float16", "bfloat16", "float64")
+BENCH_EXCHANGES = (*ALGORITHM_CHOICES, "fp16", "fp8", "fp8-flat")  # algorithms, then compressed exchanges
 
 
 @dataclass
@@ -244,8 +264,11 @@ class AllreduceBenchConfig(BenchLaunch):
         if not self.algorithms:
             raise UsageError("--algorithms: give at least one")
         for algorithm in self.algorithms:
-            _choice("--algorithms", algorithm, ALGORITHM_CHOICES)
+            _choice("--algorithms", algorithm, BENCH_EXCHANGES)
         _choice("--dtype", self.dtype, DTYPE_CHOICES)
+        compressed = sorted(set(self.algorithms) - set(ALGORITHM_CHOICES))
+        if compressed and self.dtype != "float32":
+            raise UsageError(f"--algorithms {','.join(compressed)} compress float32 gradients; use --dtype float32")
         return self
 
 
@@ -311,3 +334,64 @@ class LinkBenchConfig(BenchLaunch):
         if self.workers < 2:
             raise UsageError(f"--workers {self.workers}: a link needs at least 2")
         return self
+
+
+@dataclass
+class CodecBenchConfig:
+    """`scalesgd bench codec`: the fp8 kernels' throughput on one process, each path on the same data."""
+
+    sizes: tuple[int, ...] = (1 << 20, 1 << 24)
+    paths: tuple[str, ...] = ("compiled", "eager")
+    repeats: int = 5
+    warmup: int = 2
+    threads: int = 1
+    out: str = ""
+
+    def validate(self) -> "CodecBenchConfig":
+        _positive("--repeats", self.repeats)
+        _positive("--threads", self.threads)
+        if self.warmup < 0:
+            raise UsageError(f"--warmup {self.warmup}: must be >= 0")
+        if not self.sizes or any(n < 1 for n in self.sizes):
+            raise UsageError(f"--sizes {','.join(map(str, self.sizes))}: give element counts >= 1")
+        if not self.paths or len(set(self.paths)) != len(self.paths):
+            raise UsageError(f"--paths {','.join(self.paths)}: give compiled and/or eager, each once")
+        for path in self.paths:
+            _choice("--paths", path, ("compiled", "eager"))
+        return self
+
+    def to_dict(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+
+
+@dataclass
+class AccuracyBenchConfig:
+    """`scalesgd bench accuracy`: `scalesgd train` with shared options, per variant and seed."""
+
+    variants: tuple[str, ...] = ("--codec fp32",)
+    seeds: tuple[int, ...] = (0, 1, 2)
+    train_args: tuple[str, ...] = ()
+    out: str = ""
+
+    def validate(self) -> "AccuracyBenchConfig":
+        import shlex
+
+        from scalesgd.cli import train_config
+
+        if not self.variants:
+            raise UsageError("--variants: give at least one, e.g. '--codec fp32;--codec fp8'")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise UsageError(f"--seeds {','.join(map(str, self.seeds))}: give distinct seeds")
+        for variant in self.variants:
+            try:
+                argv = [*self.train_args, *shlex.split(variant)]
+            except ValueError as err:
+                raise UsageError(f"--variants {variant!r}: {err}") from None
+            forbidden = {"--seed", "--run-dir", "--resume"} & set(argv)
+            if forbidden:
+                raise UsageError(f"{', '.join(sorted(forbidden))} in {variant!r}: the bench sets it per run")
+            train_config(argv)
+        return self
+
+    def to_dict(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}

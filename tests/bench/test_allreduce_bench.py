@@ -26,5 +26,27 @@ def test_bench_allreduce_writes_json_markdown_and_png_for_every_algorithm(tmp_pa
 def test_bad_algorithm_is_one_line_exit_2(tmp_path):
     proc = bench("allreduce", "--algorithms", "ring,tree", "--out", str(tmp_path / "x"))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
-    assert "--algorithms 'tree' is not known; choose from ring, halving_doubling, hierarchical, native" in proc.stderr
+    assert ("--algorithms 'tree' is not known; choose from ring, halving_doubling, hierarchical, native, fp16, "
+            "fp8, fp8-flat") in proc.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_compressed_exchanges_are_timed_beside_native_on_two_nodes(tmp_path):
+    out = tmp_path / "bench"
+    proc = bench("allreduce", "--workers", "4", "--procs-per-node", "2", "--sizes", "7,1K", "--algorithms",
+                 "native,fp16,fp8,fp8-flat", "--repeats", "1", "--warmup", "0", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads((out / "allreduce.json").read_text())["results"]
+    assert {r["algorithm"] for r in results} == {"native", "fp16", "fp8", "fp8-flat"}
+    assert all(r["correct"] for r in results)
+    sent = {r["algorithm"]: r["bytes_sent"] for r in results if r["numel"] == 1024}
+    assert sent["fp16"] * 2 == sent["native"]
+    # two-stage fp8 of 1,024 one-byte elements on 2 × 2: half to the node peer, the other half's
+    # reduce-scatter and allgather across nodes (256 + 256), and the half back to the node peer
+    assert sent["fp8"] == 3 * 512
+
+
+def test_compressed_exchanges_need_float32(tmp_path):
+    proc = bench("allreduce", "--algorithms", "fp8", "--dtype", "float16", "--out", str(tmp_path / "x"))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "--algorithms fp8 compress float32 gradients; use --dtype float32" in proc.stderr

@@ -15,13 +15,48 @@ from scalesgd.config import AllreduceBenchConfig
 from scalesgd.train import distributed
 
 
+def _fp16(work: torch.Tensor, env) -> int:
+    """As PyTorch's fp16_compress_hook: ÷P, half, native allreduce, back (the result is the mean)."""
+    half = work.div(env.world_size).half()
+    dist.all_reduce(half)
+    work.copy_(half)
+    return 2 * (env.world_size - 1) * half.numel() * 2 // env.world_size
+
+
+def _fp8(work: torch.Tensor, env, codecs: dict, name: str) -> int:
+    """The fp8 codec's whole exchange (encode → sum → decode), for a bucket of weights all 1.
+
+    Its range is estimated on the first (warm-up) call and then every 100 calls, as in training.
+    """
+    from scalesgd.comm.codecs import BucketView, Exchange, make_codec
+
+    n = work.numel()
+    if (name, n) not in codecs:
+        weights = torch.ones(n, device=work.device)
+        codecs[(name, n)] = (make_codec(name), BucketView(0, [weights], [0], n),
+                             Exchange(dist.group.WORLD, env.world_size, "ring", env.topology_groups))
+    codec, view, exchange = codecs[(name, n)]
+    wire = codec.encode(work, view, exchange)
+    sent = codec.communicate(wire, view, exchange)
+    codec.decode(wire, view, work, exchange)
+    return sent
+
+
+def compressed_exchanges() -> dict:
+    """Compressed exchanges timed beside the algorithms: fp32 in, the mean over ranks out."""
+    codecs: dict = {}
+    return {"fp16": _fp16, "fp8": lambda w, env: _fp8(w, env, codecs, "fp8"),
+            "fp8-flat": lambda w, env: _fp8(w, env, codecs, "fp8-flat")}
+
+
 def run(cfg: AllreduceBenchConfig, command: str) -> int:
     """Measure on this rank (all ranks take part); rank 0 writes the results."""
-    hierarchical = "hierarchical" in cfg.algorithms
+    hierarchical = bool({"hierarchical", "fp8", "fp8-flat"} & set(cfg.algorithms))
     env = distributed.init(cfg.timeout, cfg.threads, procs_per_node=(
         cfg.procs_per_node or distributed.local_world_size(cfg.workers)) if hierarchical else None)
     try:
-        results = [r for n in cfg.sizes for r in measure_size(cfg, env, n)]
+        exchanges = compressed_exchanges()
+        results = [r for n in cfg.sizes for r in measure_size(cfg, env, n, exchanges)]
         if env.is_main:
             report(cfg, env.world_size, results, command)
         distributed.finish()
@@ -30,7 +65,7 @@ def run(cfg: AllreduceBenchConfig, command: str) -> int:
         distributed.close()
 
 
-def measure_size(cfg: AllreduceBenchConfig, env, numel: int) -> list[dict]:
+def measure_size(cfg: AllreduceBenchConfig, env, numel: int, exchanges: dict) -> list[dict]:
     """Each algorithm on `numel` elements, taking turns every repetition so drift hits all alike.
 
     A point's time is the median over repetitions of the slowest rank's time (after a barrier).
@@ -46,11 +81,17 @@ def measure_size(cfg: AllreduceBenchConfig, env, numel: int) -> list[dict]:
             work = base.clone()
             dist.barrier()
             start = time.perf_counter()
-            sent[algorithm] = allreduce(work, algorithm, topology=env.topology_groups)
+            if algorithm in exchanges:
+                sent[algorithm] = exchanges[algorithm](work, env)
+            else:
+                sent[algorithm] = allreduce(work, algorithm, topology=env.topology_groups)
             elapsed = time.perf_counter() - start
+            if algorithm in exchanges:
+                work.mul_(env.world_size)  # compare the mean with the sum, as for the others
             if i >= cfg.warmup:
                 times[algorithm].append(elapsed)
-            correct[algorithm] &= bool(numel == 0 or torch.all(work == expected))
+            tolerance = 2.0 ** -3 * expected if algorithm in exchanges else 0.0  # a few roundings
+            correct[algorithm] &= bool(numel == 0 or torch.all((work - expected).abs() <= tolerance))
     slowest = torch.tensor([times[a] for a in cfg.algorithms], dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     flags = torch.tensor([0.0 if correct[a] else 1.0 for a in cfg.algorithms])

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from scalesgd.bench import output
-from scalesgd.config import TrainBenchConfig, TrainConfig
+from scalesgd.config import FP8_CODECS, TrainBenchConfig, TrainConfig
 from scalesgd.models import build_model
 from scalesgd.recipe import build_sgd, initialize
 from scalesgd.trace import Tracer
@@ -65,7 +65,7 @@ class Runner:
 def run(cfg: TrainBenchConfig, command: str) -> int:
     """Measure on this rank (all ranks take part); rank 0 writes the results."""
     modes = [parse_mode(m) for m in cfg.modes]
-    hierarchical = any(m.algorithm == "hierarchical" for m in modes if m.engine == "scalesgd")
+    hierarchical = any(train_config(m, 1).needs_topology for m in modes if m.engine != "none")
     env = distributed.init(cfg.timeout, cfg.threads, procs_per_node=(
         cfg.procs_per_node or distributed.local_world_size(cfg.workers)) if hierarchical else None)
     try:
@@ -102,13 +102,18 @@ def build_runner(cfg: TrainBenchConfig, mode: Mode, env) -> Runner:
     optimizer = build_sgd(model, 0.01, 0.9, False, 1e-4)
     if mode.engine == "none":
         return Runner(mode, model, optimizer, [], [], [])
-    train_cfg = TrainConfig(workers=env.world_size, engine=mode.engine, codec=mode.codec,
-                            algorithm=mode.algorithm, buckets=mode.buckets)
-    group = dist.new_group() if mode.engine == "scalesgd" else None
+    train_cfg = train_config(mode, env.world_size)
+    group = dist.new_group() if mode.engine == "scalesgd" or mode.codec in FP8_CODECS else None
     env_for_mode = distributed.DistEnv(env.rank, env.world_size, env.local_rank, env.local_world_size,
                                        env.device, group, env.topology_groups)
     net, opt = engines.wrap(train_cfg, model, optimizer, env_for_mode, Tracer(False))
     return Runner(mode, net, opt, [], [], [])
+
+
+def train_config(mode: Mode, world: int) -> TrainConfig:
+    """The training options a mode stands for (the engine's defaults otherwise)."""
+    return TrainConfig(workers=world, engine=mode.engine, codec=mode.codec, algorithm=mode.algorithm,
+                       buckets=mode.buckets)
 
 
 def iteration(runner: Runner, x: torch.Tensor, y: torch.Tensor, record: bool) -> None:

@@ -26,7 +26,7 @@ def allreduce(tensor: torch.Tensor, algorithm: str = "ring", group=None,
     """
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown allreduce algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
-    rank, peers = _ring_members(group)
+    rank, peers = ring_members(group)
     if rank < 0 or len(peers) == 1:  # not a member (as dist.all_reduce: nothing to do) or alone
         return 0
     work = tensor.contiguous()  # the collectives need contiguous memory; copied back below
@@ -35,7 +35,7 @@ def allreduce(tensor: torch.Tensor, algorithm: str = "ring", group=None,
         dist.all_reduce(work, group=group)
         sent = 2 * (len(peers) - 1) * flat.numel() * flat.element_size() // len(peers)
     elif algorithm == "ring":
-        sent = _ring_allreduce(flat, group)
+        sent = ring_allreduce(flat, group)
     elif algorithm == "halving_doubling":
         sent = _halving_doubling_allreduce(flat, rank, peers, group)
     else:
@@ -47,7 +47,7 @@ def allreduce(tensor: torch.Tensor, algorithm: str = "ring", group=None,
 
 # --- shared pieces ---------------------------------------------------------------------------------
 
-def _ring_members(group) -> tuple[int, list[int]]:
+def ring_members(group) -> tuple[int, list[int]]:
     """This rank's rank in `group` and the group ranks of all members (-1 and [] when not a member)."""
     group = dist.group.WORLD if group is None else group
     rank = dist.get_rank(group)
@@ -56,7 +56,7 @@ def _ring_members(group) -> tuple[int, list[int]]:
     return rank, list(range(dist.get_world_size(group)))
 
 
-def _chunk_bounds(n: int, parts: int) -> list[tuple[int, int]]:
+def chunk_bounds(n: int, parts: int) -> list[tuple[int, int]]:
     """Split n elements into `parts` contiguous near-equal ranges (the first n % parts one longer)."""
     base, extra = divmod(n, parts)
     bounds, start = [], 0
@@ -67,12 +67,12 @@ def _chunk_bounds(n: int, parts: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def _chunks(flat: torch.Tensor, parts: int) -> list[torch.Tensor]:
-    """Views of `flat` cut by `_chunk_bounds`, so every phase and every rank agree on the cut."""
-    return [flat[a:b] for a, b in _chunk_bounds(flat.numel(), parts)]
+def chunks_of(flat: torch.Tensor, parts: int) -> list[torch.Tensor]:
+    """Views of `flat` cut by `chunk_bounds`, so every phase and every rank agree on the cut."""
+    return [flat[a:b] for a, b in chunk_bounds(flat.numel(), parts)]
 
 
-def _exchange(group, send: torch.Tensor | None = None, dst: int | None = None,
+def send_recv(group, send: torch.Tensor | None = None, dst: int | None = None,
               recv: torch.Tensor | None = None, src: int | None = None) -> int:
     """One step with group ranks `dst`/`src`: post the receive and the send together, wait for both.
 
@@ -97,41 +97,48 @@ def _exchange(group, send: torch.Tensor | None = None, dst: int | None = None,
     return send.numel() * send.element_size() if send is not None else 0
 
 
-def _ring_reduce_scatter(chunks: list[torch.Tensor], rank: int, peers: list[int], group,
-                         buf: torch.Tensor) -> int:
-    """p−1 ring steps after which this rank's chunk `chunks[rank]` holds the sum over the ring."""
+def _add_into(into: torch.Tensor, incoming: torch.Tensor) -> None:
+    into.add_(incoming)
+
+
+def ring_reduce_scatter(chunks: list[torch.Tensor], rank: int, peers: list[int], group,
+                        buf: torch.Tensor, combine=_add_into) -> int:
+    """p−1 ring steps after which this rank's chunk `chunks[rank]` holds the sum over the ring.
+
+    `combine(into, incoming)` adds a received chunk in place (the fp8 sum passes its saturating add).
+    """
     p = len(chunks)
     right, left = peers[(rank + 1) % p], peers[(rank - 1) % p]
     sent = 0
     for step in range(p - 1):
         out, into = chunks[(rank - step - 1) % p], chunks[(rank - step - 2) % p]
         incoming = buf[:into.numel()]
-        sent += _exchange(group, out, right, incoming, left)
-        into.add_(incoming)
+        sent += send_recv(group, out, right, incoming, left)
+        combine(into, incoming)
     return sent
 
 
-def _ring_allgather(chunks: list[torch.Tensor], rank: int, peers: list[int], group) -> int:
+def ring_allgather(chunks: list[torch.Tensor], rank: int, peers: list[int], group) -> int:
     """p−1 ring steps that pass every rank's chunk `chunks[rank]` to all others, received in place."""
     p = len(chunks)
     right, left = peers[(rank + 1) % p], peers[(rank - 1) % p]
     sent = 0
     for step in range(p - 1):
-        sent += _exchange(group, chunks[(rank - step) % p], right, chunks[(rank - step - 1) % p], left)
+        sent += send_recv(group, chunks[(rank - step) % p], right, chunks[(rank - step - 1) % p], left)
     return sent
 
 
-def _ring_allreduce(flat: torch.Tensor, group, buf: torch.Tensor | None = None) -> int:
+def ring_allreduce(flat: torch.Tensor, group, buf: torch.Tensor | None = None, combine=_add_into) -> int:
     """Reduce-scatter then allgather around the ring of `group`: 2(p−1) steps of n/p elements."""
-    rank, peers = _ring_members(group)
+    rank, peers = ring_members(group)
     p = len(peers)
     if p == 1:
         return 0
-    chunks = _chunks(flat, p)
+    chunks = chunks_of(flat, p)
     if buf is None:
         buf = flat.new_empty(chunks[0].numel())  # the first chunk is the longest: one buffer per call
-    return (_ring_reduce_scatter(chunks, rank, peers, group, buf)
-            + _ring_allgather(chunks, rank, peers, group))
+    return (ring_reduce_scatter(chunks, rank, peers, group, buf, combine)
+            + ring_allgather(chunks, rank, peers, group))
 
 
 # --- halving/doubling (Rabenseifner) ---------------------------------------------------------------
@@ -147,15 +154,15 @@ def _halving_doubling_allreduce(flat: torch.Tensor, rank: int, peers: list[int],
     r = p - p2
     n = flat.numel()
     if rank < 2 * r and rank % 2 == 0:  # folded away: contribute, then receive the result
-        sent = _exchange(group, send=flat, dst=peers[rank + 1])
-        _exchange(group, recv=flat, src=peers[rank + 1])
+        sent = send_recv(group, send=flat, dst=peers[rank + 1])
+        send_recv(group, recv=flat, src=peers[rank + 1])
         return sent
     vrank = rank // 2 if rank < 2 * r else rank - r  # rank among the p′ that run the core
 
     def real(v: int) -> int:
         return peers[2 * v + 1 if v < r else v + r]
 
-    bounds = _chunk_bounds(n, p2)
+    bounds = chunk_bounds(n, p2)
 
     def span(lo: int, hi: int) -> torch.Tensor:  # elements of blocks lo … hi−1
         return flat[bounds[lo][0]:bounds[hi - 1][1]]
@@ -164,7 +171,7 @@ def _halving_doubling_allreduce(flat: torch.Tensor, rank: int, peers: list[int],
     buf = flat.new_empty(n if fold_in else bounds[p2 // 2 - 1][1])  # largest receive of this call
     sent = 0
     if fold_in:
-        _exchange(group, recv=buf, src=peers[rank - 1])
+        send_recv(group, recv=buf, src=peers[rank - 1])
         flat.add_(buf)
     lo, hi, d = 0, p2, p2 // 2
     while d:  # reduce-scatter: keep the half of [lo, hi) on our side of bit `d`
@@ -172,7 +179,7 @@ def _halving_doubling_allreduce(flat: torch.Tensor, rank: int, peers: list[int],
         keep, give = ((lo, mid), (mid, hi)) if not vrank & d else ((mid, hi), (lo, mid))
         mine = span(*keep)
         incoming = buf[:mine.numel()]
-        sent += _exchange(group, span(*give), real(vrank ^ d), incoming, real(vrank ^ d))
+        sent += send_recv(group, span(*give), real(vrank ^ d), incoming, real(vrank ^ d))
         mine.add_(incoming)
         lo, hi = keep
         d //= 2
@@ -180,11 +187,11 @@ def _halving_doubling_allreduce(flat: torch.Tensor, rank: int, peers: list[int],
     while d < p2:  # allgather: swap our aligned run of `d` blocks with the partner's
         partner = vrank ^ d
         theirs = (partner // d) * d
-        sent += _exchange(group, span(lo, hi), real(partner), span(theirs, theirs + d), real(partner))
+        sent += send_recv(group, span(lo, hi), real(partner), span(theirs, theirs + d), real(partner))
         lo, hi = min(lo, theirs), max(hi, theirs + d)
         d *= 2
     if fold_in:
-        sent += _exchange(group, send=flat, dst=peers[rank - 1])
+        sent += send_recv(group, send=flat, dst=peers[rank - 1])
     return sent
 
 
@@ -202,9 +209,9 @@ def _hierarchical_allreduce(flat: torch.Tensor, group, topology: Topology | Topo
             raise ValueError("hierarchical allreduce over a subgroup needs prebuilt TopologyGroups; "
                              "a Topology builds its groups over the default group")
         groups = (Topology.from_env() if topology is None else topology).groups()
-    rank, peers = _ring_members(groups.node_group)
-    chunks = _chunks(flat, len(peers))
+    rank, peers = ring_members(groups.node_group)
+    chunks = chunks_of(flat, len(peers))
     buf = flat.new_empty(chunks[0].numel())
-    sent = _ring_reduce_scatter(chunks, rank, peers, groups.node_group, buf)
-    sent += _ring_allreduce(chunks[rank], groups.cross_group, buf)
-    return sent + _ring_allgather(chunks, rank, peers, groups.node_group)
+    sent = ring_reduce_scatter(chunks, rank, peers, groups.node_group, buf)
+    sent += ring_allreduce(chunks[rank], groups.cross_group, buf)
+    return sent + ring_allgather(chunks, rank, peers, groups.node_group)

@@ -21,6 +21,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from scalesgd.comm.buckets import BucketPlan, model_tensors, plan_buckets
 from scalesgd.comm.codecs import BucketView, Codec, Exchange, make_codec
+from scalesgd.comm.topology import Topology
 from scalesgd.trace import Tracer, now_us
 
 
@@ -58,7 +59,7 @@ class _Bucket:
 class DistributedOptimizer:
     """Wraps any torch optimizer so that `step()` uses gradients averaged over all ranks.
 
-    codec: "fp32" | "fp16" | "bf16" | a `Codec`; algorithm: see `scalesgd.comm.collectives.ALGORITHMS`;
+    codec: a name in `scalesgd.comm.codecs.CODECS` or a `Codec`; algorithm: see `scalesgd.comm.collectives.ALGORITHMS`;
     buckets: a plan spec (`size:MB`, `growing`, `layer`, `single`). `group` is the process group
     for the exchange; by default a new one, so the exchange never interleaves with the caller's own
     collectives. Parameters are broadcast from rank 0 at construction, and buffers (BN statistics)
@@ -71,8 +72,10 @@ class DistributedOptimizer:
         self.optimizer = optimizer
         self.model = model
         self.group = group if group is not None else dist.new_group()
-        self.exchange = Exchange(self.group, dist.get_world_size(self.group), algorithm, topology)
         self.codec = make_codec(codec) if isinstance(codec, str) else codec
+        if topology is None and (algorithm == "hierarchical" or self.codec.needs_topology):
+            topology = Topology.from_env().groups()  # collective: every rank builds the engine together
+        self.exchange = Exchange(self.group, dist.get_world_size(self.group), algorithm, topology)
         self.tracer = tracer or Tracer(False)
         self.broadcast_buffers = broadcast_buffers
         self._src = dist.get_global_rank(self.group, 0)

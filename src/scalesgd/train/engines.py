@@ -27,21 +27,31 @@ def wrap(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, e
         single_bucket = cfg.codec == "powersgd" and env.device.type != "cuda"
         ddp = DistributedDataParallel(model, device_ids=device_ids,
                                       bucket_cap_mb=POWERSGD_BUCKET_MB if single_bucket else None)
-        _register_ddp_hook(ddp, cfg.codec)
+        _register_ddp_hook(ddp, cfg, env)
         return ddp, optimizer
     if cfg.engine == "scalesgd":
         from scalesgd.comm.engine import DistributedOptimizer
 
-        engine = DistributedOptimizer(optimizer, model, codec=cfg.codec, algorithm=cfg.algorithm,
+        from scalesgd.comm.codecs import make_codec
+
+        codec = make_codec(cfg.codec, cfg.fp8_options(), cfg.seed)
+        engine = DistributedOptimizer(optimizer, model, codec=codec, algorithm=cfg.algorithm,
                                       buckets=cfg.buckets, group=env.exchange_group,
                                       topology=env.topology_groups, tracer=tracer)
         return model, engine
     raise ValueError(f"unknown engine {cfg.engine!r}")
 
 
-def _register_ddp_hook(ddp: DistributedDataParallel, codec: str) -> None:
-    """PyTorch's own compression hooks, the baselines every speed claim is measured against."""
-    if codec == "fp16":
+def _register_ddp_hook(ddp: DistributedDataParallel, cfg: TrainConfig, env: DistEnv) -> None:
+    """PyTorch's own compression hooks (the baselines every speed claim is measured against), or ours."""
+    codec = cfg.codec
+    if codec.startswith("fp8"):
+        from scalesgd.ddp_hooks import Fp8HookState, fp8_hook
+
+        state = Fp8HookState(process_group=env.exchange_group, topology=env.topology_groups,
+                             fp8_options=cfg.fp8_options(), seed=cfg.seed, variant=codec)
+        ddp.register_comm_hook(state, fp8_hook)
+    elif codec == "fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif codec == "bf16":
         ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)

@@ -6,11 +6,15 @@ import torch
 
 from scalesgd.comm.codecs.base import BucketView, Codec, Exchange
 from scalesgd.comm.codecs.cast import CastCodec
+from scalesgd.comm.codecs.fp8 import Fp8Codec, Fp8Options
 
-CODECS = ("fp32", "fp16", "bf16")
+CODECS = ("fp32", "fp16", "bf16", "fp8", "fp8-direct", "fp8-flat")
+FP8_VARIANTS = {"fp8": dict(relative=True, two_stage=True),  # SPEC §2
+                "fp8-direct": dict(relative=False, two_stage=True),  # ablation: the gradient itself
+                "fp8-flat": dict(relative=True, two_stage=False)}  # ablation: one ring over all ranks
 
 
-def make_codec(name: str) -> Codec:
+def make_codec(name: str, fp8_options: Fp8Options | None = None, seed: int = 0) -> Codec:
     """A fresh codec instance (codecs may hold per-run state)."""
     if name == "fp32":
         return CastCodec("fp32", None)
@@ -18,7 +22,9 @@ def make_codec(name: str) -> Codec:
         return CastCodec("fp16", torch.float16)
     if name == "bf16":
         return CastCodec("bf16", torch.bfloat16)
+    if name in FP8_VARIANTS:
+        return Fp8Codec(name, options=fp8_options or Fp8Options(), seed=seed, **FP8_VARIANTS[name])
     raise ValueError(f"unknown codec {name!r}; choose from {', '.join(CODECS)}")
 
 
-__all__ = ["CODECS", "BucketView", "Codec", "Exchange", "make_codec"]
+__all__ = ["CODECS", "BucketView", "Codec", "Exchange", "Fp8Codec", "Fp8Options", "make_codec"]

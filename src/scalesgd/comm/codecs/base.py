@@ -42,6 +42,7 @@ class Codec(ABC):
     """
 
     name = "codec"
+    needs_topology = False  # True: `communicate` runs in the node / cross-node groups of `Exchange.topology`
 
     @abstractmethod
     def encode(self, flat: torch.Tensor, bucket: BucketView, exchange: Exchange) -> torch.Tensor:
