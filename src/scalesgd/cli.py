@@ -36,8 +36,9 @@ def _add_train(sub) -> None:
     g.add_argument("--workers", type=int, help=f"local worker processes (default {d.workers}); "
                    "under torchrun the launch decides")
     g.add_argument("--engine", help=f"gradient exchange: {' | '.join(ENGINE_CHOICES)} (default {d.engine})")
-    g.add_argument("--codec", help="what travels: fp32 | fp16 | bf16 | fp8 | fp8-direct | fp8-flat, and powersgd "
-                   "with ddp (default fp32); with ddp, fp16/bf16/powersgd are PyTorch's own comm hooks, fp8* ours")
+    g.add_argument("--codec", help="what travels: fp32 | fp16 | bf16 | fp8 | fp8-direct | fp8-flat; with ddp also "
+                   "powersgd, with scalesgd also topk | topk-global | lags (default fp32); with ddp, "
+                   "fp16/bf16/powersgd are PyTorch's own comm hooks, fp8* ours")
     g.add_argument("--algorithm", help=f"scalesgd allreduce: {' | '.join(ALGORITHM_CHOICES)} (default {d.algorithm})")
     g.add_argument("--buckets", help=f"scalesgd bucket plan: size:MB | growing[:FIRST_MB[:FACTOR]] | layer | single "
                    f"(default {d.buckets})")
@@ -48,6 +49,12 @@ def _add_train(sub) -> None:
                    help=f"fp8 range: this quantile of |data| maps to the top (default {d.fp8_quantile:g})")
     g.add_argument("--fp8-period", type=int, help=f"fp8 range re-estimated every N steps (default {d.fp8_period})")
     g.add_argument("--fp8-samples", type=int, help=f"elements sampled per tensor for it (default {d.fp8_samples})")
+    g.add_argument("--density", type=float, help=f"topk / topk-global / lags: fraction of each group's entries sent "
+                   f"(default {d.density:g})")
+    g.add_argument("--topk-reuse", type=int, help=f"topk: exact threshold recomputed every S steps, reused between "
+                   f"(default {d.topk_reuse})")
+    g.add_argument("--planner", help="topk: merge layers into groups from a measured timing model, greedily (dlgs) "
+                   "or exactly (optimal); default none (--buckets decides)")
     g.add_argument("--trace", help="write a Chrome trace (open in Perfetto) of the last epoch to this file")
     g.add_argument("--timeout", type=float, help=f"seconds any collective may wait (default {d.timeout:g})")
     g.add_argument("--master-addr", help=f"rendezvous address (default {d.master_addr})")
@@ -93,6 +100,48 @@ def _add_plan(sub) -> None:
     p.add_argument("--buckets", default="size:1", help="size:MB | growing[:FIRST_MB[:FACTOR]] | layer | single")
     p.add_argument("--classes", type=int, default=1000, help="classifier outputs (default 1000)")
     p.add_argument("--in-channels", type=int, default=3, help="input channels (default 3)")
+
+
+def _add_profile(sub) -> None:
+    p = sub.add_parser("profile", help="print the timing profile and plan a --planner run measured",
+                       description="Show what `scalesgd train --planner dlgs|optimal` measured (per-layer "
+                       "backward times, the fitted selection and message costs) and the groups it chose.")
+    p.add_argument("run_dir", help="a run directory of a --planner run")
+
+
+def profile_command(args: dict) -> int:
+    """`scalesgd profile RUN_DIR`: the saved profile, the fitted models, the groups and predictions."""
+    import json
+    from pathlib import Path
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from scalesgd.train.planning import PROFILE_NAME
+
+    path = Path(args["run_dir"]) / PROFILE_NAME
+    if not path.is_file():
+        raise UsageError(f"no {PROFILE_NAME} in {args['run_dir']}; "
+                         "it is written by `scalesgd train --planner dlgs|optimal`")
+    saved = json.loads(path.read_text())
+    prof = saved["profile"]
+    group_of = {layer: g for g, group in enumerate(saved["groups"]) for layer in group}
+    table = Table(title=f"profile: forward {1e3 * prof['t_f']:.2f} ms, {prof['world_size']} ranks, "
+                        f"density {prof['density']:g}, threshold reused {prof['reuse']} steps")
+    for column in ("layer", "tensor", "elements", "backward ms", "group"):
+        table.add_column(column, justify="left" if column == "tensor" else "right")
+    for i in range(len(prof["sizes"]) - 1, -1, -1):
+        table.add_row(str(i), prof["names"][i], f"{prof['sizes'][i]:,}", f"{1e3 * prof['t_b'][i]:.3f}",
+                      str(group_of[i]))
+    console = Console()
+    console.print(table)
+    (alpha, beta), (a, b) = prof["comm"], prof["sparsify"]
+    console.print(f"message of d elements: {1e3 * alpha:.3f} ms + {1e9 * beta:.3f} ns·d; "
+                  f"selection: {1e3 * a:.3f} ms + {1e9 * b:.3f} ns·d", highlight=False)
+    console.print(f"{len(saved['groups'])} groups; predicted iteration {1e3 * saved['predicted_iteration_s']:.1f} ms "
+                  f"(unmerged {1e3 * saved['predicted_unmerged_s']:.1f} ms, one group "
+                  f"{1e3 * saved['predicted_single_group_s']:.1f} ms)", highlight=False)
+    return 0
 
 
 def plan_command(args: dict) -> int:
@@ -261,7 +310,8 @@ def bench_command(kind: str, given: dict, argv: list[str]) -> int:
     from scalesgd.train import distributed
 
     if "train_args" in given:
-        given["train_args"] = tuple(given["train_args"][1:] if given["train_args"][:1] == ["--"] else given["train_args"])
+        rest = given["train_args"]
+        given["train_args"] = tuple(rest[1:] if rest[:1] == ["--"] else rest)
     cfg = BENCH_CONFIGS[kind](**given).validate()
     command = "scalesgd " + " ".join(argv)
     run = importlib.import_module(f"scalesgd.bench.{kind}").run
@@ -284,6 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_train(sub)
     _add_plan(sub)
+    _add_profile(sub)
     _add_bench(sub)
     _add_testbed(sub)
     return parser
@@ -341,6 +392,8 @@ def _run(argv: list[str] | None) -> int:
             return train_command(args)
         if command == "plan":
             return plan_command(args)
+        if command == "profile":
+            return profile_command(args)
         if command == "testbed":
             return testbed_command(args)
         if command == "bench":

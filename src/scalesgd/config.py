@@ -17,8 +17,10 @@ DATASET_CHOICES = ("digits", "synthetic", "cifar10")
 ENGINE_CHOICES = ("ddp", "scalesgd")
 ALGORITHM_CHOICES = ("ring", "halving_doubling", "hierarchical", "native")
 FP8_CODECS = ("fp8", "fp8-direct", "fp8-flat")
+SPARSE_CODECS = ("topk", "topk-global", "lags")
 ENGINE_CODECS = {"ddp": ("fp32", "fp16", "bf16", "powersgd", *FP8_CODECS),
-                 "scalesgd": ("fp32", "fp16", "bf16", *FP8_CODECS)}
+                 "scalesgd": ("fp32", "fp16", "bf16", *FP8_CODECS, *SPARSE_CODECS)}
+PLANNER_CHOICES = ("none", "dlgs", "optimal")
 TWO_STAGE_CODECS = ("fp8", "fp8-direct")  # need the node groups, as the hierarchical allreduce does
 DIGITS_TRAIN_SIZE = 1437
 CIFAR10_TRAIN_SIZE = 50_000
@@ -65,6 +67,9 @@ class TrainConfig:
     fp8_quantile: float = 0.95
     fp8_period: int = 100
     fp8_samples: int = 1024
+    density: float = 0.1
+    topk_reuse: int = 10
+    planner: str = "none"
     trace: str = ""
     run_dir: str = ""
     timeout: float = 300.0
@@ -81,6 +86,13 @@ class TrainConfig:
     def needs_topology(self) -> bool:
         """Whether workers build the node / cross-node groups (hierarchical allreduce, two-stage fp8)."""
         return self.algorithm == "hierarchical" and self.engine == "scalesgd" or self.codec in TWO_STAGE_CODECS
+
+    @property
+    def effective_buckets(self) -> str:
+        """The plan spec the engine uses: global Top-K is one bucket, LAGS one per layer."""
+        from scalesgd.comm.codecs import SPARSE_PLANS
+
+        return SPARSE_PLANS.get(self.codec) or self.buckets
 
     def fp8_options(self):
         from scalesgd.comm.codecs.fp8 import Fp8Options
@@ -121,6 +133,14 @@ class TrainConfig:
             parse_spec(self.buckets)
         except ValueError as err:
             raise UsageError(f"--buckets: {err}") from None
+        _choice("--planner", self.planner, PLANNER_CHOICES)
+        if self.planner != "none" and self.codec != "topk":
+            raise UsageError(f"--planner {self.planner} plans the groups of --codec topk (with --engine scalesgd); "
+                             f"got --codec {self.codec}")
+        if not 0 < self.density <= 1:
+            raise UsageError(f"--density {self.density}: must be in (0, 1]")
+        if self.topk_reuse < 1:
+            raise UsageError(f"--topk-reuse {self.topk_reuse}: must be >= 1 (1 recomputes the threshold every step)")
         for problem in self.fp8_options().problems():
             raise UsageError(f"--{problem.replace(' ', '-', 1)}")
         if self.procs_per_node < 0:

@@ -97,6 +97,14 @@ def plan_buckets(spec: str, tensors: list[TensorInfo]) -> BucketPlan:
     return BucketPlan(spec, tuple(tensors), tuple(tuple(b) for b in buckets))
 
 
+def plan_from_groups(groups: list[list[int]], tensors: list[TensorInfo], spec: str) -> BucketPlan:
+    """A plan whose buckets are a planner's groups (backward order, consecutive tensor indices)."""
+    from scalesgd.comm.planner import check_grouping
+
+    check_grouping(groups, len(tensors))
+    return BucketPlan(spec, tuple(tensors), tuple(tuple(g) for g in groups))
+
+
 def _constant(target: float):
     while True:
         yield target

@@ -1,8 +1,9 @@
 """Allreduce algorithms built from torch.distributed point-to-point primitives.
 
-Every step posts a receive and a send together (batched on NCCL) so a link carries data both ways at once; gloo's own `all_to_all_single`/`all_gather` do
-not (see NOTES.md). All algorithms sum in place, like `dist.all_reduce`, on any backend and any dtype
-torch can add, and return the number of bytes this rank sent.
+Every step posts a receive and a send together (batched on NCCL) so a link carries data both ways
+at once; gloo's own `all_to_all_single`/`all_gather` do not (see NOTES.md). All algorithms sum in
+place, like `dist.all_reduce`, on any backend and any dtype torch can add, and return the number
+of bytes this rank sent.
 """
 
 from __future__ import annotations

@@ -59,10 +59,11 @@ class _Bucket:
 class DistributedOptimizer:
     """Wraps any torch optimizer so that `step()` uses gradients averaged over all ranks.
 
-    codec: a name in `scalesgd.comm.codecs.CODECS` or a `Codec`; algorithm: see `scalesgd.comm.collectives.ALGORITHMS`;
-    buckets: a plan spec (`size:MB`, `growing`, `layer`, `single`). `group` is the process group
-    for the exchange; by default a new one, so the exchange never interleaves with the caller's own
-    collectives. Parameters are broadcast from rank 0 at construction, and buffers (BN statistics)
+    codec: a name in `scalesgd.comm.codecs.CODECS` or a `Codec`; algorithm: see
+    `scalesgd.comm.collectives.ALGORITHMS`; buckets: a plan spec (`size:MB`, `growing`, `layer`,
+    `single`) or a `BucketPlan` (e.g. the planner's). `group` is the process group for the exchange;
+    by default a new one, so the exchange never interleaves with the caller's own collectives.
+    Parameters are broadcast from rank 0 at construction, and buffers (BN statistics)
     before every training forward, as DDP does.
     """
 
@@ -81,7 +82,8 @@ class DistributedOptimizer:
         self._src = dist.get_global_rank(self.group, 0)
         params = [p for p in model.parameters() if p.requires_grad]
         _check_optimizer_covers(optimizer, params)
-        self.plan: BucketPlan = plan_buckets(buckets, model_tensors(model))
+        self.plan: BucketPlan = (buckets if isinstance(buckets, BucketPlan)
+                                 else plan_buckets(buckets, model_tensors(model)))
         self._broadcast(list(model.parameters()) + list(model.buffers()))
         self._buckets = [self._make_bucket(b, [params[i] for i in idx]) for b, idx in enumerate(self.plan.buckets)]
         self._where = {id(p): (bucket, j) for bucket in self._buckets for j, p in enumerate(bucket.view.params)}

@@ -20,8 +20,11 @@ POWERSGD_BUCKET_MB = 1024
 
 
 def wrap(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, env: DistEnv,
-         tracer: Tracer) -> tuple[nn.Module, object]:
-    """(module to run forward/backward through, optimizer to step); backward+step average gradients."""
+         tracer: Tracer, plan=None) -> tuple[nn.Module, object]:
+    """(module to run forward/backward through, optimizer to step); backward+step average gradients.
+
+    `plan`: the scalesgd engine's bucket plan when a planner chose it (else from the options).
+    """
     if cfg.engine == "ddp":
         device_ids = [env.device.index] if env.device.type == "cuda" else None
         single_bucket = cfg.codec == "powersgd" and env.device.type != "cuda"
@@ -34,12 +37,17 @@ def wrap(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, e
 
         from scalesgd.comm.codecs import make_codec
 
-        codec = make_codec(cfg.codec, cfg.fp8_options(), cfg.seed)
+        codec = make_codec(cfg.codec, cfg.fp8_options(), cfg.seed, cfg.density, cfg.topk_reuse)
         engine = DistributedOptimizer(optimizer, model, codec=codec, algorithm=cfg.algorithm,
-                                      buckets=cfg.buckets, group=env.exchange_group,
+                                      buckets=plan or cfg.effective_buckets, group=env.exchange_group,
                                       topology=env.topology_groups, tracer=tracer)
         return model, engine
     raise ValueError(f"unknown engine {cfg.engine!r}")
+
+
+def hook_state(net: nn.Module):
+    """The state of our DDP comm hook on `net` (checkpointed with the run), or None."""
+    return getattr(net, "scalesgd_hook_state", None)
 
 
 def _register_ddp_hook(ddp: DistributedDataParallel, cfg: TrainConfig, env: DistEnv) -> None:
@@ -51,6 +59,7 @@ def _register_ddp_hook(ddp: DistributedDataParallel, cfg: TrainConfig, env: Dist
         state = Fp8HookState(process_group=env.exchange_group, topology=env.topology_groups,
                              fp8_options=cfg.fp8_options(), seed=cfg.seed, variant=codec)
         ddp.register_comm_hook(state, fp8_hook)
+        ddp.scalesgd_hook_state = state  # its ranges go into checkpoints (see `hook_state`)
     elif codec == "fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif codec == "bf16":

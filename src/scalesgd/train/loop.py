@@ -19,7 +19,7 @@ from scalesgd.errors import NonFiniteLoss
 from scalesgd.models import build_model
 from scalesgd.recipe import LrFactor, build_scheduler, build_sgd, global_batch_loss, initialize, scaled_lr
 from scalesgd.trace import Tracer, write_chrome_trace
-from scalesgd.train import checkpoint, engines, metrics, report
+from scalesgd.train import checkpoint, engines, metrics, planning, report
 from scalesgd.train.distributed import DistEnv, sync_buffers
 from scalesgd.train.progress import EpochProgress
 
@@ -47,7 +47,12 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
     criterion = nn.CrossEntropyLoss(reduction="sum", label_smoothing=cfg.label_smoothing)
 
     tracer = Tracer(False)
-    net, opt = engines.wrap(cfg, model, optimizer, env, tracer)
+    plan, planned = None, {}
+    if cfg.planner != "none":
+        first = torch.arange(min(cfg.per_worker_batch, len(data.train.y)))  # a fixed batch: no RNG drawn
+        batch = (data.train.x[first].to(env.device), data.train.y[first].to(env.device))
+        plan, planned = planning.plan_exchange(cfg, model, batch, criterion, env, run_dir, resume)
+    net, opt = engines.wrap(cfg, model, optimizer, env, tracer, plan)
     if env.is_main and hasattr(opt, "plan"):
         (run_dir / "buckets.json").write_text(json.dumps(opt.plan.to_dict(), indent=2) + "\n", encoding="utf-8")
 
@@ -57,6 +62,8 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
+        if engines.hook_state(net) is not None and state.get("comm_hook"):
+            engines.hook_state(net).load_state_dict(state["comm_hook"])
         torch.set_rng_state(state["rng"]["torch"][env.rank])
         start_epoch, best_acc = state["epoch"], state["best_test_acc"]
         elapsed_before = state["elapsed_s"]
@@ -124,6 +131,7 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
                 "scheduler": scheduler.state_dict(), "epoch": epoch, "rng": {"torch": rng_states},
                 "config": cfg.to_dict(), "best_test_acc": best_acc,
                 "elapsed_s": elapsed_before + time.perf_counter() - wall_start,
+                "comm_hook": engines.hook_state(net).state_dict() if engines.hook_state(net) else {},
             }, run_dir / checkpoint.CHECKPOINT_NAME)
         progress.end_epoch(record)
 
@@ -141,6 +149,9 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
                       "first_iteration_s": timings[0]["iteration_s"] if timings else 0.0},
         "config": cfg.to_dict(),
     }
+    if planned:
+        measured = [t["compute_s"] + t["exposed_comm_s"] for t in timings[SKIP_ITERS:] or timings]
+        summary["planner"] = {**planned, "measured_iteration_s": statistics.median(measured)}
     if env.is_main:
         log.close()
         report.write_summary(run_dir, summary)

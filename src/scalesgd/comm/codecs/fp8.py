@@ -37,20 +37,12 @@ class Fp8Options:
         return out
 
 
-class _Range:
-    """One bucket's range state: per-tensor quantiles, the per-element scale built from them, the step."""
+class _TensorRange:
+    """One parameter tensor's range q (max over ranks of its sampled quantile) and its step count."""
 
-    def __init__(self, sizes: list[int]):
-        self.sizes = sizes
-        self.q: torch.Tensor | None = None
-        self.unit: torch.Tensor | None = None  # 57344 / q per element: what decoding divides by
-        self.send: torch.Tensor | None = None  # unit ÷ the ranks a first sum adds: what encoding multiplies by
+    def __init__(self):
+        self.q: float | None = None
         self.step = 0
-
-    def set_q(self, q: torch.Tensor, spread: int, device: torch.device) -> None:
-        self.q = q
-        self.unit = torch.repeat_interleave(fp8.MAX / q.to(device), torch.tensor(self.sizes, device=device))
-        self.send = self.unit / spread
 
 
 class Fp8Codec(Codec):
@@ -61,6 +53,10 @@ class Fp8Codec(Codec):
     ranks, the seed's other ablation). Every `period` steps each tensor's range q is re-estimated
     from `samples` random elements and max-reduced over ranks; values are scaled so that q maps to
     57344 ÷ P′ (two-stage) or ÷ P (flat), which keeps the sums in range.
+
+    Range state belongs to parameter tensors, not buckets, so it survives any regrouping (DDP
+    rebuilds its buckets after the first iteration, also after a resume). Tensors are numbered in
+    the order the codec first sees them, which the same run always repeats.
     """
 
     def __init__(self, name: str = "fp8", relative: bool = True, two_stage: bool = True,
@@ -69,34 +65,35 @@ class Fp8Codec(Codec):
             raise ValueError("; ".join(options.problems()))
         self.name, self.relative, self.two_stage, self.options = name, relative, two_stage, options
         self.needs_topology = two_stage
-        self._ranges: dict[int, _Range] = {}
+        self._keys: dict[int, int] = {}  # id(parameter) → its number
+        self._tensors: dict[int, _TensorRange] = {}
+        self._scales: dict[int, tuple] = {}  # bucket → ((number, q) per tensor, unit, send)
         self._weights: dict[int, torch.Tensor] = {}
         self._wires: dict[int, torch.Tensor] = {}
         self._scratch: dict[int, torch.Tensor] = {}
         self._lengths: dict[int, int] = {}
         self._eps = torch.tensor(options.eps)
-        rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-        self._gen = torch.Generator().manual_seed(seed * 1_000_003 + rank)
+        self._rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        self._seed = seed
         fp8.kernel_mode()  # compile now, not inside the first exchange
 
     # ---- encode → communicate → decode -----------------------------------------------------------
     def encode(self, flat: torch.Tensor, bucket: BucketView, exchange: Exchange) -> torch.Tensor:
-        sizes = [p.numel() for p in bucket.params]
-        rng = self._ranges.get(bucket.index)
-        if rng is None or rng.sizes != sizes:  # new bucket (or DDP rebuilt its buckets)
-            rng = self._ranges[bucket.index] = _Range(sizes)
+        keys = [self._keys.setdefault(id(p), len(self._keys)) for p in bucket.params]
+        ranges = [self._tensors.setdefault(key, _TensorRange()) for key in keys]
         w = self._flat_weights(bucket, flat) if self.relative else None
-        spread = _groups(exchange).topology.procs_per_node if self.two_stage else exchange.world_size
-        if rng.q is None or rng.step % self.options.period == 0:
-            rng.set_q(self._measure(rng, flat, w, bucket, exchange), spread, flat.device)
-        elif rng.unit is None or rng.unit.device != flat.device:  # restored from a checkpoint
-            rng.set_q(rng.q, spread, flat.device)
-        rng.step += 1
+        due = [j for j, r in enumerate(ranges) if r.q is None or r.step % self.options.period == 0]
+        if due:
+            for j, q in zip(due, self._measure(flat, w, bucket, [keys[j] for j in due], due, exchange)):
+                ranges[j].q = q
+        for r in ranges:
+            r.step += 1
+        unit, send = self._scale(bucket, keys, ranges, flat.device, exchange)
         wire = self._wire(bucket.index, flat, exchange)
         if w is None:
-            fp8.encode(flat, rng.send, out=wire[:flat.numel()])
+            fp8.encode(flat, send, out=wire[:flat.numel()])
         else:
-            fp8.encode_relative(flat, w, self._eps, rng.send, out=wire[:flat.numel()])
+            fp8.encode_relative(flat, w, self._eps, send, out=wire[:flat.numel()])
         return wire
 
     def communicate(self, wire: torch.Tensor, bucket: BucketView, exchange: Exchange) -> int:
@@ -106,7 +103,7 @@ class Fp8Codec(Codec):
         return flat_sum(wire, exchange.group, scratch)
 
     def decode(self, wire: torch.Tensor, bucket: BucketView, out: torch.Tensor, exchange: Exchange) -> None:
-        unit, wire = self._ranges[bucket.index].unit, wire[:out.numel()]
+        unit, wire = self._scales[bucket.index][1], wire[:out.numel()]
         if self.relative:
             fp8.decode_relative(wire, self._weights[bucket.index], self._eps, unit, out=out)
         else:
@@ -130,12 +127,30 @@ class Fp8Codec(Codec):
         return wire
 
     # ---- the range -------------------------------------------------------------------------------
-    def _measure(self, rng: _Range, g: torch.Tensor, w: torch.Tensor | None, bucket: BucketView,
-                 exchange: Exchange) -> torch.Tensor:
-        """This rank's per-tensor ranges, max-reduced so every rank scales alike."""
-        q = sample_quantiles(g, w, bucket.offsets, rng.sizes, self.options, self._gen).to(g.device)
+    def _measure(self, g: torch.Tensor, w: torch.Tensor | None, bucket: BucketView, keys: list[int],
+                 positions: list[int], exchange: Exchange) -> list[float]:
+        """Fresh ranges for the tensors at `positions` in the bucket, max-reduced so every rank scales alike."""
+        q = torch.empty(len(positions))
+        for i, (key, j) in enumerate(zip(keys, positions)):
+            # samples drawn from (seed, rank, tensor, step) alone: a resumed run draws what it would have
+            step = self._tensors[key].step
+            gen = torch.Generator().manual_seed(hash((self._seed, self._rank, key, step)) & (2 ** 62 - 1))
+            q[i] = sample_quantiles(g, w, [bucket.offsets[j]], [bucket.params[j].numel()], self.options, gen)[0]
+        q = q.to(g.device)
         dist.all_reduce(q, op=dist.ReduceOp.MAX, group=exchange.group)
-        return q
+        return q.tolist()
+
+    def _scale(self, bucket: BucketView, keys: list[int], ranges: list[_TensorRange], device: torch.device,
+               exchange: Exchange) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-element 57344/q (decode) and that ÷ the ranks of the first sum (encode), rebuilt when q changes."""
+        signature = tuple((key, r.q) for key, r in zip(keys, ranges))
+        cached = self._scales.get(bucket.index)
+        if cached is None or cached[0] != signature or cached[1].device != device:
+            spread = _groups(exchange).topology.procs_per_node if self.two_stage else exchange.world_size
+            sizes = torch.tensor([p.numel() for p in bucket.params], device=device)
+            unit = torch.repeat_interleave(fp8.MAX / torch.tensor([r.q for r in ranges], device=device), sizes)
+            cached = self._scales[bucket.index] = (signature, unit, unit / spread)
+        return cached[1], cached[2]
 
     def _flat_weights(self, bucket: BucketView, like: torch.Tensor) -> torch.Tensor:
         """The bucket's parameters as one flat float32 vector in the gradient buffer's layout (kept for decode)."""
@@ -152,16 +167,13 @@ class Fp8Codec(Codec):
 
     # ---- checkpoint ------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"ranges": {i: {"sizes": r.sizes, "q": r.q, "step": r.step} for i, r in self._ranges.items()},
-                "generator": self._gen.get_state()}
+        return {"tensors": {key: {"q": r.q, "step": r.step} for key, r in self._tensors.items()}}
 
     def load_state_dict(self, state: dict) -> None:
-        self._ranges = {}
-        for i, saved in state["ranges"].items():
-            rng = self._ranges[int(i)] = _Range(list(saved["sizes"]))
-            rng.step = int(saved["step"])
-            rng.q = None if saved["q"] is None else saved["q"].clone()
-        self._gen.set_state(state["generator"])
+        self._tensors, self._scales = {}, {}
+        for key, saved in state["tensors"].items():
+            r = self._tensors[int(key)] = _TensorRange()
+            r.q, r.step = saved["q"], int(saved["step"])
 
 
 def sample_quantiles(g: torch.Tensor, w: torch.Tensor | None, offsets: list[int], sizes: list[int],

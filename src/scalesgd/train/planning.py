@@ -1,0 +1,55 @@
+"""`--planner dlgs|optimal`: profile the model on this process group, plan on rank 0, share the plan."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from scalesgd.comm.buckets import BucketPlan, model_tensors, plan_from_groups
+from scalesgd.comm.planner import iteration_time, plan_dlgs, plan_optimal
+from scalesgd.comm.profile import Profile, profile_model
+from scalesgd.config import TrainConfig
+from scalesgd.train.distributed import DistEnv, broadcast_object
+
+PLANNERS = {"dlgs": plan_dlgs, "optimal": plan_optimal}
+PROFILE_NAME = "profile.json"
+
+
+def plan_exchange(cfg: TrainConfig, model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor], loss_fn,
+                  env: DistEnv, run_dir: Path, resume: bool = False) -> tuple[BucketPlan, dict]:
+    """The planner's bucket plan for this run and what it predicts (collective: every rank calls it).
+
+    Every rank takes part in the measurement (the message cost is measured on the real group);
+    rank 0's profile decides, and its plan is broadcast so every rank buckets alike. A resumed run
+    keeps the plan it started with (its residuals belong to those groups).
+    """
+    saved = run_dir / PROFILE_NAME
+    if resume and saved.exists():
+        decided = json.loads(saved.read_text())
+        plan = plan_from_groups(decided["groups"], model_tensors(model), f"planner:{cfg.planner}")
+        return plan, summary_of(decided)
+    profile = profile_model(model, batch, loss_fn, cfg.density, cfg.topk_reuse, group=env.exchange_group)
+    decided = None
+    if env.is_main:
+        groups = PLANNERS[cfg.planner](profile.t_f, profile.t_b, profile.sizes, profile.comm_time,
+                                       profile.sparsify_time)
+        backward = list(range(len(profile.sizes) - 1, -1, -1))
+        decided = {"groups": groups, "profile": profile.to_dict(),
+                   "predicted_iteration_s": predicted(profile, groups),
+                   "predicted_unmerged_s": predicted(profile, [[i] for i in backward]),
+                   "predicted_single_group_s": predicted(profile, [backward])}
+        (run_dir / PROFILE_NAME).write_text(json.dumps(decided, indent=2) + "\n", encoding="utf-8")
+    decided = broadcast_object(decided)
+    plan = plan_from_groups(decided["groups"], model_tensors(model), f"planner:{cfg.planner}")
+    return plan, summary_of(decided)
+
+
+def summary_of(decided: dict) -> dict:
+    return {k: v for k, v in decided.items() if k.endswith("_s")} | {"groups": len(decided["groups"])}
+
+
+def predicted(profile: Profile, groups: list[list[int]]) -> float:
+    """The timing model's iteration time for `groups` under `profile`."""
+    return iteration_time(groups, profile.t_f, profile.t_b, profile.sizes, profile.comm_time, profile.sparsify_time)
