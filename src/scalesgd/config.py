@@ -331,10 +331,17 @@ class TrainBenchConfig(BenchLaunch):
                 _choice(f"--modes {text}: codec", mode.codec, ENGINE_CODECS[mode.engine])
             if mode.engine == "scalesgd":
                 _choice(f"--modes {text}: algorithm", mode.algorithm, ALGORITHM_CHOICES)
-                try:
-                    parse_spec(mode.buckets)
-                except ValueError as err:
-                    raise UsageError(f"--modes {text}: {err}") from None
+                if mode.planner != "none":
+                    _choice(f"--modes {text}: planner", mode.planner, PLANNER_CHOICES[1:])
+                    if mode.codec != "topk":
+                        raise UsageError(f"--modes {text}: a planner plans the groups of the topk codec")
+                else:
+                    try:
+                        parse_spec(mode.buckets)
+                    except ValueError as err:
+                        raise UsageError(f"--modes {text}: {err}") from None
+                if not 0 < mode.density <= 1:
+                    raise UsageError(f"--modes {text}: density must be in (0, 1]")
         return self
 
 

@@ -21,7 +21,10 @@ from scalesgd.config import FP8_CODECS, TrainBenchConfig, TrainConfig
 from scalesgd.models import build_model
 from scalesgd.recipe import build_sgd, initialize
 from scalesgd.trace import Tracer
-from scalesgd.train import distributed, engines
+from scalesgd.train import distributed, engines, planning
+
+
+BATCHES = 8  # distinct synthetic batches each mode cycles through
 
 
 @dataclass(frozen=True)
@@ -33,21 +36,40 @@ class Mode:
     codec: str = "fp32"
     algorithm: str = "ring"
     buckets: str = "size:1"
+    density: float = 0.1
+
+    @property
+    def planner(self) -> str:
+        return self.buckets.split(":", 1)[1] if self.buckets.startswith("planner:") else "none"
 
 
 def parse_mode(text: str) -> Mode:
-    """`none`, `ddp[-CODEC]` or `scalesgd[-CODEC[-ALGORITHM[-BUCKETS]]]`; ValueError otherwise."""
+    """`none`, `ddp[-CODEC]` or `scalesgd[-CODEC[@DENSITY][-ALGORITHM[-BUCKETS]]]`; ValueError otherwise.
+
+    BUCKETS may be `planner:dlgs` or `planner:optimal` (profiled and planned at start-up).
+    """
     engine, _, rest = text.partition("-")
     if engine == "none" and not rest:
         return Mode(text, "none")
     if engine == "ddp":
         return Mode(text, "ddp", rest or "fp32")
     if engine == "scalesgd":
-        parts = rest.split("-", 2) if rest else []
-        defaults = ["fp32", "ring", "size:1"]
-        codec, algorithm, buckets = parts + defaults[len(parts):]
-        return Mode(text, "scalesgd", codec, algorithm, buckets)
-    raise ValueError(f"mode {text!r} is not known; use none, ddp[-CODEC] or scalesgd[-CODEC[-ALGORITHM[-BUCKETS]]]")
+        from scalesgd.comm.codecs import CODECS
+
+        # codec names may hold dashes (fp8-direct, topk-global): take the longest that fits
+        fits = [c for c in CODECS if rest == c or rest.startswith((c + "-", c + "@"))]
+        codec = max(fits, key=len) if fits else (rest.split("-", 1)[0] or "fp32")
+        tail, density = rest[len(codec):], ""
+        if tail.startswith("@"):
+            density, _, tail = tail[1:].partition("-")
+        algorithm, _, buckets = tail.lstrip("-").partition("-")
+        try:
+            return Mode(text, "scalesgd", codec, algorithm or "ring", buckets or "size:1",
+                        float(density) if density else 0.1)
+        except ValueError:
+            raise ValueError(f"mode {text!r}: density {density!r} is not a number") from None
+    raise ValueError(f"mode {text!r} is not known; use none, ddp[-CODEC] or "
+                     "scalesgd[-CODEC[@DENSITY][-ALGORITHM[-BUCKETS]]]")
 
 
 @dataclass
@@ -60,6 +82,7 @@ class Runner:
     times: list[float]
     compute: list[float]
     stats: list
+    planned: dict | None = None
 
 
 def run(cfg: TrainBenchConfig, command: str) -> int:
@@ -71,18 +94,21 @@ def run(cfg: TrainBenchConfig, command: str) -> int:
     try:
         per_rank = cfg.batch_size // env.world_size
         g = torch.Generator().manual_seed(1000 + env.rank)
-        x = torch.randn(per_rank, cfg.channels, cfg.image_size, cfg.image_size, generator=g).to(env.device)
-        y = torch.randint(0, cfg.classes, (per_rank,), generator=g).to(env.device)
-        runners = [build_runner(cfg, mode, env) for mode in modes]
+        # a few different batches in turn: with one batch repeated, a sparsifier's residuals grow
+        # along the same direction every step, which no real training does
+        batches = [(torch.randn(per_rank, cfg.channels, cfg.image_size, cfg.image_size, generator=g).to(env.device),
+                    torch.randint(0, cfg.classes, (per_rank,), generator=g).to(env.device))
+                   for _ in range(BATCHES)]
+        runners = [build_runner(cfg, mode, env, batches[0]) for mode in modes]
         for runner in runners:
-            for _ in range(cfg.warmup):
-                iteration(runner, x, y, record=False)
+            for i in range(cfg.warmup):
+                iteration(runner, *batches[i % BATCHES], record=False)
         per_round = max(1, cfg.iterations // cfg.rounds)
         for _ in range(cfg.rounds):
             for runner in runners:
                 dist.barrier()
-                for _ in range(per_round):
-                    iteration(runner, x, y, record=True)
+                for i in range(per_round):
+                    iteration(runner, *batches[i % BATCHES], record=True)
         results = [summarize(cfg, runner, env) for runner in runners]
         if env.is_main:
             report(cfg, env.world_size, results, command)
@@ -95,8 +121,8 @@ def run(cfg: TrainBenchConfig, command: str) -> int:
         distributed.close()
 
 
-def build_runner(cfg: TrainBenchConfig, mode: Mode, env) -> Runner:
-    """The same initial model for every mode, wrapped as the mode says."""
+def build_runner(cfg: TrainBenchConfig, mode: Mode, env, batch) -> Runner:
+    """The same initial model for every mode, wrapped as the mode says (planned first if it asks)."""
     torch.manual_seed(0)
     model = initialize(build_model(cfg.model, cfg.classes, cfg.channels)).to(env.device)
     optimizer = build_sgd(model, 0.01, 0.9, False, 1e-4)
@@ -106,14 +132,19 @@ def build_runner(cfg: TrainBenchConfig, mode: Mode, env) -> Runner:
     group = dist.new_group() if mode.engine == "scalesgd" or mode.codec in FP8_CODECS else None
     env_for_mode = distributed.DistEnv(env.rank, env.world_size, env.local_rank, env.local_world_size,
                                        env.device, group, env.topology_groups)
-    net, opt = engines.wrap(train_cfg, model, optimizer, env_for_mode, Tracer(False))
-    return Runner(mode, net, opt, [], [], [])
+    plan, planned = None, None
+    if mode.planner != "none":
+        plan, planned = planning.plan_exchange(train_cfg, model, batch, nn.functional.cross_entropy, env_for_mode)
+    net, opt = engines.wrap(train_cfg, model, optimizer, env_for_mode, Tracer(False), plan)
+    return Runner(mode, net, opt, [], [], [], planned)
 
 
 def train_config(mode: Mode, world: int) -> TrainConfig:
     """The training options a mode stands for (the engine's defaults otherwise)."""
+    planner = mode.planner
     return TrainConfig(workers=world, engine=mode.engine, codec=mode.codec, algorithm=mode.algorithm,
-                       buckets=mode.buckets)
+                       buckets="size:1" if planner != "none" else mode.buckets, density=mode.density,
+                       planner=planner)
 
 
 def iteration(runner: Runner, x: torch.Tensor, y: torch.Tensor, record: bool) -> None:
@@ -142,6 +173,11 @@ def summarize(cfg: TrainBenchConfig, runner: Runner, env) -> dict:
     if runner.stats:
         for key in ("codec_s", "comm_s", "exposed_s", "overlapped_s", "bytes_sent"):
             row[f"mean_{key}"] = statistics.fmean(getattr(s, key) for s in runner.stats)
+    if runner.planned:  # the timing model's forward + backward + exchange, against what happened
+        done = torch.tensor([c + s.exposed_s for c, s in zip(runner.compute, runner.stats)], dtype=torch.float64)
+        dist.all_reduce(done, op=dist.ReduceOp.MAX)
+        row.update(planned_groups=runner.planned["groups"], predicted_s=runner.planned["predicted_iteration_s"],
+                   measured_exchange_end_s=statistics.median(done.tolist()))
     elif runner.mode.engine == "ddp" and runner.mode.codec in ("fp32", "fp16", "bf16"):
         grad_bytes = sum(p.numel() for p in runner.net.parameters()) * (4 if runner.mode.codec == "fp32" else 2)
         row["mean_bytes_sent"] = 2 * (env.world_size - 1) / env.world_size * grad_bytes  # gloo ring estimate
@@ -154,13 +190,16 @@ def report(cfg: TrainBenchConfig, world: int, results: list[dict], command: str)
 
     ddp = next((r["median_iteration_s"] for r in results if r["mode"] == "ddp"), None)
     columns = ["mode", "median ms", "images/s", "ddp ÷ mode", "compute ms", "exposed comm ms",
-               "overlapped comm ms", "MB sent / iter"]
+               "overlapped comm ms", "MB sent / iter", "planned: groups, predicted ÷ measured"]
     rows = [[r["mode"], f"{1e3 * r['median_iteration_s']:.1f}", f"{r['images_per_s']:.0f}",
              f"{ddp / r['median_iteration_s']:.2f}" if ddp else "",
              f"{1e3 * r['mean_compute_s']:.1f}",
              f"{1e3 * r['mean_exposed_s']:.1f}" if "mean_exposed_s" in r else "",
              f"{1e3 * r['mean_overlapped_s']:.1f}" if "mean_overlapped_s" in r else "",
-             f"{r['mean_bytes_sent'] / 1e6:.2f}" if "mean_bytes_sent" in r else ""] for r in results]
+             f"{r['mean_bytes_sent'] / 1e6:.2f}" if "mean_bytes_sent" in r else "",
+             f"{r['planned_groups']}, {r['predicted_s'] / r['measured_exchange_end_s']:.2f}"
+             if "predicted_s" in r else ""]
+            for r in results]
     out = Path(cfg.out)
     output.write(out, "train", {"world_size": world, "config": cfg.to_dict(), "results": results},
                  columns, rows, command)

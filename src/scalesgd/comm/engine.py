@@ -50,10 +50,13 @@ class _Bucket:
     pending: int
     ready: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
+    wire: torch.Tensor | None = None  # encoded already (codecs that encode in backward)
+    encode_us: tuple[int, int] = (0, 0)
 
     def reset(self) -> None:
         self.reported = [False] * len(self.slices)
         self.pending = len(self.slices)
+        self.wire = None
 
 
 class DistributedOptimizer:
@@ -183,7 +186,16 @@ class DistributedOptimizer:
         bucket.reported[j] = True
         bucket.pending -= 1
         if bucket.pending == 0:
-            bucket.ready.set()
+            self._hand_over(bucket)
+
+    def _hand_over(self, bucket: _Bucket) -> None:
+        """A full bucket goes to the communication thread, encoded here first if the codec says so
+        (sparsification in backward, as DLGS's timing model has it: the next layer's backward waits)."""
+        if self.codec.encode_in_backward:
+            start = now_us()
+            bucket.wire = self.codec.encode(bucket.buffer, bucket.view, self.exchange)
+            bucket.encode_us = (start, now_us())
+        bucket.ready.set()
 
     def _launch_incomplete(self, bucket: _Bucket) -> None:
         """Fill what did not arrive by hook (local grad if any, else zeros) and hand the bucket over."""
@@ -195,7 +207,7 @@ class DistributedOptimizer:
                     bucket.slices[j].copy_(p.grad)
                 bucket.reported[j] = True
         bucket.pending = 0
-        bucket.ready.set()
+        self._hand_over(bucket)
 
     def _before_forward(self, module, args) -> None:
         if self.broadcast_buffers and module.training and torch.is_grad_enabled():
@@ -218,9 +230,13 @@ class DistributedOptimizer:
                 bucket.done.set()
 
     def _exchange_bucket(self, bucket: _Bucket) -> None:
-        ex, view, t = self.exchange, bucket.view, [now_us()]
-        wire = self.codec.encode(bucket.buffer, view, ex)
-        t.append(now_us())
+        ex, view = self.exchange, bucket.view
+        if bucket.wire is None:
+            t = [now_us()]
+            wire = self.codec.encode(bucket.buffer, view, ex)
+            t.append(now_us())
+        else:
+            wire, t = bucket.wire, list(bucket.encode_us)
         sent = self.codec.communicate(wire, view, ex)
         t.append(now_us())
         self.codec.decode(wire, view, bucket.buffer, ex)

@@ -18,15 +18,16 @@ PROFILE_NAME = "profile.json"
 
 
 def plan_exchange(cfg: TrainConfig, model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor], loss_fn,
-                  env: DistEnv, run_dir: Path, resume: bool = False) -> tuple[BucketPlan, dict]:
+                  env: DistEnv, run_dir: Path | None = None, resume: bool = False) -> tuple[BucketPlan, dict]:
     """The planner's bucket plan for this run and what it predicts (collective: every rank calls it).
 
     Every rank takes part in the measurement (the message cost is measured on the real group);
     rank 0's profile decides, and its plan is broadcast so every rank buckets alike. A resumed run
-    keeps the plan it started with (its residuals belong to those groups).
+    keeps the plan it started with (its residuals belong to those groups). With a run directory the
+    profile and plan are saved there.
     """
-    saved = run_dir / PROFILE_NAME
-    if resume and saved.exists():
+    saved = run_dir / PROFILE_NAME if run_dir is not None else None
+    if resume and saved is not None and saved.exists():
         decided = json.loads(saved.read_text())
         plan = plan_from_groups(decided["groups"], model_tensors(model), f"planner:{cfg.planner}")
         return plan, summary_of(decided)
@@ -40,7 +41,8 @@ def plan_exchange(cfg: TrainConfig, model: torch.nn.Module, batch: tuple[torch.T
                    "predicted_iteration_s": predicted(profile, groups),
                    "predicted_unmerged_s": predicted(profile, [[i] for i in backward]),
                    "predicted_single_group_s": predicted(profile, [backward])}
-        (run_dir / PROFILE_NAME).write_text(json.dumps(decided, indent=2) + "\n", encoding="utf-8")
+        if saved is not None:
+            saved.write_text(json.dumps(decided, indent=2) + "\n", encoding="utf-8")
     decided = broadcast_object(decided)
     plan = plan_from_groups(decided["groups"], model_tensors(model), f"planner:{cfg.planner}")
     return plan, summary_of(decided)

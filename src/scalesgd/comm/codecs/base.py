@@ -43,6 +43,7 @@ class Codec(ABC):
 
     name = "codec"
     needs_topology = False  # True: `communicate` runs in the node / cross-node groups of `Exchange.topology`
+    encode_in_backward = False  # True: encode runs on autograd's thread (it must issue no collective)
 
     @abstractmethod
     def encode(self, flat: torch.Tensor, bucket: BucketView, exchange: Exchange) -> torch.Tensor:

@@ -27,7 +27,12 @@ class _Sparse:
 
 
 class TopkCodec(Codec):
-    """Send ⌈density·n⌉ (about, between recomputations) entries per bucket as (index, value) pairs."""
+    """Send ⌈density·n⌉ (about, between recomputations) entries per bucket as (index, value) pairs.
+
+    Selection runs in backward as soon as a bucket is full, as DLGS's timing model has it.
+    """
+
+    encode_in_backward = True
 
     def __init__(self, name: str = "topk", density: float = 0.1, reuse: int = 1):
         if not 0 < density <= 1:
