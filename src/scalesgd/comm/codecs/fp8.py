@@ -88,7 +88,7 @@ class Fp8Codec(Codec):
                 ranges[j].q = q
         for r in ranges:
             r.step += 1
-        unit, send = self._scale(bucket, keys, ranges, flat.device, exchange)
+        _, send = self._scale(bucket, keys, ranges, flat.device, exchange)
         wire = self._wire(bucket.index, flat, exchange)
         if w is None:
             fp8.encode(flat, send, out=wire[:flat.numel()])
