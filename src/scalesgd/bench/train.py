@@ -177,7 +177,7 @@ def summarize(cfg: TrainBenchConfig, runner: Runner, env) -> dict:
         done = torch.tensor([c + s.exposed_s for c, s in zip(runner.compute, runner.stats)], dtype=torch.float64)
         dist.all_reduce(done, op=dist.ReduceOp.MAX)
         row.update(planned_groups=runner.planned["groups"], predicted_s=runner.planned["predicted_iteration_s"],
-                   measured_exchange_end_s=statistics.median(done.tolist()))
+                   measured_exchange_end_s=statistics.median(done.tolist()), planned=runner.planned)
     elif runner.mode.engine == "ddp" and runner.mode.codec in ("fp32", "fp16", "bf16"):
         grad_bytes = sum(p.numel() for p in runner.net.parameters()) * (4 if runner.mode.codec == "fp32" else 2)
         row["mean_bytes_sent"] = 2 * (env.world_size - 1) / env.world_size * grad_bytes  # gloo ring estimate

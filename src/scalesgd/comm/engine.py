@@ -232,20 +232,22 @@ class DistributedOptimizer:
     def _exchange_bucket(self, bucket: _Bucket) -> None:
         ex, view = self.exchange, bucket.view
         if bucket.wire is None:
-            t = [now_us()]
+            start = now_us()
             wire = self.codec.encode(bucket.buffer, view, ex)
-            t.append(now_us())
-        else:
-            wire, t = bucket.wire, list(bucket.encode_us)
+            encoded = (start, now_us())
+        else:  # encoded in backward: that time is part of backward's, not the exchange's
+            wire, encoded = bucket.wire, None
+        begin = now_us()
         sent = self.codec.communicate(wire, view, ex)
-        t.append(now_us())
+        sent_at = now_us()
         self.codec.decode(wire, view, bucket.buffer, ex)
-        t.append(now_us())
-        for name, start, end in zip(("encode", "communicate", "decode"), t, t[1:]):
-            self.tracer.add(name, start, end, "comm", bucket=view.index, bytes=sent)
+        end = now_us()
+        spans = [("encode", *(encoded or bucket.encode_us)), ("communicate", begin, sent_at), ("decode", sent_at, end)]
+        for name, start, stop in spans:
+            self.tracer.add(name, start, stop, "comm", bucket=view.index, bytes=sent)
         with self._stats_lock:
-            self._stats.codec_s += (t[1] - t[0] + t[3] - t[2]) / 1e6
-            self._stats.comm_s += (t[2] - t[1]) / 1e6
+            self._stats.codec_s += ((encoded[1] - encoded[0] if encoded else 0) + end - sent_at) / 1e6
+            self._stats.comm_s += (sent_at - begin) / 1e6
             self._stats.bytes_sent += sent
 
     # ---- set-up ----------------------------------------------------------------------------------

@@ -49,7 +49,12 @@ def plan_exchange(cfg: TrainConfig, model: torch.nn.Module, batch: tuple[torch.T
 
 
 def summary_of(decided: dict) -> dict:
-    return {k: v for k, v in decided.items() if k.endswith("_s")} | {"groups": len(decided["groups"])}
+    """The predictions and the measured model parameters they came from, for summaries and tables."""
+    prof = decided["profile"]
+    return {k: v for k, v in decided.items() if k.endswith("_s")} | {
+        "groups": len(decided["groups"]), "forward_s": prof["t_f"], "backward_s": sum(prof["t_b"]),
+        "message_alpha_s": prof["comm"][0], "message_beta_s_per_element": prof["comm"][1],
+        "selection_a_s": prof["sparsify"][0], "selection_b_s_per_element": prof["sparsify"][1]}
 
 
 def predicted(profile: Profile, groups: list[list[int]]) -> float:
