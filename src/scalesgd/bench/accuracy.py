@@ -27,7 +27,8 @@ def run(cfg: AccuracyBenchConfig, command: str) -> int:
                 return code
             summary = json.loads((run_dir / "summary.json").read_text())
             results.append({"variant": variant, "seed": seed, "final_test_acc": summary["final_test_acc"],
-                            "wall_time_s": summary["wall_time_s"], "run_dir": str(run_dir)})
+                            "wall_time_s": summary["wall_time_s"], "run_dir": str(run_dir),
+                            "bytes_sent_per_iter": summary.get("iteration", {}).get("mean_bytes_sent")})
     report(cfg, results, command)
     return 0
 
