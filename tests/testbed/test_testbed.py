@@ -72,8 +72,10 @@ def test_run_without_a_testbed_is_one_clear_line():
 
 def test_shaping_holds_within_ten_percent_of_the_set_rate(testbed, tmp_path):
     proc = scalesgd("testbed", "run", "--prefix", testbed, "--", "scalesgd", "bench", "link", "--megabytes", "8",
-                    "--repeats", "3", "--out", str(tmp_path))
+                    "--repeats", "5", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     result = json.loads((tmp_path / "link.json").read_text())["result"]
-    assert abs(result["one_way_mbit_s"] - 500) <= 50
-    assert abs(result["duplex_mbit_s_each_way"] - 500) <= 50  # the link is full duplex
+    # the best of 5 transfers: a loaded machine can slow a transfer, but only shaping caps the fastest
+    assert abs(result["best_one_way_mbit_s"] - 500) <= 50
+    assert abs(result["best_duplex_mbit_s_each_way"] - 500) <= 50  # the link is full duplex
+    assert result["one_way_mbit_s"] <= 550

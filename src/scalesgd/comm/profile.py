@@ -96,7 +96,8 @@ def time_layers(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], loss
     return statistics.median(forwards), [statistics.median(col) for col in zip(*backwards)]
 
 
-def time_sparsify(sizes: list[int], density: float, reuse: int, repeats: int = 3) -> tuple[float, float]:
+def time_sparsify(sizes: list[int], density: float, reuse: int, repeats: int = 3,
+                  device: torch.device | str = "cpu") -> tuple[float, float]:
     """Fit the top-k codec's encode time (one recompute per `reuse` steps) against bucket size."""
     from scalesgd.comm.codecs import BucketView, Exchange
     from scalesgd.comm.codecs.topk import TopkCodec
@@ -105,7 +106,7 @@ def time_sparsify(sizes: list[int], density: float, reuse: int, repeats: int = 3
     exchange = Exchange(None, 1)
     for d in sizes:
         codec = TopkCodec("topk", density, reuse)
-        g = torch.randn(d)
+        g = torch.randn(d, device=device)
         view = BucketView(0, [], [0], d)
         per_step = []
         for step in range(reuse * repeats):
@@ -117,21 +118,23 @@ def time_sparsify(sizes: list[int], density: float, reuse: int, repeats: int = 3
     return fit_line(xs, ys)
 
 
-def time_sparse_exchange(sizes: list[int], density: float, group=None, repeats: int = 3) -> tuple[float, float]:
+def time_sparse_exchange(sizes: list[int], density: float, group=None, repeats: int = 3,
+                         device: torch.device | str = "cpu") -> tuple[float, float]:
     """Fit the sparse exchange of ⌈ρ·d⌉ entries per rank and its decode against d, on `group` (collective)."""
     from scalesgd.comm.sparse import allgather_sparse, mean_of_sparse
 
     xs, ys = [], []
     for d in sizes:
         k = max(1, math.ceil(density * d))
-        idx, val, out = torch.randperm(d)[:k].to(torch.int32), torch.randn(k), torch.empty(d)
+        idx = torch.randperm(d)[:k].to(device=device, dtype=torch.int32)
+        val, out = torch.randn(k, device=device), torch.empty(d, device=device)
         times = []
         for _ in range(repeats + 1):
             dist.barrier(group=group)
             start = time.perf_counter()
             mean_of_sparse(out, *allgather_sparse(idx, val, group)[:2])
             times.append(time.perf_counter() - start)
-        slowest = torch.tensor(statistics.median(times[1:]), dtype=torch.float64)
+        slowest = torch.tensor(statistics.median(times[1:]), dtype=torch.float64, device=device)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
         xs.append(d)
         ys.append(slowest.item())
@@ -144,8 +147,9 @@ def profile_model(model: nn.Module, batch, loss_fn, density: float, reuse: int, 
     t_f, t_b = time_layers(model, batch, loss_fn)
     total = sum(t.numel for t in tensors)
     grid = sorted({max(1, min(total, d)) for d in (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22)})
-    sparsify = time_sparsify(grid, density, reuse)
-    comm = time_sparse_exchange(grid, density, group)
+    device = next(model.parameters()).device
+    sparsify = time_sparsify(grid, density, reuse, device=device)
+    comm = time_sparse_exchange(grid, density, group, device=device)
     world = dist.get_world_size(group) if dist.is_initialized() else 1
     return Profile([t.name for t in tensors], [t.numel for t in tensors], t_f, t_b, comm, sparsify, density,
                    reuse, world)
