@@ -46,8 +46,19 @@ def wrap(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, e
 
 
 def hook_state(net: nn.Module):
-    """The state of our DDP comm hook on `net` (checkpointed with the run), or None."""
+    """The state of our DDP comm hook on `net`, or None."""
     return getattr(net, "scalesgd_hook_state", None)
+
+
+def codec_of(net: nn.Module, opt):
+    """The codec exchanging this run's gradients — the engine's or our DDP hook's — or None.
+
+    Its state can differ between ranks (top-k residuals), so checkpoints keep one per rank.
+    """
+    if hasattr(opt, "codec"):
+        return opt.codec
+    state = hook_state(net)
+    return state.codec if state is not None else None
 
 
 def _register_ddp_hook(ddp: DistributedDataParallel, cfg: TrainConfig, env: DistEnv) -> None:
@@ -59,7 +70,7 @@ def _register_ddp_hook(ddp: DistributedDataParallel, cfg: TrainConfig, env: Dist
         state = Fp8HookState(process_group=env.exchange_group, topology=env.topology_groups,
                              fp8_options=cfg.fp8_options(), seed=cfg.seed, variant=codec)
         ddp.register_comm_hook(state, fp8_hook)
-        ddp.scalesgd_hook_state = state  # its ranges go into checkpoints (see `hook_state`)
+        ddp.scalesgd_hook_state = state  # its state goes into checkpoints (see `codec_of`)
     elif codec == "fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif codec == "bf16":

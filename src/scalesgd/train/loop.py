@@ -62,8 +62,8 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        if engines.hook_state(net) is not None and state.get("comm_hook"):
-            engines.hook_state(net).load_state_dict(state["comm_hook"])
+        if engines.codec_of(net, opt) is not None and state.get("codec_states"):
+            engines.codec_of(net, opt).load_state_dict(state["codec_states"][env.rank])  # this rank's own
         torch.set_rng_state(state["rng"]["torch"][env.rank])
         start_epoch, best_acc = state["epoch"], state["best_test_acc"]
         elapsed_before = state["elapsed_s"]
@@ -123,6 +123,7 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
                   "test_loss": test_loss, "test_acc": test_acc,
                   "images_per_s": images_per_s[-1], "lr": optimizer.param_groups[0]["lr"]}
         rng_states = gather_rng_states(env)
+        codec_states = gather_codec_states(engines.codec_of(net, opt), env)
         if env.is_main:
             log.write(record)
             log.flush()
@@ -131,7 +132,7 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
                 "scheduler": scheduler.state_dict(), "epoch": epoch, "rng": {"torch": rng_states},
                 "config": cfg.to_dict(), "best_test_acc": best_acc,
                 "elapsed_s": elapsed_before + time.perf_counter() - wall_start,
-                "comm_hook": engines.hook_state(net).state_dict() if engines.hook_state(net) else {},
+                "codec_states": codec_states,
             }, run_dir / checkpoint.CHECKPOINT_NAME)
         progress.end_epoch(record)
 
@@ -211,6 +212,15 @@ def gather_rng_states(env: DistEnv) -> list[torch.Tensor]:
     state = torch.get_rng_state()
     states = [torch.empty_like(state) for _ in range(env.world_size)]
     dist.all_gather(states, state)
+    return states
+
+
+def gather_codec_states(codec, env: DistEnv) -> list[dict]:
+    """Every rank's codec state (residuals differ per rank), for an exact resume; [] without a codec."""
+    if codec is None:
+        return []
+    states: list = [None] * env.world_size
+    dist.all_gather_object(states, codec.state_dict())
     return states
 
 
