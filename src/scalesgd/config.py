@@ -94,6 +94,11 @@ class TrainConfig:
 
         return SPARSE_PLANS.get(self.codec) or self.buckets
 
+    @property
+    def own_exchange_group(self) -> bool:
+        """Whether the exchange runs in a process group of its own (our engine, or our DDP hook)."""
+        return self.engine == "scalesgd" or self.codec in FP8_CODECS
+
     def fp8_options(self):
         from scalesgd.comm.codecs.fp8 import Fp8Options
 
@@ -242,8 +247,15 @@ DTYPE_CHOICES = ("float32", "float16", "bfloat16", "float64")
 BENCH_EXCHANGES = (*ALGORITHM_CHOICES, "fp16", "fp8", "fp8-flat")  # algorithms, then compressed exchanges
 
 
+class _Record:
+    """A config written into JSON records: tuples become lists."""
+
+    def to_dict(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+
+
 @dataclass
-class BenchLaunch:
+class BenchLaunch(_Record):
     """Where a benchmark's workers run and where rank 0 writes; shared by every `scalesgd bench` command."""
 
     procs_per_node: int = 0
@@ -261,8 +273,6 @@ class BenchLaunch:
         if self.procs_per_node < 0 or (self.procs_per_node and workers % self.procs_per_node):
             raise UsageError(f"--procs-per-node {self.procs_per_node}: must divide --workers {workers}")
 
-    def to_dict(self) -> dict:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
 
 
 @dataclass
@@ -364,7 +374,7 @@ class LinkBenchConfig(BenchLaunch):
 
 
 @dataclass
-class CodecBenchConfig:
+class CodecBenchConfig(_Record):
     """`scalesgd bench codec`: the fp8 kernels' throughput on one process, each path on the same data."""
 
     sizes: tuple[int, ...] = (1 << 20, 1 << 24)
@@ -387,12 +397,10 @@ class CodecBenchConfig:
             _choice("--paths", path, ("compiled", "eager"))
         return self
 
-    def to_dict(self) -> dict:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
 
 
 @dataclass
-class AccuracyBenchConfig:
+class AccuracyBenchConfig(_Record):
     """`scalesgd bench accuracy`: `scalesgd train` with shared options, per variant and seed."""
 
     variants: tuple[str, ...] = ("--codec fp32",)
@@ -420,5 +428,3 @@ class AccuracyBenchConfig:
             train_config(argv)
         return self
 
-    def to_dict(self) -> dict:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}

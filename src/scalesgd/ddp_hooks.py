@@ -62,10 +62,7 @@ def codec_hook(state: CodecHookState, bucket: dist.GradBucket) -> torch.futures.
 
     def exchange() -> None:
         try:
-            codec, ex = state.codec, state.exchange
-            wire = codec.encode(flat, view, ex)
-            codec.communicate(wire, view, ex)
-            codec.decode(wire, view, flat, ex)
+            state.codec.exchange(flat, view, state.exchange)
             future.set_result(flat)
         except BaseException as err:  # DDP re-raises it when backward waits on the future
             future.set_exception(err)

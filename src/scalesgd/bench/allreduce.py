@@ -15,18 +15,11 @@ from scalesgd.config import AllreduceBenchConfig
 from scalesgd.train import distributed
 
 
-def _fp16(work: torch.Tensor, env) -> int:
-    """As PyTorch's fp16_compress_hook: ÷P, half, native allreduce, back (the result is the mean)."""
-    half = work.div(env.world_size).half()
-    dist.all_reduce(half)
-    work.copy_(half)
-    return 2 * (env.world_size - 1) * half.numel() * 2 // env.world_size
+def _codec_exchange(work: torch.Tensor, env, codecs: dict, name: str) -> int:
+    """A codec's whole exchange (encode → sum → decode) for a bucket of weights all 1.
 
-
-def _fp8(work: torch.Tensor, env, codecs: dict, name: str) -> int:
-    """The fp8 codec's whole exchange (encode → sum → decode), for a bucket of weights all 1.
-
-    Its range is estimated on the first (warm-up) call and then every 100 calls, as in training.
+    fp16 is PyTorch's fp16_compress_hook arithmetic over gloo's own allreduce; fp8 estimates its
+    range on the first (warm-up) call and then every 100 calls, as in training.
     """
     from scalesgd.comm.codecs import BucketView, Exchange, make_codec
 
@@ -34,19 +27,16 @@ def _fp8(work: torch.Tensor, env, codecs: dict, name: str) -> int:
     if (name, n) not in codecs:
         weights = torch.ones(n, device=work.device)
         codecs[(name, n)] = (make_codec(name), BucketView(0, [weights], [0], n),
-                             Exchange(dist.group.WORLD, env.world_size, "ring", env.topology_groups))
+                             Exchange(dist.group.WORLD, env.world_size, "native", env.topology_groups))
     codec, view, exchange = codecs[(name, n)]
-    wire = codec.encode(work, view, exchange)
-    sent = codec.communicate(wire, view, exchange)
-    codec.decode(wire, view, work, exchange)
-    return sent
+    return codec.exchange(work, view, exchange)
 
 
 def compressed_exchanges() -> dict:
     """Compressed exchanges timed beside the algorithms: fp32 in, the mean over ranks out."""
     codecs: dict = {}
-    return {"fp16": _fp16, "fp8": lambda w, env: _fp8(w, env, codecs, "fp8"),
-            "fp8-flat": lambda w, env: _fp8(w, env, codecs, "fp8-flat")}
+    return {name: (lambda w, env, name=name: _codec_exchange(w, env, codecs, name))
+            for name in ("fp16", "fp8", "fp8-flat")}
 
 
 def run(cfg: AllreduceBenchConfig, command: str) -> int:

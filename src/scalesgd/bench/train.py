@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from scalesgd.bench import output
-from scalesgd.config import FP8_CODECS, TrainBenchConfig, TrainConfig
+from scalesgd.config import TrainBenchConfig, TrainConfig
 from scalesgd.models import build_model
 from scalesgd.recipe import build_sgd, initialize
 from scalesgd.trace import Tracer
@@ -129,7 +129,7 @@ def build_runner(cfg: TrainBenchConfig, mode: Mode, env, batch) -> Runner:
     if mode.engine == "none":
         return Runner(mode, model, optimizer, [], [], [])
     train_cfg = train_config(mode, env.world_size)
-    group = dist.new_group() if mode.engine == "scalesgd" or mode.codec in FP8_CODECS else None
+    group = dist.new_group() if train_cfg.own_exchange_group else None
     env_for_mode = distributed.DistEnv(env.rank, env.world_size, env.local_rank, env.local_world_size,
                                        env.device, group, env.topology_groups)
     plan, planned = None, None

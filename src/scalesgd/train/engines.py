@@ -45,11 +45,6 @@ def wrap(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, e
     raise ValueError(f"unknown engine {cfg.engine!r}")
 
 
-def hook_state(net: nn.Module):
-    """The state of our DDP comm hook on `net`, or None."""
-    return getattr(net, "scalesgd_hook_state", None)
-
-
 def codec_of(net: nn.Module, opt):
     """The codec exchanging this run's gradients — the engine's or our DDP hook's — or None.
 
@@ -57,7 +52,7 @@ def codec_of(net: nn.Module, opt):
     """
     if hasattr(opt, "codec"):
         return opt.codec
-    state = hook_state(net)
+    state = getattr(net, "scalesgd_hook_state", None)  # our DDP hook's, see `_register_ddp_hook`
     return state.codec if state is not None else None
 
 

@@ -53,6 +53,7 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
         batch = (data.train.x[first].to(env.device), data.train.y[first].to(env.device))
         plan, planned = planning.plan_exchange(cfg, model, batch, criterion, env, run_dir, resume)
     net, opt = engines.wrap(cfg, model, optimizer, env, tracer, plan)
+    codec = engines.codec_of(net, opt)
     if env.is_main and hasattr(opt, "plan"):
         (run_dir / "buckets.json").write_text(json.dumps(opt.plan.to_dict(), indent=2) + "\n", encoding="utf-8")
 
@@ -62,8 +63,8 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        if engines.codec_of(net, opt) is not None and state.get("codec_states"):
-            engines.codec_of(net, opt).load_state_dict(state["codec_states"][env.rank])  # this rank's own
+        if codec is not None and state.get("codec_states"):
+            codec.load_state_dict(state["codec_states"][env.rank])  # this rank's own
         torch.set_rng_state(state["rng"]["torch"][env.rank])
         start_epoch, best_acc = state["epoch"], state["best_test_acc"]
         elapsed_before = state["elapsed_s"]
@@ -123,7 +124,7 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
                   "test_loss": test_loss, "test_acc": test_acc,
                   "images_per_s": images_per_s[-1], "lr": optimizer.param_groups[0]["lr"]}
         rng_states = gather_rng_states(env)
-        codec_states = gather_codec_states(engines.codec_of(net, opt), env)
+        codec_states = gather_codec_states(codec, env)
         if env.is_main:
             log.write(record)
             log.flush()

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from scalesgd.config import FP8_CODECS, TrainConfig
+from scalesgd.config import TrainConfig
 from scalesgd.errors import EXIT_NON_FINITE, EXIT_PEER_LOST, EXIT_USAGE, NonFiniteLoss, UsageError
 from scalesgd.train import distributed
 
@@ -23,8 +23,7 @@ def run(cfg: TrainConfig, run_dir: Path | None, resume: bool) -> int:
     under_our_launcher = os.environ.get(LAUNCHED_MARK) == "1"
     pending = None
     try:
-        own_group = cfg.engine == "scalesgd" or cfg.codec in FP8_CODECS
-        pending = distributed.start_init(cfg.timeout, cfg.threads, exchange_group=own_group,
+        pending = distributed.start_init(cfg.timeout, cfg.threads, exchange_group=cfg.own_exchange_group,
                                          procs_per_node=procs_per_node(cfg))
         if run_dir is None:  # torchrun: rank 0 names the run directory
             env = pending.result()

@@ -57,6 +57,13 @@ class Codec(ABC):
     def decode(self, wire: torch.Tensor, bucket: BucketView, out: torch.Tensor, exchange: Exchange) -> None:
         """Write the mean over ranks, recovered from the summed `wire`, into `out`."""
 
+    def exchange(self, flat: torch.Tensor, bucket: BucketView, exchange: Exchange) -> int:
+        """Replace `flat` by the mean over ranks: encode, communicate, decode; returns bytes sent."""
+        wire = self.encode(flat, bucket, exchange)
+        sent = self.communicate(wire, bucket, exchange)
+        self.decode(wire, bucket, flat, exchange)
+        return sent
+
     def state_dict(self) -> dict:
         return {}
 
