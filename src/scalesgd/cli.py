@@ -6,9 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from scalesgd.config import (ALGORITHM_CHOICES, BENCH_EXCHANGES, DATASET_CHOICES, ENGINE_CHOICES, MODEL_CHOICES,
-                             AccuracyBenchConfig, AllreduceBenchConfig, CodecBenchConfig, LinkBenchConfig,
-                             TrainBenchConfig, TrainConfig)
+from scalesgd.config import (ALGORITHM_CHOICES, BENCH_EXCHANGES, BENCH_OPTIMIZERS, DATASET_CHOICES, ENGINE_CHOICES,
+                             MODEL_CHOICES, OPTIMIZER_CHOICES, AccuracyBenchConfig, AllreduceBenchConfig,
+                             CodecBenchConfig, LinkBenchConfig, OptimizerBenchConfig, SweepConfig, TrainBenchConfig,
+                             TrainConfig)
 from scalesgd.errors import EXIT_USAGE, UsageError
 from scalesgd.recipe import SCALING_RULES, SCHEDULES, WARMUPS
 
@@ -78,13 +79,26 @@ def _add_train(sub) -> None:
     g.add_argument("--schedule", help=f"{' | '.join(SCHEDULES)} (default {d.schedule})")
     g.add_argument("--milestones", type=_milestones,
                    help="step-schedule epochs, comma-separated (default: 30,60,80 of 90 scaled)")
+    g.add_argument("--gamma", type=float, help=f"step schedule: factor at each milestone (default {d.gamma:g})")
     g.add_argument("--power", type=float, help=f"poly schedule power (default {d.power:g})")
+    g.add_argument("--end-lr", type=float, help=f"cosine / poly: the rate they end at (default {d.end_lr:g})")
+    g.add_argument("--arccot-epoch", type=float, help="arccot schedule: epoch e where the rate is half the peak "
+                   "(default: half of --epochs)")
+    g.add_argument("--arccot-slope", type=float, help=f"arccot schedule: a in arccot(a·(epoch − e))/π "
+                   f"(default {d.arccot_slope:g})")
+    g.add_argument("--optimizer", help=f"{' | '.join(OPTIMIZER_CHOICES)}: momentum SGD, or LARS's per-layer rate "
+                   f"(default {d.optimizer})")
+    g.add_argument("--trust-coefficient", type=float, help=f"LARS trust coefficient (default {d.trust_coefficient:g})")
     g.add_argument("--momentum", type=float, help=f"(default {d.momentum})")
     g.add_argument("--nesterov", action="store_true")
     g.add_argument("--weight-decay", type=float, help=f"(default {d.weight_decay:g}); never on BN γ/β")
     g.add_argument("--no-bias-decay", dest="bias_decay", action="store_false", help="no decay on biases")
     g.add_argument("--no-zero-gamma", dest="zero_gamma", action="store_false",
                    help="γ = 1 on the last BN of residual blocks")
+    g.add_argument("--bn-momentum", type=float, help=f"weight of each batch in BN's running statistics "
+                   f"(default {d.bn_momentum:g})")
+    g.add_argument("--bn-batch", type=int, help="BN statistics over groups of N samples, as N samples per worker "
+                   "would give (ghost batch norm); 0: each worker's whole batch (default)")
     g.add_argument("--label-smoothing", type=float, help=f"(default {d.label_smoothing:g})")
     g.add_argument("--seed", type=int, help=f"(default {d.seed})")
     g = p.add_argument_group("output")
@@ -176,6 +190,22 @@ def _words(text: str) -> tuple[str, ...]:
     return tuple(w.strip() for w in text.split(",") if w.strip())
 
 
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(w) for w in _words(text))
+
+
+def _add_study(p, default_out: str) -> None:
+    """The options of commands that run `scalesgd train` once per point: output, and -- the shared train options."""
+    p.add_argument("--out", help=f"output directory (default {default_out})")
+    p.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then options for every run")
+
+
+def _train_args(given: dict) -> None:
+    """The train options after `--`, without it."""
+    rest = given.get("train_args", [])
+    given["train_args"] = tuple(rest[1:] if rest[:1] == ["--"] else rest)
+
+
 def _add_runtime(p, workers: int) -> None:
     """Options every multi-worker command shares."""
     p.add_argument("--workers", type=int, help=f"local workers (default {workers}); under torchrun the launch decides")
@@ -227,6 +257,19 @@ def _add_bench(sub) -> None:
     p.add_argument("--threads", type=int, help=f"compute threads (default {c.threads})")
     p.add_argument("--out", help="output directory (default runs/bench/codec-<timestamp>)")
 
+    p = kinds.add_parser("optimizer", help="time of one optimizer step(), LARS against torch's SGD, one process",
+                         argument_default=argparse.SUPPRESS)
+    o = OptimizerBenchConfig()
+    p.add_argument("--model", help=f"{' | '.join(MODEL_CHOICES)} (default {o.model})")
+    p.add_argument("--optimizers", type=_words, help=f"comma-separated from {', '.join(BENCH_OPTIMIZERS)}, "
+                   f"with sgd, the reference (default {','.join(o.optimizers)})")
+    p.add_argument("--repeats", type=int, help=f"timed steps per optimizer (default {o.repeats})")
+    p.add_argument("--warmup", type=int, help=f"untimed steps first (default {o.warmup})")
+    p.add_argument("--threads", type=int, help=f"compute threads (default {o.threads})")
+    p.add_argument("--weight-decay", type=float, help=f"of the decayed group; never BN γ/β "
+                   f"(default {o.weight_decay:g})")
+    p.add_argument("--out", help="output directory (default runs/bench/optimizer-<timestamp>)")
+
     p = kinds.add_parser("accuracy", help="final test accuracy of training variants, median over seeds",
                          argument_default=argparse.SUPPRESS,
                          description="Run `scalesgd train` for every variant × seed, one after another; "
@@ -236,10 +279,8 @@ def _add_bench(sub) -> None:
     p.add_argument("--variants", type=lambda t: tuple(v.strip() for v in t.split(";") if v.strip()),
                    help="';'-separated train options per variant, e.g. '--codec fp32;--codec fp8' "
                    "(the first is the reference)")
-    p.add_argument("--seeds", type=lambda t: tuple(int(x) for x in _words(t)),
-                   help=f"(default {','.join(map(str, a.seeds))})")
-    p.add_argument("--out", help="output directory (default runs/bench/accuracy-<timestamp>)")
-    p.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then options for every run")
+    p.add_argument("--seeds", type=_ints, help=f"(default {','.join(map(str, a.seeds))})")
+    _add_study(p, "runs/bench/accuracy-<timestamp>")
 
     p = kinds.add_parser("link", help="throughput and round trip between node 0 and node 1 (run it in the testbed)",
                          argument_default=argparse.SUPPRESS)
@@ -247,6 +288,35 @@ def _add_bench(sub) -> None:
     _add_runtime(p, k.workers)
     p.add_argument("--megabytes", type=int, help=f"payload per transfer (default {k.megabytes})")
     p.add_argument("--repeats", type=int, help=f"timed transfers (default {k.repeats})")
+
+
+def _add_sweep(sub) -> None:
+    p = sub.add_parser("sweep", help="final error against global minibatch per scaling rule and warmup",
+                       argument_default=argparse.SUPPRESS,
+                       description="Train every batch × rule × warmup (× optimizer × schedule) × seed with "
+                       "`scalesgd train`, one after another; options after -- go to every run. Finished runs "
+                       "are kept and a cut-short run resumed when the same command runs again.")
+    d = SweepConfig()
+    p.add_argument("--batches", type=_ints, help=f"global minibatch sizes (default {','.join(map(str, d.batches))})")
+    p.add_argument("--rules", type=_words, help=f"scaling rules from {', '.join(SCALING_RULES)} (default linear)")
+    p.add_argument("--warmups", type=_words, help=f"from {', '.join(WARMUPS)} (default gradual)")
+    p.add_argument("--optimizers", type=_words, help=f"from {', '.join(OPTIMIZER_CHOICES)} (default: as the "
+                   "train options say)")
+    p.add_argument("--schedules", type=_words, help=f"from {', '.join(SCHEDULES)} (default: as the train options say)")
+    p.add_argument("--seeds", type=_ints, help="(default 0)")
+    _add_study(p, "runs/sweep-<timestamp>")
+
+
+def sweep_command(given: dict, argv: list[str]) -> int:
+    """`scalesgd sweep`: validate every point, then train them in turn in this process's children."""
+    import time
+
+    from scalesgd.train import sweep
+
+    _train_args(given)
+    cfg = SweepConfig(**given).validate()
+    cfg.out = cfg.out or f"runs/sweep-{time.strftime('%Y%m%d-%H%M%S')}"
+    return sweep.run(cfg, "scalesgd " + " ".join(argv))
 
 
 def _add_testbed(sub) -> None:
@@ -296,8 +366,8 @@ def testbed_command(args: dict) -> int:
 
 
 BENCH_CONFIGS = {"allreduce": AllreduceBenchConfig, "train": TrainBenchConfig, "link": LinkBenchConfig,
-                 "codec": CodecBenchConfig, "accuracy": AccuracyBenchConfig}
-IN_PROCESS = ("codec", "accuracy")  # run in this process (accuracy starts its own training runs)
+                 "codec": CodecBenchConfig, "accuracy": AccuracyBenchConfig, "optimizer": OptimizerBenchConfig}
+IN_PROCESS = ("codec", "accuracy", "optimizer")  # run in this process (accuracy starts its own training runs)
 
 
 def bench_command(kind: str, given: dict, argv: list[str]) -> int:
@@ -310,8 +380,7 @@ def bench_command(kind: str, given: dict, argv: list[str]) -> int:
     from scalesgd.train import distributed
 
     if "train_args" in given:
-        rest = given["train_args"]
-        given["train_args"] = tuple(rest[1:] if rest[:1] == ["--"] else rest)
+        _train_args(given)
     cfg = BENCH_CONFIGS[kind](**given).validate()
     command = "scalesgd " + " ".join(argv)
     run = importlib.import_module(f"scalesgd.bench.{kind}").run
@@ -336,6 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan(sub)
     _add_profile(sub)
     _add_bench(sub)
+    _add_sweep(sub)
     _add_testbed(sub)
     return parser
 
@@ -396,6 +466,8 @@ def _run(argv: list[str] | None) -> int:
             return profile_command(args)
         if command == "testbed":
             return testbed_command(args)
+        if command == "sweep":
+            return sweep_command(args, list(sys.argv[1:] if argv is None else argv))
         if command == "bench":
             return bench_command(args.pop("bench"), args, list(sys.argv[1:] if argv is None else argv))
         raise UsageError(f"unknown command {command!r}")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from scalesgd.comm.buckets import parse_spec
 from scalesgd.errors import UsageError
-from scalesgd.recipe.scaling import SCALING_RULES
+from scalesgd.recipe.scaling import SCALING_RULES, scaled_lr
 from scalesgd.recipe.schedule import SCHEDULES, WARMUPS, default_milestones
 
 MODEL_CHOICES = ("resnet8", "resnet20", "resnet56", "resnet50", "vgg16")
@@ -21,6 +21,7 @@ SPARSE_CODECS = ("topk", "topk-global", "lags")
 ENGINE_CODECS = {"ddp": ("fp32", "fp16", "bf16", "powersgd", *FP8_CODECS),
                  "scalesgd": ("fp32", "fp16", "bf16", *FP8_CODECS, *SPARSE_CODECS)}
 PLANNER_CHOICES = ("none", "dlgs", "optimal")
+OPTIMIZER_CHOICES = ("sgd", "lars")
 TWO_STAGE_CODECS = ("fp8", "fp8-direct")  # need the node groups, as the hierarchical allreduce does
 DIGITS_TRAIN_SIZE = 1437
 CIFAR10_TRAIN_SIZE = 50_000
@@ -50,12 +51,20 @@ class TrainConfig:
     warmup_epochs: float = 5.0
     schedule: str = "step"
     milestones: tuple[float, ...] | None = None
+    gamma: float = 0.1
     power: float = 2.0
+    end_lr: float = 0.0
+    arccot_epoch: float | None = None
+    arccot_slope: float = 1.0
+    optimizer: str = "sgd"
+    trust_coefficient: float = 0.001
     momentum: float = 0.9
     nesterov: bool = False
     weight_decay: float = 1e-4
     bias_decay: bool = True
     zero_gamma: bool = True
+    bn_momentum: float = 0.1
+    bn_batch: int = 0
     label_smoothing: float = 0.0
     seed: int = 0
     engine: str = "ddp"
@@ -108,6 +117,16 @@ class TrainConfig:
     def resolved_milestones(self) -> tuple[float, ...]:
         return tuple(self.milestones) if self.milestones is not None else default_milestones(self.epochs)
 
+    @property
+    def peak_lr(self) -> float:
+        """The rate after scaling for the global batch: the target of warmup."""
+        return scaled_lr(self.base_lr, self.batch_size, self.base_batch, self.lr_scaling)
+
+    @property
+    def resolved_arccot_epoch(self) -> float:
+        """The arccot schedule's midpoint (rate halved there): half of training unless given."""
+        return self.arccot_epoch if self.arccot_epoch is not None else self.epochs / 2
+
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["milestones"] = list(self.milestones) if self.milestones is not None else None
@@ -131,6 +150,7 @@ class TrainConfig:
         _choice("--lr-scaling", self.lr_scaling, SCALING_RULES)
         _choice("--warmup", self.warmup, WARMUPS)
         _choice("--schedule", self.schedule, SCHEDULES)
+        _choice("--optimizer", self.optimizer, OPTIMIZER_CHOICES)
         _choice("--engine", self.engine, ENGINE_CHOICES)
         _choice(f"--codec (with --engine {self.engine})", self.codec, ENGINE_CODECS[self.engine])
         _choice("--algorithm", self.algorithm, ALGORITHM_CHOICES)
@@ -158,8 +178,23 @@ class TrainConfig:
                             ("--classes", self.classes)):
             _positive(name, value)
         for name, value in (("--base-lr", self.base_lr), ("--timeout", self.timeout),
-                            ("--power", self.power)):
+                            ("--power", self.power), ("--arccot-slope", self.arccot_slope),
+                            ("--trust-coefficient", self.trust_coefficient)):
             _positive(name, value)
+        if not 0 < self.gamma <= 1:
+            raise UsageError(f"--gamma {self.gamma}: must be in (0, 1] (the step schedule's factor)")
+        if not 0 < self.bn_momentum <= 1:
+            raise UsageError(f"--bn-momentum {self.bn_momentum}: must be in (0, 1] (torch's convention, "
+                             f"the weight of the new batch's statistics)")
+        if self.bn_batch and (self.bn_batch < MIN_PER_WORKER or self.per_worker_batch % self.bn_batch):
+            raise UsageError(f"--bn-batch {self.bn_batch}: must divide the {self.per_worker_batch} samples per worker "
+                             f"and be at least {MIN_PER_WORKER} (0: BN over each worker's whole batch)")
+        if not (0 <= self.arccot_epoch <= self.epochs if self.arccot_epoch is not None else True):
+            raise UsageError(f"--arccot-epoch {self.arccot_epoch}: must be in 0..{self.epochs} (--epochs)")
+        if not 0 <= self.end_lr < self.peak_lr:
+            raise UsageError(f"--end-lr {self.end_lr}: must be >= 0 and below the scaled rate {self.peak_lr:g}")
+        if self.nesterov and self.momentum == 0:
+            raise UsageError("--nesterov needs --momentum above 0")
         if self.classes < 2:
             raise UsageError(f"--classes {self.classes}: need at least 2 classes")
         if not 0 <= self.momentum < 1:
@@ -428,3 +463,82 @@ class AccuracyBenchConfig(_Record):
             train_config(argv)
         return self
 
+
+SWEEP_SETS = ("--batch-size", "--lr-scaling", "--warmup", "--seed", "--run-dir", "--resume")
+
+
+@dataclass
+class SweepConfig(_Record):
+    """`scalesgd sweep`: final error against global minibatch for each scaling rule and warmup (SPEC §1)."""
+
+    batches: tuple[int, ...] = (32, 64, 128, 256, 512, 1024)
+    rules: tuple[str, ...] = ("linear",)
+    warmups: tuple[str, ...] = ("gradual",)
+    optimizers: tuple[str, ...] = ()  # empty: the train options decide
+    schedules: tuple[str, ...] = ()
+    seeds: tuple[int, ...] = (0,)
+    train_args: tuple[str, ...] = ()
+    out: str = ""
+
+    def validate(self) -> "SweepConfig":
+        from scalesgd.cli import train_config
+        from scalesgd.train.sweep import grid
+
+        for option, values, choices in (("--rules", self.rules, SCALING_RULES), ("--warmups", self.warmups, WARMUPS),
+                                        ("--optimizers", self.optimizers, OPTIMIZER_CHOICES),
+                                        ("--schedules", self.schedules, SCHEDULES)):
+            if len(set(values)) != len(values):
+                raise UsageError(f"{option} {','.join(values)}: give each value once")
+            for value in values:
+                _choice(option, value, choices)
+        for option, values in (("--rules", self.rules), ("--warmups", self.warmups), ("--batches", self.batches),
+                               ("--seeds", self.seeds)):
+            if not values:
+                raise UsageError(f"{option}: give at least one")
+        if len(set(self.batches)) != len(self.batches) or any(b < 1 for b in self.batches):
+            raise UsageError(f"--batches {','.join(map(str, self.batches))}: give distinct sizes >= 1")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise UsageError(f"--seeds {','.join(map(str, self.seeds))}: give distinct seeds")
+        owned = set(SWEEP_SETS) | ({"--optimizer"} if self.optimizers else set()) | (
+            {"--schedule"} if self.schedules else set())
+        given = sorted(owned & set(self.train_args))
+        if given:
+            raise UsageError(f"{', '.join(given)} after --: the sweep sets it for each run")
+        for point in grid(self):
+            try:
+                train_config(point.argv(self.train_args))
+            except UsageError as err:
+                raise UsageError(f"{point.label}: {err}") from None
+        return self
+
+
+BENCH_OPTIMIZERS = ("sgd", "sgd-foreach", "lars", "naive-lars")  # sgd is torch's default (per-tensor on CPU)
+
+
+@dataclass
+class OptimizerBenchConfig(_Record):
+    """`scalesgd bench optimizer`: one step() of each optimizer on one model's parameters, against torch's SGD."""
+
+    model: str = "resnet50"
+    optimizers: tuple[str, ...] = ("sgd", "lars", "naive-lars")
+    repeats: int = 20
+    warmup: int = 3
+    threads: int = 1
+    weight_decay: float = 5e-5
+    out: str = ""
+
+    def validate(self) -> "OptimizerBenchConfig":
+        _choice("--model", self.model, MODEL_CHOICES)
+        _positive("--repeats", self.repeats)
+        _positive("--threads", self.threads)
+        if self.warmup < 0:
+            raise UsageError(f"--warmup {self.warmup}: must be >= 0")
+        if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):
+            raise UsageError(f"--weight-decay {self.weight_decay}: must be a finite number >= 0")
+        if not self.optimizers or len(set(self.optimizers)) != len(self.optimizers):
+            raise UsageError(f"--optimizers {','.join(self.optimizers)}: give each optimizer once")
+        for name in self.optimizers:
+            _choice("--optimizers", name, BENCH_OPTIMIZERS)
+        if "sgd" not in self.optimizers:
+            raise UsageError(f"--optimizers {','.join(self.optimizers)}: include sgd, the reference of the ratios")
+        return self

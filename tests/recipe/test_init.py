@@ -41,3 +41,9 @@ def test_zero_gamma_makes_every_residual_block_start_as_identity_plus_relu():
                  and len(list(m.shortcut.parameters())) == 0)
     x = torch.randn(2, block.last_bn.num_features, 8, 8)
     assert torch.allclose(block(x), torch.relu(x))
+
+
+def test_bn_momentum_is_set_on_every_batchnorm():
+    model = initialize(build_model("resnet20", 10, 3), bn_momentum=0.03)
+    bns = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+    assert bns and all(m.momentum == 0.03 for m in bns)

@@ -1,3 +1,4 @@
+import pytest
 import torch
 from torch import nn
 
@@ -45,3 +46,19 @@ def test_sgd_step_decays_weights_but_not_bn():
     lin_w, lin_b, bn_w, bn_b = model.parameters()
     assert torch.allclose(lin_w, before[0] * 0.5)
     assert torch.equal(bn_w, before[2]) and torch.equal(bn_b, before[3])
+
+
+def test_build_optimizer_gives_lars_the_same_groups_and_refuses_unknown_names():
+    from scalesgd.optim import LARS
+    from scalesgd.recipe import build_optimizer
+
+    model = build_model("resnet8", 10, 1)
+    opt = build_optimizer(model, "lars", lr=0.5, momentum=0.9, nesterov=False, weight_decay=1e-4,
+                          trust_coefficient=0.02)
+    assert isinstance(opt, LARS)
+    assert [g["weight_decay"] for g in opt.param_groups] == [1e-4, 0.0]
+    assert opt.param_groups[0]["trust_coefficient"] == 0.02
+    sgd_groups = build_optimizer(model, "sgd", 0.5, 0.9, False, 1e-4).param_groups
+    assert [len(g["params"]) for g in opt.param_groups] == [len(g["params"]) for g in sgd_groups]
+    with pytest.raises(ValueError, match="choose from sgd, lars"):
+        build_optimizer(model, "adam", 0.5, 0.9, False, 1e-4)

@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import shlex
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 from scalesgd.bench import output
 from scalesgd.config import AccuracyBenchConfig
+from scalesgd.train.runs import failed, slug, train_once
 
 
 def run(cfg: AccuracyBenchConfig, command: str) -> int:
@@ -19,41 +18,17 @@ def run(cfg: AccuracyBenchConfig, command: str) -> int:
     results = []
     for variant in cfg.variants:
         for seed in cfg.seeds:
-            run_dir = out / "runs" / f"{_slug(variant)}-seed{seed}"
-            code = _train(cfg, variant, seed, run_dir)
+            run_dir = out / "runs" / f"{slug(variant)}-seed{seed}"
+            code = train_once([*cfg.train_args, *shlex.split(variant), "--seed", str(seed)], run_dir,
+                              f"{variant} · seed {seed}")
             if code != 0:
-                print(f"scalesgd: error: `{variant}` seed {seed} failed (exit {code}); see {run_dir}",
-                      file=sys.stderr)
-                return code
+                return failed(f"`{variant}` seed {seed}", code, run_dir)
             summary = json.loads((run_dir / "summary.json").read_text())
             results.append({"variant": variant, "seed": seed, "final_test_acc": summary["final_test_acc"],
                             "wall_time_s": summary["wall_time_s"], "run_dir": str(run_dir),
                             "bytes_sent_per_iter": summary.get("iteration", {}).get("mean_bytes_sent")})
     report(cfg, results, command)
     return 0
-
-
-def _train(cfg: AccuracyBenchConfig, variant: str, seed: int, run_dir: Path) -> int:
-    """Run `scalesgd train` for one point unless its summary exists; resume a run that was cut short."""
-    if (run_dir / "summary.json").exists():
-        return 0
-    base = [sys.executable, "-m", "scalesgd", "train"]
-    if (run_dir / "checkpoint.pt").exists():
-        argv = [*base, "--resume", str(run_dir), "--quiet"]
-    else:
-        if run_dir.exists():  # started but never checkpointed: start again
-            import shutil
-
-            shutil.rmtree(run_dir)
-        run_dir.parent.mkdir(parents=True, exist_ok=True)
-        argv = [*base, *cfg.train_args, *shlex.split(variant), "--seed", str(seed), "--run-dir", str(run_dir),
-                "--quiet"]
-    print(f"{variant} · seed {seed}", flush=True)
-    return subprocess.run(argv).returncode
-
-
-def _slug(variant: str) -> str:
-    return "".join(c if c.isalnum() or c in ".-" else "_" for c in variant.replace("--", "")).strip("_") or "default"
 
 
 def report(cfg: AccuracyBenchConfig, results: list[dict], command: str) -> None:

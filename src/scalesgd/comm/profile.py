@@ -58,9 +58,14 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return max(my - slope * mx, 0.0), slope
 
 
-def time_layers(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], loss_fn, iterations: int = 5,
-                warmup: int = 2) -> tuple[float, list[float]]:
-    """Median forward time (with the loss) and per-tensor backward times, forward order."""
+def time_layers(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], loss_fn, iterations: int = 8,
+                warmup: int = 2, group=None) -> tuple[float, list[float]]:
+    """Median forward time (with the loss) and per-tensor backward times, forward order.
+
+    In a process group every rank starts each iteration together (a barrier), so the times include
+    the ranks competing for the machine's cores exactly as they do in training.
+    """
+    together = dist.is_available() and dist.is_initialized()
     params = [p for p in model.parameters() if p.requires_grad]
     ready = [0.0] * len(params)
 
@@ -76,6 +81,8 @@ def time_layers(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], loss
         x, y = batch
         for it in range(warmup + iterations):
             model.zero_grad(set_to_none=True)
+            if together:
+                dist.barrier(group=group)
             start = time.perf_counter()
             loss = loss_fn(model(x), y)
             begin_backward = time.perf_counter()
@@ -144,7 +151,7 @@ def time_sparse_exchange(sizes: list[int], density: float, group=None, repeats: 
 def profile_model(model: nn.Module, batch, loss_fn, density: float, reuse: int, group=None) -> Profile:
     """Everything the planner needs for `model`, measured now on this rank and `group` (collective)."""
     tensors = model_tensors(model)
-    t_f, t_b = time_layers(model, batch, loss_fn)
+    t_f, t_b = time_layers(model, batch, loss_fn, group=group)
     total = sum(t.numel for t in tensors)
     grid = sorted({max(1, min(total, d)) for d in (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22)})
     device = next(model.parameters()).device

@@ -5,11 +5,11 @@ from __future__ import annotations
 from torch import nn
 
 
-def initialize(model: nn.Module, zero_gamma: bool = True) -> nn.Module:
+def initialize(model: nn.Module, zero_gamma: bool = True, bn_momentum: float = 0.1) -> nn.Module:
     """Initialise `model` in place.
 
     Convolutions and hidden linear layers get He (fan-out) init, normalisation layers γ = 1 and
-    β = 0, the final classifier `model.fc` weights from N(0, 0.01) with zero bias, and, when
+    β = 0 and a running-average momentum of `bn_momentum` (torch's convention: the new batch's weight), the final classifier `model.fc` weights from N(0, 0.01) with zero bias, and, when
     `zero_gamma`, the `last_bn` of every residual block γ = 0 so each block starts as the identity.
     """
     for module in model.modules():
@@ -20,6 +20,7 @@ def initialize(model: nn.Module, zero_gamma: bool = True) -> nn.Module:
         elif isinstance(module, nn.modules.batchnorm._BatchNorm):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
+            module.momentum = bn_momentum
     nn.init.normal_(model.fc.weight, mean=0.0, std=0.01)
     if model.fc.bias is not None:
         nn.init.zeros_(model.fc.bias)

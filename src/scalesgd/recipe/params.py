@@ -36,3 +36,19 @@ def build_sgd(model: nn.Module, lr: float, momentum: float, nesterov: bool, weig
     """torch's SGD (the u-form u ← m·u + g, w ← w − η·u: no momentum correction needed)."""
     groups = param_groups(model, weight_decay, bias_decay)
     return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=nesterov)
+
+
+OPTIMIZERS = ("sgd", "lars")
+
+
+def build_optimizer(model: nn.Module, kind: str, lr: float, momentum: float, nesterov: bool, weight_decay: float,
+                    bias_decay: bool = True, trust_coefficient: float = 0.001) -> torch.optim.Optimizer:
+    """SGD, or batched LARS on the same groups (the no-decay group gets neither decay nor LARS)."""
+    if kind == "sgd":
+        return build_sgd(model, lr, momentum, nesterov, weight_decay, bias_decay)
+    if kind == "lars":
+        from scalesgd.optim import LARS
+
+        return LARS(param_groups(model, weight_decay, bias_decay), lr=lr, momentum=momentum, nesterov=nesterov,
+                    trust_coefficient=trust_coefficient)
+    raise ValueError(f"unknown optimizer {kind!r}; choose from {', '.join(OPTIMIZERS)}")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 WARMUPS = ("gradual", "constant", "none")
-SCHEDULES = ("step", "cosine", "poly")
+SCHEDULES = ("step", "cosine", "poly", "arccot")
 GOYAL_MILESTONE_FRACTIONS = (30 / 90, 60 / 90, 80 / 90)
 
 
@@ -19,7 +19,9 @@ class LrFactor:
     The optimizer's rate is the scaled (target) rate kη. During warmup the factor starts at
     `start` = η / kη: gradual warmup adds a constant amount every iteration until it reaches 1
     after `warmup_steps`; constant warmup holds `start` and then jumps to 1. The decay schedule
-    runs over the whole training (step) or from the end of warmup (cosine, poly).
+    multiplies it: step and arccot are functions of the epoch over the whole training, cosine and
+    poly run from the end of warmup to `end` (the final rate as a fraction of the scaled rate).
+    arccot is Fujitsu's arccot(a·(t − e))/π with t in epochs: ≈ 1 well before epoch e, ½ at e, → 0 after.
     """
 
     total_steps: int
@@ -31,6 +33,9 @@ class LrFactor:
     milestones: tuple[float, ...] = ()
     gamma: float = 0.1
     power: float = 2.0
+    end: float = 0.0
+    arccot_epoch: float = 0.0
+    arccot_slope: float = 1.0
 
     def __call__(self, step: int) -> float:
         return self.warmup_factor(step) * self.decay_factor(step)
@@ -43,15 +48,17 @@ class LrFactor:
         return self.start + (1.0 - self.start) * step / self.warmup_steps
 
     def decay_factor(self, step: int) -> float:
+        epoch = step / self.steps_per_epoch
         if self.schedule == "step":
-            epoch = step / self.steps_per_epoch
             return self.gamma ** sum(1 for m in self.milestones if epoch >= m)
+        if self.schedule == "arccot":
+            return 0.5 - math.atan(self.arccot_slope * (epoch - self.arccot_epoch)) / math.pi
         span = max(self.total_steps - self.warmup_steps, 1)
         progress = min(max(step - self.warmup_steps, 0) / span, 1.0)
         if self.schedule == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * progress))
+            return self.end + (1.0 - self.end) * 0.5 * (1.0 + math.cos(math.pi * progress))
         if self.schedule == "poly":
-            return (1.0 - progress) ** self.power
+            return self.end + (1.0 - self.end) * (1.0 - progress) ** self.power
         raise ValueError(f"unknown schedule {self.schedule!r}; choose from {', '.join(SCHEDULES)}")
 
 

@@ -17,7 +17,8 @@ from scalesgd.config import TrainConfig
 from scalesgd.data import GlobalBatchSampler, load_bundle, random_crop_flip
 from scalesgd.errors import NonFiniteLoss
 from scalesgd.models import build_model
-from scalesgd.recipe import LrFactor, build_scheduler, build_sgd, global_batch_loss, initialize, scaled_lr
+from scalesgd.recipe import (LrFactor, build_optimizer, build_scheduler, global_batch_loss, initialize,
+                             use_ghost_batch)
 from scalesgd.trace import Tracer, write_chrome_trace
 from scalesgd.train import checkpoint, engines, metrics, planning, report
 from scalesgd.train.distributed import DistEnv, sync_buffers
@@ -36,9 +37,11 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank
     data = load_bundle(cfg.dataset, data_dir=cfg.data_dir, samples=cfg.samples,
                        image_size=cfg.image_size, num_classes=cfg.classes)
-    model = initialize(build_model(cfg.model, data.num_classes, data.in_channels), cfg.zero_gamma)
-    peak_lr = scaled_lr(cfg.base_lr, cfg.batch_size, cfg.base_batch, cfg.lr_scaling)
-    optimizer = build_sgd(model, peak_lr, cfg.momentum, cfg.nesterov, cfg.weight_decay, cfg.bias_decay)
+    model = initialize(build_model(cfg.model, data.num_classes, data.in_channels), cfg.zero_gamma, cfg.bn_momentum)
+    use_ghost_batch(model, cfg.bn_batch)
+    peak_lr = cfg.peak_lr
+    optimizer = build_optimizer(model, cfg.optimizer, peak_lr, cfg.momentum, cfg.nesterov, cfg.weight_decay,
+                                cfg.bias_decay, cfg.trust_coefficient)
     env = env.result() if isinstance(env, Future) else env
     model.to(env.device)
     sampler = GlobalBatchSampler(len(data.train), cfg.batch_size, env.world_size, env.rank, seed=cfg.seed)
@@ -168,7 +171,8 @@ def lr_factor(cfg: TrainConfig, steps_per_epoch: int, peak_lr: float) -> LrFacto
         total_steps=cfg.epochs * steps_per_epoch, steps_per_epoch=steps_per_epoch,
         warmup=cfg.warmup, warmup_steps=round(cfg.warmup_epochs * steps_per_epoch),
         start=min(cfg.base_lr / peak_lr, 1.0), schedule=cfg.schedule,
-        milestones=cfg.resolved_milestones, power=cfg.power,
+        milestones=cfg.resolved_milestones, gamma=cfg.gamma, power=cfg.power, end=cfg.end_lr / peak_lr,
+        arccot_epoch=cfg.resolved_arccot_epoch, arccot_slope=cfg.arccot_slope,
     )
 
 

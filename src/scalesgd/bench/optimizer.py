@@ -1,0 +1,104 @@
+"""`scalesgd bench optimizer`: what one LARS step() costs next to torch's SGD on a real model's parameters."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from scalesgd.bench import output
+from scalesgd.config import OptimizerBenchConfig
+from scalesgd.models import build_model
+from scalesgd.optim import LARS, NaiveLARS
+from scalesgd.recipe import param_groups
+
+LR, MOMENTUM = 0.1, 0.9
+REFERENCE = "sgd"
+# name → (what it is, how to build it on parameter groups)
+OPTIMIZERS = {
+    "sgd": ("torch SGD, default: per tensor on CPU", lambda groups: torch.optim.SGD(groups, LR, MOMENTUM)),
+    "sgd-foreach": ("torch SGD, foreach=True",
+                    lambda groups: torch.optim.SGD(groups, LR, MOMENTUM, foreach=True)),
+    "lars": ("LARS, batched", lambda groups: LARS(groups, LR, MOMENTUM)),
+    "naive-lars": ("LARS, per tensor", lambda groups: NaiveLARS(groups, LR, MOMENTUM)),
+}
+
+
+def run(cfg: OptimizerBenchConfig, command: str) -> int:
+    """Time each optimizer's step() on the same parameters and fixed gradients."""
+    torch.set_num_threads(cfg.threads)
+    load = os.getloadavg()  # other work on the machine widens the spread of the times
+    model = build_model(cfg.model, 1000, 3)
+    gen = torch.Generator().manual_seed(0)
+    for p in model.parameters():
+        p.grad = torch.randn(p.shape, generator=gen) * 1e-2
+    # fresh group dicts each: torch optimizers fill their defaults into the dicts they are given
+    optimizers = {name: OPTIMIZERS[name][1](param_groups(model, cfg.weight_decay)) for name in cfg.optimizers}
+    times = _time_steps(optimizers, cfg.warmup, cfg.repeats)
+    reference = statistics.median(times[REFERENCE]), min(times[REFERENCE])
+    results = [{"optimizer": name, "median_ms": 1e3 * statistics.median(t), "min_ms": 1e3 * min(t),
+                "ratio_median": statistics.median(t) / reference[0], "ratio_min": min(t) / reference[1],
+                "times_ms": [1e3 * s for s in t]} for name, t in times.items()]
+    report(cfg, {"parameters": _describe(param_groups(model, cfg.weight_decay)), "load_average_1_5_15": load,
+                 "results": results}, command)
+    return 0
+
+
+def _time_steps(optimizers: dict, warmup: int, repeats: int) -> dict[str, list[float]]:
+    """Seconds of each step(); the optimizers take turns, so a change in machine load hits them alike."""
+    for opt in optimizers.values():
+        for _ in range(warmup):
+            opt.step()
+    times: dict[str, list[float]] = {name: [] for name in optimizers}
+    for _ in range(repeats):
+        for name, opt in optimizers.items():
+            start = time.perf_counter()
+            opt.step()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def _describe(groups: list[dict]) -> dict:
+    return {"tensors": sum(len(g["params"]) for g in groups),
+            "elements": sum(p.numel() for g in groups for p in g["params"]),
+            "groups": [{"weight_decay": g["weight_decay"], "tensors": len(g["params"]),
+                        "elements": sum(p.numel() for p in g["params"])} for g in groups]}
+
+
+def report(cfg: OptimizerBenchConfig, record: dict, command: str) -> None:
+    from rich.console import Console
+
+    params, results = record["parameters"], record["results"]
+    columns = ["optimizer", "median ms", "min ms", f"÷ {REFERENCE} (median)", f"÷ {REFERENCE} (min)"]
+    rows = [[f"{r['optimizer']} ({OPTIMIZERS[r['optimizer']][0]})", f"{r['median_ms']:.2f}", f"{r['min_ms']:.2f}",
+             f"{r['ratio_median']:.2f}", f"{r['ratio_min']:.2f}"] for r in results]
+    out = Path(cfg.out)
+    output.write(out, "optimizer", {"config": cfg.to_dict(), **record}, columns, rows, command)
+    plot(out / "optimizer.png", cfg, params, results)
+    Console().print(output.rich_table(f"one step() on {cfg.model}: {params['tensors']} tensors, "
+                                      f"{params['elements'] / 1e6:.1f} M parameters, {cfg.threads} thread(s), "
+                                      f"{cfg.repeats} steps", columns, rows))
+    Console().print(f"written to {out}/optimizer.{{json,md,png}}", highlight=False)
+
+
+def plot(path: Path, cfg: OptimizerBenchConfig, params: dict, results: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 0.5 * len(results) + 1.5))
+    names = [r["optimizer"] for r in results][::-1]
+    bars = ax.barh(names, [r["median_ms"] for r in results][::-1], color="tab:blue")
+    ax.bar_label(bars, [f"{r['ratio_median']:.2f}× {REFERENCE}" for r in results][::-1], padding=3)
+    ax.set_xlabel("median step() time (ms)")
+    ax.set_title(f"one step() on {cfg.model} ({params['elements'] / 1e6:.1f} M parameters), "
+                 f"{cfg.threads} thread(s)")
+    ax.margins(x=0.2)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

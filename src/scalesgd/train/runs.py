@@ -1,0 +1,35 @@
+"""One `scalesgd train` run per point of a study, skipped when finished and resumed when cut short."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+
+def train_once(train_argv: list[str], run_dir: Path, label: str) -> int:
+    """Run `scalesgd train TRAIN_ARGV` into `run_dir` unless its summary exists; resume a run that was cut short."""
+    if (run_dir / "summary.json").exists():
+        return 0
+    base = [sys.executable, "-m", "scalesgd", "train"]
+    if (run_dir / "checkpoint.pt").exists():
+        argv = [*base, "--resume", str(run_dir), "--quiet"]
+    else:
+        if run_dir.exists():  # started but never checkpointed: start again
+            shutil.rmtree(run_dir)
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        argv = [*base, *train_argv, "--run-dir", str(run_dir), "--quiet"]
+    print(label, flush=True)
+    return subprocess.run(argv).returncode
+
+
+def failed(label: str, code: int, run_dir: Path) -> int:
+    """Say which point failed and where its files are; the exit status to return."""
+    print(f"scalesgd: error: {label} failed (exit {code}); see {run_dir}", file=sys.stderr)
+    return code
+
+
+def slug(text: str) -> str:
+    """A directory name for a list of train options."""
+    return "".join(c if c.isalnum() or c in ".-" else "_" for c in text.replace("--", "")).strip("_") or "default"

@@ -1,0 +1,187 @@
+"""`scalesgd sweep`: where a model's minibatch limit lies, per scaling rule and warmup (Goyal et al. Figs 1–3).
+
+Every point of the grid is one ordinary `scalesgd train` run in `OUT/runs/`, trained in turn; a second
+call skips finished points and resumes the one that was cut short. The report is the final test error
+against the global minibatch, one line per recipe, and the training curves of each size against the
+smallest.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from scalesgd.bench import output
+from scalesgd.config import SweepConfig
+from scalesgd.train.metrics import read
+from scalesgd.train.runs import failed, train_once
+
+
+@dataclass(frozen=True)
+class Point:
+    """One run of the grid."""
+
+    batch: int
+    rule: str
+    warmup: str
+    optimizer: str | None
+    schedule: str | None
+    seed: int
+
+    @property
+    def recipe(self) -> str:
+        """Everything but the batch and seed: the line this point belongs to."""
+        parts = [f"{self.rule} scaling", f"{self.warmup} warmup", self.optimizer, self.schedule]
+        return " · ".join(p for p in parts if p)
+
+    @property
+    def label(self) -> str:
+        return f"batch {self.batch} · {self.recipe} · seed {self.seed}"
+
+    @property
+    def dirname(self) -> str:
+        parts = [f"b{self.batch}", self.rule, self.warmup, self.optimizer, self.schedule, f"seed{self.seed}"]
+        return "-".join(p for p in parts if p)
+
+    def argv(self, train_args: tuple[str, ...]) -> list[str]:
+        """The `scalesgd train` options of this point (the shared ones first)."""
+        argv = [*train_args, "--batch-size", str(self.batch), "--lr-scaling", self.rule, "--warmup", self.warmup,
+                "--seed", str(self.seed)]
+        if self.optimizer:
+            argv += ["--optimizer", self.optimizer]
+        if self.schedule:
+            argv += ["--schedule", self.schedule]
+        return argv
+
+
+def grid(cfg: SweepConfig) -> list[Point]:
+    """Every point, recipe by recipe, each recipe's batches from the smallest up."""
+    return [Point(b, r, w, o, s, seed) for o, s, r, w in itertools.product(
+                cfg.optimizers or (None,), cfg.schedules or (None,), cfg.rules, cfg.warmups)
+            for b in sorted(cfg.batches) for seed in cfg.seeds]
+
+
+def run_name(point: Point, base_batch: int) -> str:
+    """At the base batch every rule and warmup give the same rates, so those points share one run."""
+    return replace(point, rule="linear", warmup="none").dirname if point.batch == base_batch else point.dirname
+
+
+def run(cfg: SweepConfig, command: str) -> int:
+    """Train every point in turn, then write the table and plots."""
+    from scalesgd.cli import train_config
+
+    out = Path(cfg.out)
+    results = []
+    for point in grid(cfg):
+        run_dir = out / "runs" / run_name(point, train_config(point.argv(cfg.train_args)).base_batch)
+        code = train_once(point.argv(cfg.train_args), run_dir, point.label)
+        if code != 0:
+            return failed(point.label, code, run_dir)
+        results.append(result_of(point, run_dir))
+    report(cfg, results, command)
+    return 0
+
+
+def result_of(point: Point, run_dir: Path) -> dict:
+    """A finished point's final and best test error and its per-epoch curves."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    epochs = [r for r in read(run_dir / "metrics.jsonl") if r["kind"] == "epoch"]
+    return {"batch": point.batch, "recipe": point.recipe, "seed": point.seed, "run_dir": str(run_dir),
+            "peak_lr": summary["peak_lr"], "steps_per_epoch": summary["steps_per_epoch"],
+            "final_test_error": 1 - summary["final_test_acc"], "best_test_error": 1 - summary["best_test_acc"],
+            "wall_time_s": summary["wall_time_s"],
+            "curve": [{"epoch": r["epoch"], "train_error": 1 - r["train_acc"], "train_loss": r["train_loss"],
+                       "test_error": 1 - r["test_acc"]} for r in epochs]}
+
+
+def median_errors(results: list[dict]) -> dict[str, dict[int, float]]:
+    """recipe → batch → median final test error over seeds."""
+    table: dict[str, dict[int, list[float]]] = {}
+    for r in results:
+        table.setdefault(r["recipe"], {}).setdefault(r["batch"], []).append(r["final_test_error"])
+    return {recipe: {b: statistics.median(v) for b, v in sorted(row.items())} for recipe, row in table.items()}
+
+
+def report(cfg: SweepConfig, results: list[dict], command: str) -> None:
+    """sweep.md/json: error per recipe and batch with its distance to the recipe's smallest batch; the plots."""
+    from rich.console import Console
+
+    errors = median_errors(results)
+    batches = sorted(cfg.batches)
+    columns = ["recipe", *(f"{b} error % (Δ)" for b in batches)]
+    rows = []
+    for recipe, row in errors.items():
+        first = row[batches[0]]
+        rows.append([recipe, *(f"{100 * row[b]:.2f} ({100 * (row[b] - first):+.2f})" for b in batches)])
+    out = Path(cfg.out)
+    output.write(out, "sweep", {"config": cfg.to_dict(), "median_final_test_error": {
+        recipe: {str(b): e for b, e in row.items()} for recipe, row in errors.items()}, "results": results},
+        columns, rows, command)
+    plot_error(out / "sweep.png", errors, len(cfg.seeds))
+    plot_curves(out / "curves.png", results, batches)
+    Console().print(output.rich_table(f"final test error against global minibatch (median of {len(cfg.seeds)} "
+                                      "seed(s); Δ: points vs the smallest batch)", columns, rows))
+    Console().print(f"written to {out}/sweep.{{json,md,png}} and curves.png", highlight=False)
+
+
+def plot_error(path: Path, errors: dict[str, dict[int, float]], seeds: int) -> None:
+    """Final test error against global minibatch, one line per recipe (Goyal et al. Figure 1)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for recipe, row in errors.items():
+        ax.plot(list(row), [100 * e for e in row.values()], "o-", label=recipe)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted({b for row in errors.values() for b in row}))
+    ax.get_xaxis().set_major_formatter(plt.matplotlib.ticker.ScalarFormatter())
+    ax.set_xlabel("global minibatch kn")
+    ax.set_ylabel(f"final test error (%), median of {seeds}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_curves(path: Path, results: list[dict], batches: list[int]) -> None:
+    """Training error per epoch of each larger batch against the smallest (Goyal et al. Figures 2–3)."""
+    plt = _pyplot()
+    larger = batches[1:] or batches
+    cols = min(3, len(larger))
+    rows = -(-len(larger) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.6 * rows), squeeze=False, sharey=True)
+    recipes = list(dict.fromkeys(r["recipe"] for r in results))
+    colours = {recipe: f"C{i}" for i, recipe in enumerate(recipes)}
+    for ax, batch in zip(axes.flat, larger):
+        for r in results:
+            if r["seed"] != results[0]["seed"] or r["batch"] not in (batches[0], batch):
+                continue
+            small = r["batch"] == batches[0]
+            if small and r["recipe"] != recipes[0]:
+                continue  # one reference curve: the smallest batch of the first recipe
+            curve = r["curve"]
+            style = {"color": "k", "linestyle": "--"} if small else {"color": colours[r["recipe"]]}
+            ax.plot([c["epoch"] for c in curve], [100 * c["train_error"] for c in curve], **style,
+                    label=f"kn={batches[0]} (reference)" if small else r["recipe"])
+        ax.set_title(f"kn = {batch} against kn = {batches[0]}")
+        ax.set_xlabel("epoch")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("training error (%)")
+    for ax in list(axes.flat)[len(larger):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt

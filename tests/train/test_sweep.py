@@ -1,0 +1,94 @@
+"""`scalesgd sweep`: the batch × rule × warmup grid of real training runs, resumable, with its report."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scalesgd.config import SweepConfig
+from scalesgd.train.sweep import Point, grid, median_errors, run_name
+
+TINY = ["--", "--workers", "2", "--dataset", "synthetic", "--samples", "256", "--image-size", "8",
+        "--model", "resnet8", "--base-batch", "16", "--epochs", "2", "--warmup-epochs", "1"]
+
+
+def sweep(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "scalesgd", "sweep", *argv], capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_grid_runs_each_recipe_from_the_smallest_batch_up():
+    cfg = SweepConfig(batches=(64, 16), rules=("linear", "sqrt"), warmups=("gradual",), optimizers=("sgd", "lars"),
+                      seeds=(0, 1))
+    points = grid(cfg)
+    assert len(points) == 2 * 2 * 2 * 2
+    assert [p.batch for p in points[:4]] == [16, 16, 64, 64]
+    assert len({p.dirname for p in points}) == len(points)
+    assert points[0].argv(("--epochs", "3")) == ["--epochs", "3", "--batch-size", "16", "--lr-scaling", "linear",
+                                                 "--warmup", "gradual", "--seed", "0", "--optimizer", "sgd"]
+
+
+def test_median_errors_per_recipe_and_batch():
+    results = [{"recipe": "a", "batch": 16, "final_test_error": e} for e in (0.1, 0.3, 0.2)]
+    results += [{"recipe": "a", "batch": 32, "final_test_error": 0.5}]
+    assert median_errors(results) == {"a": {16: 0.2, 32: 0.5}}
+
+
+def test_every_point_is_trained_with_its_rule_and_warmup_and_a_second_call_trains_nothing(tmp_path):
+    out = tmp_path / "sweep"
+    argv = ["--batches", "32,16", "--rules", "linear", "--warmups", "gradual,none", "--out", str(out), *TINY]
+    proc = sweep(*argv)
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads((out / "sweep.json").read_text())
+    assert [(r["batch"], r["recipe"]) for r in record["results"]] == [
+        (16, "linear scaling · gradual warmup"), (32, "linear scaling · gradual warmup"),
+        (16, "linear scaling · none warmup"), (32, "linear scaling · none warmup")]
+    for r in record["results"]:
+        cfg = json.loads((Path(r["run_dir"]) / "config.json").read_text())
+        assert (cfg["batch_size"], cfg["lr_scaling"]) == (r["batch"], "linear")
+        if r["batch"] != 16:  # the base batch's run is shared by both warmups
+            assert r["recipe"].startswith(f"linear scaling · {cfg['warmup']} warmup")
+        assert r["peak_lr"] == pytest.approx(0.1 * r["batch"] / 16)  # the linear rule
+        assert [c["epoch"] for c in r["curve"]] == [1, 2]
+        assert 0 <= r["final_test_error"] <= 1
+    table = (out / "sweep.md").read_text()
+    assert "| linear scaling · none warmup |" in table and "16 error % (Δ)" in table
+    for png in ("sweep.png", "curves.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+    stamps = {d.name: (d / "summary.json").stat().st_mtime_ns for d in (out / "runs").iterdir()}
+    assert len(stamps) == 3  # the base batch (16) is one run for both warmups
+    again = sweep(*argv)
+    assert again.returncode == 0, again.stderr
+    assert {d.name: (d / "summary.json").stat().st_mtime_ns for d in (out / "runs").iterdir()} == stamps
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--rules", "cube"], "--rules 'cube' is not known; choose from linear, sqrt, none"),
+    (["--warmups", "gradual,gradual"], "--warmups gradual,gradual: give each value once"),
+    (["--batches", "16,25"], "batch 25 · linear scaling · gradual warmup · seed 0: --batch-size 25 does not "
+                             "divide evenly by --workers 2"),
+    (["--", "--batch-size", "64"], "--batch-size after --: the sweep sets it for each run"),
+    (["--optimizers", "lars", "--", "--optimizer", "sgd"], "--optimizer after --: the sweep sets it"),
+])
+def test_bad_input_is_one_line_exit_2_before_any_run(tmp_path, argv, expected):
+    out = tmp_path / "x"
+    rest = argv if "--" in argv else [*argv, "--", "--workers", "2", "--dataset", "synthetic"]
+    proc = sweep("--out", str(out), *rest)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert expected in proc.stderr
+    assert not out.exists()
+
+
+def test_point_labels_name_every_choice():
+    p = Point(512, "sqrt", "constant", "lars", "arccot", 2)
+    assert p.label == "batch 512 · sqrt scaling · constant warmup · lars · arccot · seed 2"
+    assert p.dirname == "b512-sqrt-constant-lars-arccot-seed2"
+
+
+def test_points_at_the_base_batch_share_one_run_whatever_the_rule_and_warmup():
+    a, b = Point(16, "sqrt", "gradual", None, None, 0), Point(16, "linear", "constant", None, None, 0)
+    assert run_name(a, 16) == run_name(b, 16)
+    assert run_name(a, 8) != run_name(b, 8)
+    assert run_name(Point(16, "sqrt", "gradual", "lars", None, 0), 16) != run_name(a, 16)
