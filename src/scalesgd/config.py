@@ -189,7 +189,7 @@ class TrainConfig:
         if self.bn_batch and (self.bn_batch < MIN_PER_WORKER or self.per_worker_batch % self.bn_batch):
             raise UsageError(f"--bn-batch {self.bn_batch}: must divide the {self.per_worker_batch} samples per worker "
                              f"and be at least {MIN_PER_WORKER} (0: BN over each worker's whole batch)")
-        if not (0 <= self.arccot_epoch <= self.epochs if self.arccot_epoch is not None else True):
+        if self.arccot_epoch is not None and not 0 <= self.arccot_epoch <= self.epochs:
             raise UsageError(f"--arccot-epoch {self.arccot_epoch}: must be in 0..{self.epochs} (--epochs)")
         if not 0 <= self.end_lr < self.peak_lr:
             raise UsageError(f"--end-lr {self.end_lr}: must be >= 0 and below the scaled rate {self.peak_lr:g}")

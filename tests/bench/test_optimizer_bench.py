@@ -5,6 +5,7 @@ import json
 import pytest
 
 from scalesgd.bench.optimizer import OPTIMIZERS
+from scalesgd.cli import main
 from scalesgd.config import BENCH_OPTIMIZERS
 from tests.bench.cli import bench
 
@@ -40,8 +41,9 @@ def test_bench_optimizer_times_each_optimizer_against_sgd_and_writes_its_files(t
     (("--repeats", "0"), "--repeats 0: must be a positive number"),
     (("--weight-decay", "-1"), "--weight-decay -1.0: must be a finite number >= 0"),
 ])
-def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, argv, message):
-    proc = bench("optimizer", *argv, "--out", str(tmp_path / "x"))
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-    assert message in proc.stderr
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, argv, message):
+    code = main(["bench", "optimizer", *argv, "--out", str(tmp_path / "x")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert message in err
     assert not (tmp_path / "x").exists()

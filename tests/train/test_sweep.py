@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from scalesgd.cli import main
 from scalesgd.config import SweepConfig
 from scalesgd.train.sweep import Point, grid, median_errors, run_name
 
@@ -44,17 +45,18 @@ def test_every_point_is_trained_with_its_rule_and_warmup_and_a_second_call_train
     record = json.loads((out / "sweep.json").read_text())
     assert [(r["batch"], r["recipe"]) for r in record["results"]] == [
         (16, "linear scaling · gradual warmup"), (32, "linear scaling · gradual warmup"),
-        (16, "linear scaling · none warmup"), (32, "linear scaling · none warmup")]
+        (16, "linear scaling · no warmup"), (32, "linear scaling · no warmup")]
     for r in record["results"]:
         cfg = json.loads((Path(r["run_dir"]) / "config.json").read_text())
         assert (cfg["batch_size"], cfg["lr_scaling"]) == (r["batch"], "linear")
         if r["batch"] != 16:  # the base batch's run is shared by both warmups
-            assert r["recipe"].startswith(f"linear scaling · {cfg['warmup']} warmup")
+            assert r["recipe"] == {"gradual": "linear scaling · gradual warmup",
+                                   "none": "linear scaling · no warmup"}[cfg["warmup"]]
         assert r["peak_lr"] == pytest.approx(0.1 * r["batch"] / 16)  # the linear rule
         assert [c["epoch"] for c in r["curve"]] == [1, 2]
         assert 0 <= r["final_test_error"] <= 1
     table = (out / "sweep.md").read_text()
-    assert "| linear scaling · none warmup |" in table and "16 error % (Δ)" in table
+    assert "| linear scaling · no warmup |" in table and "16 error % (Δ)" in table
     for png in ("sweep.png", "curves.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     stamps = {d.name: (d / "summary.json").stat().st_mtime_ns for d in (out / "runs").iterdir()}
@@ -72,12 +74,13 @@ def test_every_point_is_trained_with_its_rule_and_warmup_and_a_second_call_train
     (["--", "--batch-size", "64"], "--batch-size after --: the sweep sets it for each run"),
     (["--optimizers", "lars", "--", "--optimizer", "sgd"], "--optimizer after --: the sweep sets it"),
 ])
-def test_bad_input_is_one_line_exit_2_before_any_run(tmp_path, argv, expected):
+def test_bad_input_is_one_line_exit_2_before_any_run(tmp_path, capsys, argv, expected):
     out = tmp_path / "x"
     rest = argv if "--" in argv else [*argv, "--", "--workers", "2", "--dataset", "synthetic"]
-    proc = sweep("--out", str(out), *rest)
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-    assert expected in proc.stderr
+    code = main(["sweep", "--out", str(out), *rest])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert expected in err
     assert not out.exists()
 
 
@@ -85,6 +88,7 @@ def test_point_labels_name_every_choice():
     p = Point(512, "sqrt", "constant", "lars", "arccot", 2)
     assert p.label == "batch 512 · sqrt scaling · constant warmup · lars · arccot · seed 2"
     assert p.dirname == "b512-sqrt-constant-lars-arccot-seed2"
+    assert Point(64, "none", "none", None, None, 0).recipe == "no scaling · no warmup"
 
 
 def test_points_at_the_base_batch_share_one_run_whatever_the_rule_and_warmup():

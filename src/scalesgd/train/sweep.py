@@ -34,7 +34,7 @@ class Point:
     @property
     def recipe(self) -> str:
         """Everything but the batch and seed: the line this point belongs to."""
-        parts = [f"{self.rule} scaling", f"{self.warmup} warmup", self.optimizer, self.schedule]
+        parts = [_phrase(self.rule, "scaling"), _phrase(self.warmup, "warmup"), self.optimizer, self.schedule]
         return " · ".join(p for p in parts if p)
 
     @property
@@ -55,6 +55,10 @@ class Point:
         if self.schedule:
             argv += ["--schedule", self.schedule]
         return argv
+
+
+def _phrase(choice: str, what: str) -> str:
+    return f"no {what}" if choice == "none" else f"{choice} {what}"
 
 
 def grid(cfg: SweepConfig) -> list[Point]:
