@@ -74,3 +74,9 @@ def test_every_bn_of_a_model_is_ghosted_in_place_keeping_state_and_references(na
     assert all(isinstance(m, GhostBatchNorm2d) for m in last)
     assert model.state_dict().keys() == before.keys()
     model.train()(torch.randn(16, 3, 32, 32))
+
+
+def test_zero_leaves_the_model_as_it_was():
+    model = build_model("resnet8", 10, 3)
+    use_ghost_batch(model, 0)
+    assert not any(isinstance(m, GhostBatchNorm2d) for m in model.modules())
