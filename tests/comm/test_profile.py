@@ -1,8 +1,9 @@
 import pytest
 import torch
 
-from scalesgd.comm.profile import Profile, fit_line, time_layers, time_sparsify
+from scalesgd.comm.profile import Profile, fit_line, slowest_rank, time_layers, time_sparsify
 from scalesgd.models import build_model
+from tests.spawn_util import run_workers
 
 
 def test_fit_line_recovers_a_line_and_never_goes_negative():
@@ -26,7 +27,7 @@ def test_time_layers_gives_every_tensor_a_time_and_leaves_the_model_as_it_was():
 
 
 def test_selection_cost_grows_with_size():
-    a, b = time_sparsify([1 << 10, 1 << 14, 1 << 17], density=0.1, reuse=2, repeats=1)
+    a, b = time_sparsify([1 << 10, 1 << 20], density=0.1, reuse=2, repeats=2)  # 1000× apart: noise can't flip it
     assert a >= 0 and b > 0
 
 
@@ -35,3 +36,14 @@ def test_profile_round_trips_and_prices_empty_groups_at_zero():
     assert Profile.from_dict(p.to_dict()) == p
     assert p.comm_time(0) == 0 and p.comm_time(1000) == pytest.approx(1e-3 + 1e-6)
     assert p.sparsify_time(100) == pytest.approx(1e-4 + 1e-6)
+
+
+def _slowest(rank, world_size):
+    # rank 1 has the longest iteration in total, though not the longest forward or every layer
+    times = {0: (0.5, [0.1, 0.1]), 1: (0.2, [0.3, 0.4]), 2: (0.1, [0.6, 0.1])}[rank]
+    return slowest_rank(*times)
+
+
+def test_every_rank_takes_the_times_of_the_rank_with_the_longest_iteration():
+    assert run_workers(_slowest, 3) == [(0.2, [0.3, 0.4])] * 3
+    assert slowest_rank(0.5, [0.1]) == (0.5, [0.1])  # without a process group: this rank's own

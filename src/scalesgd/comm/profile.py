@@ -103,6 +103,22 @@ def time_layers(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], loss
     return statistics.median(forwards), [statistics.median(col) for col in zip(*backwards)]
 
 
+def slowest_rank(t_f: float, t_b: list[float], group=None,
+                 device: torch.device | str = "cpu") -> tuple[float, list[float]]:
+    """The forward and backward times of the rank whose iteration is longest (collective).
+
+    Every iteration waits for the slowest rank (the exchange and the buffer broadcast synchronise
+    them), so that rank's times are the ones the iteration is made of.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return t_f, t_b
+    mine = torch.tensor([t_f, *t_b], dtype=torch.float64, device=device)
+    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(everyone, mine, group=group)
+    slowest = max(everyone, key=lambda times: times.sum().item())
+    return slowest[0].item(), slowest[1:].tolist()
+
+
 def time_sparsify(sizes: list[int], density: float, reuse: int, repeats: int = 3,
                   device: torch.device | str = "cpu") -> tuple[float, float]:
     """Fit the top-k codec's encode time (one recompute per `reuse` steps) against bucket size."""
@@ -151,10 +167,10 @@ def time_sparse_exchange(sizes: list[int], density: float, group=None, repeats: 
 def profile_model(model: nn.Module, batch, loss_fn, density: float, reuse: int, group=None) -> Profile:
     """Everything the planner needs for `model`, measured now on this rank and `group` (collective)."""
     tensors = model_tensors(model)
-    t_f, t_b = time_layers(model, batch, loss_fn, group=group)
+    device = next(model.parameters()).device
+    t_f, t_b = slowest_rank(*time_layers(model, batch, loss_fn, group=group), group=group, device=device)
     total = sum(t.numel for t in tensors)
     grid = sorted({max(1, min(total, d)) for d in (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22)})
-    device = next(model.parameters()).device
     sparsify = time_sparsify(grid, density, reuse, device=device)
     comm = time_sparse_exchange(grid, density, group, device=device)
     world = dist.get_world_size(group) if dist.is_initialized() else 1
