@@ -52,10 +52,7 @@ def report(cfg: AccuracyBenchConfig, results: list[dict], command: str) -> None:
 
 
 def plot(path: Path, cfg: AccuracyBenchConfig, results: list[dict], medians: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = output.pyplot()
 
     fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(cfg.variants)), 4))
     for i, v in enumerate(cfg.variants):

@@ -114,10 +114,7 @@ def report(cfg: AllreduceBenchConfig, world: int, results: list[dict], command: 
 
 
 def plot(path: Path, world: int, results: list[dict]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = output.pyplot()
 
     fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(11, 4.2))
     for algorithm in dict.fromkeys(r["algorithm"] for r in results):

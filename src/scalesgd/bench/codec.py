@@ -100,10 +100,7 @@ def report(cfg: CodecBenchConfig, results: list[dict], command: str) -> None:
 
 
 def plot(path: Path, cfg: CodecBenchConfig, results: list[dict]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = output.pyplot()
 
     numel = max(cfg.sizes)
     fig, ax = plt.subplots(figsize=(8, 4))

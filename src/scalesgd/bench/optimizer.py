@@ -85,10 +85,7 @@ def report(cfg: OptimizerBenchConfig, record: dict, command: str) -> None:
 
 
 def plot(path: Path, cfg: OptimizerBenchConfig, params: dict, results: list[dict]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = output.pyplot()
 
     fig, ax = plt.subplots(figsize=(8, 0.5 * len(results) + 1.5))
     names = [r["optimizer"] for r in results][::-1]

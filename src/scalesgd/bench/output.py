@@ -39,3 +39,13 @@ def write(out_dir: Path, name: str, record: dict, columns: list[str], rows: list
     record = {**record, "command": command, "machine": machine()}
     (out_dir / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     (out_dir / f"{name}.md").write_text(f"`{command}`\n\n" + markdown_table(columns, rows), encoding="utf-8")
+
+
+def pyplot():
+    """matplotlib's pyplot drawing to files only (no display is needed or opened)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt

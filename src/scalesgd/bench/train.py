@@ -210,10 +210,7 @@ def report(cfg: TrainBenchConfig, world: int, results: list[dict], command: str)
 
 
 def plot(path: Path, world: int, cfg: TrainBenchConfig, results: list[dict]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = output.pyplot()
 
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(results) + 1.5))
     names = [r["mode"] for r in results][::-1]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import torch
 from torch.optim import Optimizer
 
@@ -10,7 +12,7 @@ from torch.optim import Optimizer
 CHUNK_BYTES = 1 << 20
 
 
-class _TrustRatioSGD(Optimizer):
+class _TrustRatioSGD(Optimizer, ABC):
     """Arguments, their checks, the closure and the momentum state both LARS implementations share."""
 
     def __init__(self, params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
@@ -36,8 +38,9 @@ class _TrustRatioSGD(Optimizer):
             self._step_group(group)
         return loss
 
+    @abstractmethod
     def _step_group(self, group: dict) -> None:
-        raise NotImplementedError
+        """Update the parameters of one group."""
 
 
 class LARS(_TrustRatioSGD):

@@ -39,14 +39,13 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
                        image_size=cfg.image_size, num_classes=cfg.classes)
     model = initialize(build_model(cfg.model, data.num_classes, data.in_channels), cfg.zero_gamma, cfg.bn_momentum)
     use_ghost_batch(model, cfg.bn_batch)
-    peak_lr = cfg.peak_lr
-    optimizer = build_optimizer(model, cfg.optimizer, peak_lr, cfg.momentum, cfg.nesterov, cfg.weight_decay,
+    optimizer = build_optimizer(model, cfg.optimizer, cfg.peak_lr, cfg.momentum, cfg.nesterov, cfg.weight_decay,
                                 cfg.bias_decay, cfg.trust_coefficient)
     env = env.result() if isinstance(env, Future) else env
     model.to(env.device)
     sampler = GlobalBatchSampler(len(data.train), cfg.batch_size, env.world_size, env.rank, seed=cfg.seed)
     steps_per_epoch = len(sampler)
-    scheduler = build_scheduler(optimizer, lr_factor(cfg, steps_per_epoch, peak_lr))
+    scheduler = build_scheduler(optimizer, lr_factor(cfg, steps_per_epoch))
     criterion = nn.CrossEntropyLoss(reduction="sum", label_smoothing=cfg.label_smoothing)
 
     tracer = Tracer(False)
@@ -148,7 +147,7 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
         "final_test_acc": record.get("test_acc", best_acc), "best_test_acc": best_acc,
         "wall_time_s": elapsed_before + time.perf_counter() - wall_start,
         "images_per_s": sum(images_per_s) / len(images_per_s) if images_per_s else 0.0,
-        "epochs": cfg.epochs, "steps_per_epoch": steps_per_epoch, "peak_lr": peak_lr,
+        "epochs": cfg.epochs, "steps_per_epoch": steps_per_epoch, "peak_lr": cfg.peak_lr,
         "world_size": env.world_size, "run_dir": str(run_dir),
         "iteration": {**breakdown(timings[SKIP_ITERS:] or timings),
                       "first_iteration_s": timings[0]["iteration_s"] if timings else 0.0},
@@ -165,13 +164,13 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
     return summary
 
 
-def lr_factor(cfg: TrainConfig, steps_per_epoch: int, peak_lr: float) -> LrFactor:
+def lr_factor(cfg: TrainConfig, steps_per_epoch: int) -> LrFactor:
     """The run's schedule as a pure function of the global step."""
     return LrFactor(
         total_steps=cfg.epochs * steps_per_epoch, steps_per_epoch=steps_per_epoch,
         warmup=cfg.warmup, warmup_steps=round(cfg.warmup_epochs * steps_per_epoch),
-        start=min(cfg.base_lr / peak_lr, 1.0), schedule=cfg.schedule,
-        milestones=cfg.resolved_milestones, gamma=cfg.gamma, power=cfg.power, end=cfg.end_lr / peak_lr,
+        start=min(cfg.base_lr / cfg.peak_lr, 1.0), schedule=cfg.schedule,
+        milestones=cfg.resolved_milestones, gamma=cfg.gamma, power=cfg.power, end=cfg.end_lr / cfg.peak_lr,
         arccot_epoch=cfg.resolved_arccot_epoch, arccot_slope=cfg.arccot_slope,
     )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from scalesgd.bench import output
 from scalesgd.train.metrics import read
 
 SUMMARY_NAME = "summary.json"
@@ -41,10 +42,7 @@ def summary_table(summary: dict):
 
 def plot_report(run_dir: Path) -> Path:
     """report.png: loss, accuracy and learning rate against iterations."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = output.pyplot()
 
     records = read(Path(run_dir) / "metrics.jsonl")
     iters = [r for r in records if r["kind"] == "iter"]

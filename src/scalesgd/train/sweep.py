@@ -78,9 +78,11 @@ def run(cfg: SweepConfig, command: str) -> int:
     from scalesgd.cli import train_config
 
     out = Path(cfg.out)
+    points = grid(cfg)
+    base_batch = train_config(points[0].argv(cfg.train_args)).base_batch  # the same for every point
     results = []
-    for point in grid(cfg):
-        run_dir = out / "runs" / run_name(point, train_config(point.argv(cfg.train_args)).base_batch)
+    for point in points:
+        run_dir = out / "runs" / run_name(point, base_batch)
         code = train_once(point.argv(cfg.train_args), run_dir, point.label)
         if code != 0:
             return failed(point.label, code, run_dir)
@@ -133,7 +135,7 @@ def report(cfg: SweepConfig, results: list[dict], command: str) -> None:
 
 def plot_error(path: Path, errors: dict[str, dict[int, float]], seeds: int) -> None:
     """Final test error against global minibatch, one line per recipe (Goyal et al. Figure 1)."""
-    plt = _pyplot()
+    plt = output.pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for recipe, row in errors.items():
         ax.plot(list(row), [100 * e for e in row.values()], "o-", label=recipe)
@@ -151,7 +153,7 @@ def plot_error(path: Path, errors: dict[str, dict[int, float]], seeds: int) -> N
 
 def plot_curves(path: Path, results: list[dict], batches: list[int]) -> None:
     """Training error per epoch of each larger batch against the smallest (Goyal et al. Figures 2–3)."""
-    plt = _pyplot()
+    plt = output.pyplot()
     larger = batches[1:] or batches
     cols = min(3, len(larger))
     rows = -(-len(larger) // cols)
@@ -181,11 +183,3 @@ def plot_curves(path: Path, results: list[dict], batches: list[int]) -> None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
