@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from scalesgd.train.distributed import exit_process
+from scalesgd.runtime.process_group import exit_process
 
 
 def _free_port() -> int:

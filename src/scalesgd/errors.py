@@ -1,8 +1,22 @@
 """Errors that end a run with one clear line instead of a traceback."""
 
+from __future__ import annotations
+
+import re
+
+EXIT_USAGE = 2
+EXIT_PEER_LOST = 3
+EXIT_NON_FINITE = 4
+
+_FIELD = re.compile(r"`([a-z][a-z0-9_]*)`")
+
 
 class UsageError(ValueError):
-    """Bad input from the user: reported as one line, exit status 2, nothing written over."""
+    """Bad input: one line, exit status 2, nothing written over.
+
+    The message names configuration fields in backticks (`batch_size`); the command line shows
+    them as its flags (--batch-size), see `as_flags`.
+    """
 
 
 class NonFiniteLoss(RuntimeError):
@@ -13,6 +27,11 @@ class PeerLost(RuntimeError):
     """A collective failed because another worker died or stopped answering within the timeout."""
 
 
-EXIT_USAGE = 2
-EXIT_PEER_LOST = 3
-EXIT_NON_FINITE = 4
+def option_name(field_name: str) -> str:
+    """The command-line spelling of a config field."""
+    return "--" + field_name.replace("_", "-")
+
+
+def as_flags(message: str) -> str:
+    """A library message for the command line: every `field` named in backticks becomes its --flag."""
+    return _FIELD.sub(lambda m: option_name(m[1]), message)

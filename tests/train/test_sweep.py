@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from scalesgd.cli import main
-from scalesgd.config import SweepConfig
-from scalesgd.train.sweep import Point, grid, median_errors, run_name
+
+from scalesgd.train.sweep import Point, SweepConfig, grid, median_errors, run_name
 
 TINY = ["--", "--workers", "2", "--dataset", "synthetic", "--samples", "256", "--image-size", "8",
         "--model", "resnet8", "--base-batch", "16", "--epochs", "2", "--warmup-epochs", "1"]

@@ -5,11 +5,50 @@ from __future__ import annotations
 import json
 import shlex
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
-from scalesgd.bench import output
-from scalesgd.config import AccuracyBenchConfig
-from scalesgd.train.runs import failed, slug, train_once
+from rich.console import Console
+
+from scalesgd import checks, output
+from scalesgd.config import TrainConfig
+from scalesgd.errors import UsageError, option_name
+from scalesgd.options import check_fields, ints, option, record
+from scalesgd.train.rundir import SUMMARY_NAME
+from scalesgd.train.study import failed, slug, train_once
+
+SETS = ("seed", "run_dir", "resume")  # train options the bench sets for every run
+
+
+@dataclass
+class AccuracyBenchConfig:
+    """`scalesgd bench accuracy`: `scalesgd train` with shared options, per variant and seed."""
+
+    variants: tuple[str, ...] = option(("--codec fp32",), "';'-separated train options per variant, e.g. "
+                                       "'--codec fp32;--codec fp8' (the first is the reference)",
+                                       parse=lambda t: tuple(v.strip() for v in t.split(";") if v.strip()),
+                                       shown_default="--codec fp32",
+                                       check=lambda v: None if v else "give at least one, e.g. '--codec fp32;--codec fp8'")
+    seeds: tuple[int, ...] = option((0, 1, 2), parse=ints, check=checks.distinct)
+    out: str = option("", "output directory", shown_default="runs/bench/accuracy-<timestamp>")
+    train_args: tuple[str, ...] = option((), "-- then options for every run", remainder=True)
+
+    def validate(self) -> AccuracyBenchConfig:
+        """Every option, then every variant as the train options it runs with, before any run starts."""
+        check_fields(self)
+        for variant in self.variants:
+            try:
+                argv = [*self.train_args, *shlex.split(variant)]
+            except ValueError as err:
+                raise UsageError(f"`variants` {variant!r}: {err}") from None
+            owned = [f"`{name}`" for name in SETS if option_name(name) in argv]
+            if owned:
+                raise UsageError(f"{', '.join(owned)} in {variant!r}: the bench sets it per run")
+            TrainConfig.from_argv(argv)
+        return self
+
+    def to_dict(self) -> dict:
+        return record(self)
 
 
 def run(cfg: AccuracyBenchConfig, command: str) -> int:
@@ -23,7 +62,7 @@ def run(cfg: AccuracyBenchConfig, command: str) -> int:
                               f"{variant} · seed {seed}")
             if code != 0:
                 return failed(f"`{variant}` seed {seed}", code, run_dir)
-            summary = json.loads((run_dir / "summary.json").read_text())
+            summary = json.loads((run_dir / SUMMARY_NAME).read_text())
             results.append({"variant": variant, "seed": seed, "final_test_acc": summary["final_test_acc"],
                             "wall_time_s": summary["wall_time_s"], "run_dir": str(run_dir),
                             "bytes_sent_per_iter": summary.get("iteration", {}).get("mean_bytes_sent")})
@@ -33,8 +72,6 @@ def run(cfg: AccuracyBenchConfig, command: str) -> int:
 
 def report(cfg: AccuracyBenchConfig, results: list[dict], command: str) -> None:
     """Per variant: every seed's accuracy, the median, and the median's distance to the first variant."""
-    from rich.console import Console
-
     medians = {v: statistics.median(r["final_test_acc"] for r in results if r["variant"] == v) for v in cfg.variants}
     reference = medians[cfg.variants[0]]
     columns = ["variant", *(f"seed {s} %" for s in cfg.seeds), "median %", f"points vs `{cfg.variants[0]}`"]

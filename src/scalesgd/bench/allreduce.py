@@ -4,15 +4,60 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from rich.console import Console
 
-from scalesgd.bench import output
-from scalesgd.comm.collectives import allreduce
-from scalesgd.config import AllreduceBenchConfig
-from scalesgd.train import distributed
+from scalesgd import checks, output
+from scalesgd.bench.launch import BenchLaunch
+from scalesgd.comm.codecs import CODECS, BucketView, Channel, make_codec
+from scalesgd.comm.collectives import ALGORITHMS, allreduce
+from scalesgd.errors import UsageError
+from scalesgd.options import check_fields, option, words
+from scalesgd.options import sizes as element_counts
+from scalesgd.runtime import process_group
+
+DTYPES = ("float32", "float16", "bfloat16", "float64")
+
+
+class Exchanges:
+    """What the bench times: every allreduce algorithm, then every dense codec (its encode + sum + decode)."""
+
+    def __iter__(self):
+        yield from ALGORITHMS
+        yield from (name for name, entry in CODECS.items() if entry.build is not None and not entry.sparse)
+
+
+@dataclass
+class AllreduceBenchConfig(BenchLaunch):
+    """`scalesgd bench allreduce`: sizes in elements, every algorithm timed on the same tensors."""
+
+    workers: int = option(4, "local workers; under torchrun the launch decides", check=checks.positive)
+    sizes: tuple[int, ...] = option((256, 4096, 16384, 65536, 262144, 1 << 20, 1 << 22),
+                                    "element counts, e.g. 256,4K,64K,1M,16M (K = 1024)", parse=element_counts,
+                                    check=lambda v: None if v and min(v) >= 0 else "give element counts >= 0")
+    algorithms: tuple[str, ...] = option(("ring", "halving_doubling", "native"), "comma-separated; codecs time "
+                                         "encode + sum + decode", choices=Exchanges(), parse=words,
+                                         check=checks.distinct)
+    repeats: int = option(10, "timed repetitions per point", check=checks.positive)
+    warmup: int = option(3, "untimed repetitions first", check=checks.at_least(0))
+    dtype: str = option("float32", "element type", choices=DTYPES)
+
+    def validate(self) -> AllreduceBenchConfig:
+        check_fields(self)
+        self.check_launch(self.workers)
+        compressed = [a for a in self.algorithms if a in CODECS]
+        if compressed and self.dtype != "float32":
+            raise UsageError(f"`algorithms` {','.join(compressed)} compress float32 gradients; use `dtype` float32")
+        return self
+
+    @property
+    def needs_topology(self) -> bool:
+        return any(ALGORITHMS[a].needs_topology if a in ALGORITHMS else CODECS[a].needs_topology
+                   for a in self.algorithms)
 
 
 def _codec_exchange(work: torch.Tensor, env, codecs: dict, name: str) -> int:
@@ -21,38 +66,35 @@ def _codec_exchange(work: torch.Tensor, env, codecs: dict, name: str) -> int:
     fp16 is PyTorch's fp16_compress_hook arithmetic over gloo's own allreduce; fp8 estimates its
     range on the first (warm-up) call and then every 100 calls, as in training.
     """
-    from scalesgd.comm.codecs import BucketView, Exchange, make_codec
-
     n = work.numel()
     if (name, n) not in codecs:
         weights = torch.ones(n, device=work.device)
         codecs[(name, n)] = (make_codec(name), BucketView(0, [weights], [0], n),
-                             Exchange(dist.group.WORLD, env.world_size, "native", env.topology_groups))
-    codec, view, exchange = codecs[(name, n)]
-    return codec.exchange(work, view, exchange)
+                             Channel(dist.group.WORLD, env.world_size, "native", env.topology_groups))
+    codec, view, channel = codecs[(name, n)]
+    return codec.exchange(work, view, channel)
 
 
-def compressed_exchanges() -> dict:
-    """Compressed exchanges timed beside the algorithms: fp32 in, the mean over ranks out."""
+def compressed_exchanges(names) -> dict:
+    """The codecs among `names`, timed beside the algorithms: fp32 in, the mean over ranks out."""
     codecs: dict = {}
-    return {name: (lambda w, env, name=name: _codec_exchange(w, env, codecs, name))
-            for name in ("fp16", "fp8", "fp8-flat")}
+    return {name: (lambda w, env, name=name: _codec_exchange(w, env, codecs, name)) for name in names
+            if name in CODECS}
 
 
 def run(cfg: AllreduceBenchConfig, command: str) -> int:
     """Measure on this rank (all ranks take part); rank 0 writes the results."""
-    hierarchical = bool({"hierarchical", "fp8", "fp8-flat"} & set(cfg.algorithms))
-    env = distributed.init(cfg.timeout, cfg.threads, procs_per_node=(
-        cfg.procs_per_node or distributed.local_world_size(cfg.workers)) if hierarchical else None)
+    env = process_group.init(cfg.timeout, cfg.threads,
+                             procs_per_node=cfg.node_size(cfg.workers) if cfg.needs_topology else None)
     try:
-        exchanges = compressed_exchanges()
+        exchanges = compressed_exchanges(cfg.algorithms)
         results = [r for n in cfg.sizes for r in measure_size(cfg, env, n, exchanges)]
         if env.is_main:
             report(cfg, env.world_size, results, command)
-        distributed.finish()
+        process_group.finish()
         return 0 if all(r["correct"] for r in results) else 1
     finally:
-        distributed.close()
+        process_group.close()
 
 
 def measure_size(cfg: AllreduceBenchConfig, env, numel: int, exchanges: dict) -> list[dict]:
@@ -98,8 +140,6 @@ def measure_size(cfg: AllreduceBenchConfig, env, numel: int, exchanges: dict) ->
 
 def report(cfg: AllreduceBenchConfig, world: int, results: list[dict], command: str) -> None:
     """Table with each algorithm's time and its ratio to `native`, JSON, Markdown and the PNG."""
-    from rich.console import Console
-
     native = {r["numel"]: r["median_s"] for r in results if r["algorithm"] == "native"}
     columns = ["elements", "bytes", "algorithm", "median ms", "bus GB/s", "× native", "correct"]
     rows = [[f"{r['numel']:,}", _human(r["bytes"]), r["algorithm"], f"{1e3 * r['median_s']:.3f}",

@@ -4,13 +4,39 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from rich.console import Console
 
-from scalesgd.bench import output
+from scalesgd import checks, output
 from scalesgd.comm import fp8
-from scalesgd.config import CodecBenchConfig
+from scalesgd.options import check_fields, option, record, words
+from scalesgd.options import sizes as element_counts
+
+PATHS = ("compiled", "eager")
+
+
+@dataclass
+class CodecBenchConfig:
+    """`scalesgd bench codec`: the fp8 kernels' throughput on one process, each path on the same data."""
+
+    sizes: tuple[int, ...] = option((1 << 20, 1 << 24), "element counts", parse=element_counts,
+                                    check=lambda v: None if v and min(v) >= 1 else "give element counts >= 1")
+    paths: tuple[str, ...] = option(PATHS, "compiled (torch.compile) and/or eager", choices=PATHS, parse=words,
+                                    check=checks.distinct)
+    repeats: int = option(5, "timed calls per point", check=checks.positive)
+    warmup: int = option(2, "untimed calls first", check=checks.at_least(0))
+    threads: int = option(1, "compute threads", check=checks.positive)
+    out: str = option("", "output directory", shown_default="runs/bench/codec-<timestamp>")
+
+    def validate(self) -> CodecBenchConfig:
+        check_fields(self)
+        return self
+
+    def to_dict(self) -> dict:
+        return record(self)
 
 # kernel → (what it is, how to call it on prepared inputs); every kernel writes into a kept buffer
 KERNELS = {
@@ -76,8 +102,6 @@ def _time(fn, warmup: int, repeats: int) -> float:
 
 
 def report(cfg: CodecBenchConfig, results: list[dict], command: str) -> None:
-    from rich.console import Console
-
     by = {(r["kernel"], r["numel"], r["path"]): r for r in results}
     columns = ["kernel", "elements", *(f"{p} GB/s" for p in cfg.paths)]
     if len(cfg.paths) == 2:

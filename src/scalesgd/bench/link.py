@@ -4,21 +4,39 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from rich.console import Console
 
-from scalesgd.bench import output
-from scalesgd.config import LinkBenchConfig
-from scalesgd.train import distributed
+from scalesgd import checks, output
+from scalesgd.bench.launch import BenchLaunch
+from scalesgd.options import check_fields, option
+from scalesgd.runtime import process_group
 
 PINGS = 20
 
 
+@dataclass
+class LinkBenchConfig(BenchLaunch):
+    """`scalesgd bench link`: throughput and round trip across the link between two nodes."""
+
+    workers: int = option(2, "local workers; under torchrun the launch decides",
+                          check=checks.at_least(2, "a link needs at least 2"))
+    megabytes: int = option(16, "payload per transfer", check=checks.positive)
+    repeats: int = option(5, "timed transfers", check=checks.positive)
+
+    def validate(self) -> LinkBenchConfig:
+        check_fields(self)
+        self.check_launch(self.workers)
+        return self
+
+
 def run(cfg: LinkBenchConfig, command: str) -> int:
     """Rank 0 and the first rank of the next node measure; every other rank only takes part in barriers."""
-    env = distributed.init(cfg.timeout, cfg.threads)
+    env = process_group.init(cfg.timeout, cfg.threads)
     try:
         peer = env.local_world_size if env.world_size > env.local_world_size else 1
         if env.world_size < 2:
@@ -47,13 +65,11 @@ def run(cfg: LinkBenchConfig, command: str) -> int:
                      f"{result['duplex_mbit_s_each_way']:.0f}"]]
             output.write(Path(cfg.out), "link", {"world_size": env.world_size, "config": cfg.to_dict(),
                                                  "result": result}, columns, rows, command)
-            from rich.console import Console
-
             Console().print(output.rich_table(f"link, median of {cfg.repeats}", columns, rows))
-        distributed.finish()
+        process_group.finish()
         return 0
     finally:
-        distributed.close()
+        process_group.close()
 
 
 def _ping(me: int, other: int, tick: torch.Tensor) -> float:

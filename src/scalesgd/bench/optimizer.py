@@ -5,14 +5,17 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from rich.console import Console
 
-from scalesgd.bench import output
-from scalesgd.config import OptimizerBenchConfig
-from scalesgd.models import build_model
+from scalesgd import checks, output
+from scalesgd.errors import UsageError
+from scalesgd.models import MODELS, build_model
 from scalesgd.optim import LARS, NaiveLARS
+from scalesgd.options import check_fields, option, record, words
 from scalesgd.recipe import param_groups
 
 LR, MOMENTUM = 0.1, 0.9
@@ -25,6 +28,30 @@ OPTIMIZERS = {
     "lars": ("LARS, batched", lambda groups: LARS(groups, LR, MOMENTUM)),
     "naive-lars": ("LARS, per tensor", lambda groups: NaiveLARS(groups, LR, MOMENTUM)),
 }
+
+
+@dataclass
+class OptimizerBenchConfig:
+    """`scalesgd bench optimizer`: one step() of each optimizer on one model's parameters, against torch's SGD."""
+
+    model: str = option("resnet50", choices=MODELS)
+    optimizers: tuple[str, ...] = option(("sgd", "lars", "naive-lars"), f"with {REFERENCE}, the reference",
+                                         choices=OPTIMIZERS, parse=words, check=checks.distinct)
+    repeats: int = option(20, "timed steps per optimizer", check=checks.positive)
+    warmup: int = option(3, "untimed steps first", check=checks.at_least(0))
+    threads: int = option(1, "compute threads", check=checks.positive)
+    weight_decay: float = option(5e-5, "of the decayed group; never BN γ/β", check=checks.finite_non_negative)
+    out: str = option("", "output directory", shown_default="runs/bench/optimizer-<timestamp>")
+
+    def validate(self) -> OptimizerBenchConfig:
+        check_fields(self)
+        if REFERENCE not in self.optimizers:
+            raise UsageError(f"`optimizers` {','.join(self.optimizers)}: include {REFERENCE}, the reference of the "
+                             "ratios")
+        return self
+
+    def to_dict(self) -> dict:
+        return record(self)
 
 
 def run(cfg: OptimizerBenchConfig, command: str) -> int:
@@ -68,15 +95,13 @@ def _describe(groups: list[dict]) -> dict:
                         "elements": sum(p.numel() for p in g["params"])} for g in groups]}
 
 
-def report(cfg: OptimizerBenchConfig, record: dict, command: str) -> None:
-    from rich.console import Console
-
-    params, results = record["parameters"], record["results"]
+def report(cfg: OptimizerBenchConfig, measured: dict, command: str) -> None:
+    params, results = measured["parameters"], measured["results"]
     columns = ["optimizer", "median ms", "min ms", f"÷ {REFERENCE} (median)", f"÷ {REFERENCE} (min)"]
     rows = [[f"{r['optimizer']} ({OPTIMIZERS[r['optimizer']][0]})", f"{r['median_ms']:.2f}", f"{r['min_ms']:.2f}",
              f"{r['ratio_median']:.2f}", f"{r['ratio_min']:.2f}"] for r in results]
     out = Path(cfg.out)
-    output.write(out, "optimizer", {"config": cfg.to_dict(), **record}, columns, rows, command)
+    output.write(out, "optimizer", {"config": cfg.to_dict(), **measured}, columns, rows, command)
     plot(out / "optimizer.png", cfg, params, results)
     Console().print(output.rich_table(f"one step() on {cfg.model}: {params['tensors']} tensors, "
                                       f"{params['elements'] / 1e6:.1f} M parameters, {cfg.threads} thread(s), "

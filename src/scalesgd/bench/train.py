@@ -9,22 +9,62 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from rich.console import Console
 from torch import nn
 
-from scalesgd.bench import output
-from scalesgd.config import TrainBenchConfig, TrainConfig
-from scalesgd.models import build_model
+from scalesgd import checks, output
+from scalesgd.bench.launch import BenchLaunch
+from scalesgd.comm.codecs import CODECS
+from scalesgd.comm.exchange import GradientExchange, build_exchange
+from scalesgd.config import MIN_PER_WORKER, NO_PLANNER, TrainConfig
+from scalesgd.errors import UsageError
+from scalesgd.models import MODELS, build_model
+from scalesgd.options import check_fields, option, words
 from scalesgd.recipe import build_sgd, initialize
-from scalesgd.trace import Tracer
-from scalesgd.train import distributed, engines, planning
-
+from scalesgd.runtime import process_group
+from scalesgd.train import planning
 
 BATCHES = 8  # distinct synthetic batches each mode cycles through
+MODES_HELP = ("comma-separated: none (no exchange: the compute-only bound), ddp[-CODEC], "
+              "scalesgd[-CODEC[@DENSITY][-ALGORITHM[-BUCKETS]]]")
+
+
+@dataclass
+class TrainBenchConfig(BenchLaunch):
+    """`scalesgd bench train`: every exchange mode timed on the same model, data and workers."""
+
+    workers: int = option(2, "local workers; under torchrun the launch decides", check=checks.positive)
+    model: str = option("resnet20", choices=MODELS)
+    image_size: int = option(32, "synthetic input side", check=checks.positive)
+    channels: int = option(3, "input channels", check=checks.positive)
+    classes: int = option(10, check=checks.at_least(2, "classes to tell apart"))
+    batch_size: int = option(64, "global minibatch", check=checks.positive)
+    modes: tuple[str, ...] = option(("none", "ddp", "ddp-fp16", "ddp-powersgd", "scalesgd-fp32-ring-size:1",
+                                     "scalesgd-fp16-ring-size:1"), MODES_HELP, parse=words, check=checks.distinct)
+    warmup: int = option(12, "untimed iterations per mode first", check=checks.at_least(0))
+    iterations: int = option(30, "timed iterations per mode", check=checks.positive)
+    rounds: int = option(5, "modes take turns this many times", check=checks.positive)
+
+    def validate(self) -> TrainBenchConfig:
+        """Every option, then every mode as the training run it describes."""
+        check_fields(self)
+        self.check_launch(self.workers)
+        if self.batch_size % self.workers or self.batch_size // self.workers < MIN_PER_WORKER:
+            raise UsageError(f"`batch_size` {self.batch_size}: must be a multiple of `workers` {self.workers} "
+                             f"with at least {MIN_PER_WORKER} per worker")
+        for text in self.modes:
+            try:
+                mode = parse_mode(text)
+                if mode.engine != "none":
+                    mode.describe(self, self.workers).validate()
+            except (ValueError, UsageError) as err:
+                raise UsageError(f"`modes` {text}: {err}") from None
+        return self
 
 
 @dataclass(frozen=True)
@@ -40,7 +80,16 @@ class Mode:
 
     @property
     def planner(self) -> str:
-        return self.buckets.split(":", 1)[1] if self.buckets.startswith("planner:") else "none"
+        return self.buckets.split(":", 1)[1] if self.buckets.startswith("planner:") else NO_PLANNER
+
+    def describe(self, bench: TrainBenchConfig, world: int) -> TrainConfig:
+        """The training run this mode stands for: the bench's model and synthetic batches, this exchange."""
+        return TrainConfig(workers=world, dataset="synthetic", samples=BATCHES * bench.batch_size,
+                           image_size=bench.image_size, classes=bench.classes, model=bench.model,
+                           batch_size=bench.batch_size, base_batch=bench.batch_size, engine=self.engine,
+                           codec=self.codec, algorithm=self.algorithm,
+                           buckets="size:1" if self.planner != NO_PLANNER else self.buckets,
+                           density=self.density, planner=self.planner, procs_per_node=bench.procs_per_node)
 
 
 def parse_mode(text: str) -> Mode:
@@ -54,8 +103,6 @@ def parse_mode(text: str) -> Mode:
     if engine == "ddp":
         return Mode(text, "ddp", rest or "fp32")
     if engine == "scalesgd":
-        from scalesgd.comm.codecs import CODECS
-
         # codec names may hold dashes (fp8-direct, topk-global): take the longest that fits
         fits = [c for c in CODECS if rest == c or rest.startswith((c + "-", c + "@"))]
         codec = max(fits, key=len) if fits else (rest.split("-", 1)[0] or "fp32")
@@ -77,6 +124,7 @@ class Runner:
     """A mode's own model, optimizer and engine, and what its timed iterations measured."""
 
     mode: Mode
+    exchange: GradientExchange | None  # None: the `none` mode, a bare model and optimizer
     net: nn.Module
     opt: object
     times: list[float]
@@ -88,9 +136,9 @@ class Runner:
 def run(cfg: TrainBenchConfig, command: str) -> int:
     """Measure on this rank (all ranks take part); rank 0 writes the results."""
     modes = [parse_mode(m) for m in cfg.modes]
-    hierarchical = any(train_config(m, 1).needs_topology for m in modes if m.engine != "none")
-    env = distributed.init(cfg.timeout, cfg.threads, procs_per_node=(
-        cfg.procs_per_node or distributed.local_world_size(cfg.workers)) if hierarchical else None)
+    hierarchical = any(m.describe(cfg, cfg.workers).needs_topology for m in modes if m.engine != "none")
+    env = process_group.init(cfg.timeout, cfg.threads,
+                             procs_per_node=cfg.node_size(cfg.workers) if hierarchical else None)
     try:
         per_rank = cfg.batch_size // env.world_size
         g = torch.Generator().manual_seed(1000 + env.rank)
@@ -113,12 +161,12 @@ def run(cfg: TrainBenchConfig, command: str) -> int:
         if env.is_main:
             report(cfg, env.world_size, results, command)
         for runner in runners:
-            if hasattr(runner.opt, "close"):
-                runner.opt.close()
-        distributed.finish()
+            if runner.exchange is not None:
+                runner.exchange.close()
+        process_group.finish()
         return 0
     finally:
-        distributed.close()
+        process_group.close()
 
 
 def build_runner(cfg: TrainBenchConfig, mode: Mode, env, batch) -> Runner:
@@ -127,24 +175,16 @@ def build_runner(cfg: TrainBenchConfig, mode: Mode, env, batch) -> Runner:
     model = initialize(build_model(cfg.model, cfg.classes, cfg.channels)).to(env.device)
     optimizer = build_sgd(model, 0.01, 0.9, False, 1e-4)
     if mode.engine == "none":
-        return Runner(mode, model, optimizer, [], [], [])
-    train_cfg = train_config(mode, env.world_size)
-    group = dist.new_group() if train_cfg.own_exchange_group else None
-    env_for_mode = distributed.DistEnv(env.rank, env.world_size, env.local_rank, env.local_world_size,
-                                       env.device, group, env.topology_groups)
+        return Runner(mode, None, model, optimizer, [], [], [])
+    train_cfg = mode.describe(cfg, env.world_size)
+    group = dist.new_group() if train_cfg.own_exchange_group else None  # each mode exchanges in a group of its own
+    env_for_mode = replace(env, exchange_group=group)
     plan, planned = None, None
-    if mode.planner != "none":
+    if mode.planner != NO_PLANNER:
         plan, planned = planning.plan_exchange(train_cfg, model, batch, nn.functional.cross_entropy, env_for_mode)
-    net, opt = engines.wrap(train_cfg, model, optimizer, env_for_mode, Tracer(False), plan)
-    return Runner(mode, net, opt, [], [], [], planned)
-
-
-def train_config(mode: Mode, world: int) -> TrainConfig:
-    """The training options a mode stands for (the engine's defaults otherwise)."""
-    planner = mode.planner
-    return TrainConfig(workers=world, engine=mode.engine, codec=mode.codec, algorithm=mode.algorithm,
-                       buckets="size:1" if planner != "none" else mode.buckets, density=mode.density,
-                       planner=planner)
+    exchange = build_exchange(train_cfg.engine, model, optimizer,
+                              train_cfg.exchange_setup(group, env.topology_groups, plan=plan))
+    return Runner(mode, exchange, exchange.model, exchange.optimizer, [], [], [], planned)
 
 
 def iteration(runner: Runner, x: torch.Tensor, y: torch.Tensor, record: bool) -> None:
@@ -155,7 +195,7 @@ def iteration(runner: Runner, x: torch.Tensor, y: torch.Tensor, record: bool) ->
     runner.opt.step()
     runner.opt.zero_grad(set_to_none=True)
     end = time.perf_counter()
-    stats = runner.opt.pop_stats() if hasattr(runner.opt, "pop_stats") else None
+    stats = runner.exchange.stats() if runner.exchange is not None else None
     if record:
         runner.times.append(end - start)
         runner.compute.append(backward_end - start)
@@ -186,8 +226,6 @@ def summarize(cfg: TrainBenchConfig, runner: Runner, env) -> dict:
 
 def report(cfg: TrainBenchConfig, world: int, results: list[dict], command: str) -> None:
     """Table with each mode's time and its ratio to DDP fp32, JSON, Markdown and the PNG."""
-    from rich.console import Console
-
     ddp = next((r["median_iteration_s"] for r in results if r["mode"] == "ddp"), None)
     columns = ["mode", "median ms", "images/s", "ddp ÷ mode", "compute ms", "exposed comm ms",
                "overlapped comm ms", "MB sent / iter", "planned: groups, predicted ÷ measured"]

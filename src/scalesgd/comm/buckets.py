@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rich.table import Table
+
+from scalesgd.comm.planner import check_grouping
+
 MB = 1 << 20
 PLAN_KINDS = ("size:MB", "growing[:FIRST_MB[:FACTOR]]", "layer", "single")
 
@@ -39,8 +43,6 @@ class BucketPlan:
 
     def table(self):
         """A rich table: one row per bucket, first exchanged first."""
-        from rich.table import Table
-
         table = Table(title=f"bucket plan {self.spec}: {len(self.buckets)} buckets, "
                             f"{sum(t.nbytes for t in self.tensors) / MB:.2f} MB")
         for column in ("#", "tensors", "first → last (backward order)", "elements", "MB"):
@@ -99,8 +101,6 @@ def plan_buckets(spec: str, tensors: list[TensorInfo]) -> BucketPlan:
 
 def plan_from_groups(groups: list[list[int]], tensors: list[TensorInfo], spec: str) -> BucketPlan:
     """A plan whose buckets are a planner's groups (backward order, consecutive tensor indices)."""
-    from scalesgd.comm.planner import check_grouping
-
     check_grouping(groups, len(tensors))
     return BucketPlan(spec, tuple(tensors), tuple(tuple(g) for g in groups))
 

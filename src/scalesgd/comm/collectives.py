@@ -8,42 +8,52 @@ of bytes this rank sent.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 
 from scalesgd.comm.topology import Topology, TopologyGroups
+from scalesgd.registry import Registry
 
-ALGORITHMS = ("ring", "halving_doubling", "hierarchical", "native")
+
+@dataclass(frozen=True)
+class Algorithm:
+    """An allreduce: `run(flat, group, topology)` sums a contiguous 1-D tensor in place, returns bytes sent."""
+
+    run: Callable[[torch.Tensor, object, "Topology | TopologyGroups | None"], int]
+    help: str
+    needs_topology: bool = False  # runs in the node and cross-node groups
+
+
+ALGORITHMS: Registry[Algorithm] = Registry("allreduce algorithm")
 
 
 def allreduce(tensor: torch.Tensor, algorithm: str = "ring", group=None,
               topology: Topology | TopologyGroups | None = None) -> int:
-    """Sum `tensor` in place across the ranks of `group`; return the bytes this rank sent.
+    """Sum `tensor` in place across the ranks of `group` with a registered algorithm; return the bytes sent.
 
     `native` is `dist.all_reduce` (its bytes are the ring estimate 2·(p−1)/p·nbytes). `hierarchical`
     runs in the node and cross-node groups of `topology`: prebuilt `TopologyGroups` (what the engine
     passes, created eagerly at start-up), or a `Topology` whose groups are built on first use over the
     default group (default `Topology.from_env()`).
     """
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"unknown allreduce algorithm {algorithm!r}; choose one of {', '.join(ALGORITHMS)}")
+    run = ALGORITHMS[algorithm].run
     rank, peers = ring_members(group)
     if rank < 0 or len(peers) == 1:  # not a member (as dist.all_reduce: nothing to do) or alone
         return 0
     work = tensor.contiguous()  # the collectives need contiguous memory; copied back below
-    flat = work.view(-1)
-    if algorithm == "native":
-        dist.all_reduce(work, group=group)
-        sent = 2 * (len(peers) - 1) * flat.numel() * flat.element_size() // len(peers)
-    elif algorithm == "ring":
-        sent = ring_allreduce(flat, group)
-    elif algorithm == "halving_doubling":
-        sent = _halving_doubling_allreduce(flat, rank, peers, group)
-    else:
-        sent = _hierarchical_allreduce(flat, group, topology)
+    sent = run(work.view(-1), group, topology)
     if work is not tensor:
         tensor.copy_(work)
     return sent
+
+
+def _native_allreduce(flat: torch.Tensor, group, topology=None) -> int:
+    dist.all_reduce(flat, group=group)
+    p = dist.get_world_size(group)
+    return 2 * (p - 1) * flat.numel() * flat.element_size() // p
 
 
 # --- shared pieces ---------------------------------------------------------------------------------
@@ -144,12 +154,13 @@ def ring_allreduce(flat: torch.Tensor, group, buf: torch.Tensor | None = None, c
 
 # --- halving/doubling (Rabenseifner) ---------------------------------------------------------------
 
-def _halving_doubling_allreduce(flat: torch.Tensor, rank: int, peers: list[int], group) -> int:
+def _halving_doubling_allreduce(flat: torch.Tensor, group, topology=None) -> int:
     """Recursive-halving reduce-scatter then recursive-doubling allgather: 2·log2 p′ steps (+2 to fold).
 
     With p not a power of two, the first 2r ranks (r = p − p′) pair up: each even rank hands its
     vector to the odd one and sits out, then gets the result back at the end.
     """
+    rank, peers = ring_members(group)
     p = len(peers)
     p2 = 1 << (p.bit_length() - 1)
     r = p - p2
@@ -216,3 +227,12 @@ def _hierarchical_allreduce(flat: torch.Tensor, group, topology: Topology | Topo
     sent = ring_reduce_scatter(chunks, rank, peers, groups.node_group, buf)
     sent += ring_allreduce(chunks[rank], groups.cross_group, buf)
     return sent + ring_allgather(chunks, rank, peers, groups.node_group)
+
+
+ALGORITHMS.add("ring", Algorithm(lambda flat, group, topology: ring_allreduce(flat, group),
+                                 "reduce-scatter then allgather around a ring, 2(p−1) steps"))
+ALGORITHMS.add("halving_doubling", Algorithm(_halving_doubling_allreduce,
+                                             "recursive halving then doubling, 2·log2 p steps"))
+ALGORITHMS.add("hierarchical", Algorithm(_hierarchical_allreduce, "in the node, across nodes, back",
+                                         needs_topology=True))
+ALGORITHMS.add("native", Algorithm(_native_allreduce, "torch.distributed's own all_reduce"))

@@ -20,7 +20,7 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from scalesgd.comm.buckets import BucketPlan, model_tensors, plan_buckets
-from scalesgd.comm.codecs import BucketView, Codec, Exchange, make_codec
+from scalesgd.comm.codecs import BucketView, Channel, Codec, make_codec
 from scalesgd.comm.topology import Topology
 from scalesgd.trace import Tracer, now_us
 
@@ -79,7 +79,7 @@ class DistributedOptimizer:
         self.codec = make_codec(codec) if isinstance(codec, str) else codec
         if topology is None and (algorithm == "hierarchical" or self.codec.needs_topology):
             topology = Topology.from_env().groups()  # collective: every rank builds the engine together
-        self.exchange = Exchange(self.group, dist.get_world_size(self.group), algorithm, topology)
+        self.channel = Channel(self.group, dist.get_world_size(self.group), algorithm, topology)
         self.tracer = tracer or Tracer(False)
         self.broadcast_buffers = broadcast_buffers
         self._src = dist.get_global_rank(self.group, 0)
@@ -158,7 +158,7 @@ class DistributedOptimizer:
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(),
                 "engine": {"codec": self.codec.name, "codec_state": self.codec.state_dict(),
-                           "buckets": self.plan.spec, "algorithm": self.exchange.algorithm}}
+                           "buckets": self.plan.spec, "algorithm": self.channel.algorithm}}
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
@@ -193,7 +193,7 @@ class DistributedOptimizer:
         (sparsification in backward, as DLGS's timing model has it: the next layer's backward waits)."""
         if self.codec.encode_in_backward:
             start = now_us()
-            bucket.wire = self.codec.encode(bucket.buffer, bucket.view, self.exchange)
+            bucket.wire = self.codec.encode(bucket.buffer, bucket.view, self.channel)
             bucket.encode_us = (start, now_us())
         bucket.ready.set()
 
@@ -230,17 +230,17 @@ class DistributedOptimizer:
                 bucket.done.set()
 
     def _exchange_bucket(self, bucket: _Bucket) -> None:
-        ex, view = self.exchange, bucket.view
+        channel, view = self.channel, bucket.view
         if bucket.wire is None:
             start = now_us()
-            wire = self.codec.encode(bucket.buffer, view, ex)
+            wire = self.codec.encode(bucket.buffer, view, channel)
             encoded = (start, now_us())
         else:  # encoded in backward: that time is part of backward's, not the exchange's
             wire, encoded = bucket.wire, None
         begin = now_us()
-        sent = self.codec.communicate(wire, view, ex)
+        sent = self.codec.communicate(wire, view, channel)
         sent_at = now_us()
-        self.codec.decode(wire, view, bucket.buffer, ex)
+        self.codec.decode(wire, view, bucket.buffer, channel)
         end = now_us()
         spans = [("encode", *(encoded or bucket.encode_us)), ("communicate", begin, sent_at), ("decode", sent_at, end)]
         for name, start, stop in spans:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from scalesgd.registry import Registry
+
 Grouping = list[list[int]]
 TimeOfSize = Callable[[int], float]
 
@@ -112,3 +114,9 @@ def _pareto(states: list) -> list:
             kept.append(state)
             best_comm = state[1]
     return kept
+
+
+# name → plan(t_f, t_b, sizes, comm_time, sparsify_time) → grouping
+PLANNERS: Registry[Callable[..., Grouping]] = Registry("planner")
+PLANNERS.add("dlgs", plan_dlgs)
+PLANNERS.add("optimal", plan_optimal)

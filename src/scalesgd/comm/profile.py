@@ -18,6 +18,9 @@ import torch.distributed as dist
 from torch import nn
 
 from scalesgd.comm.buckets import model_tensors
+from scalesgd.comm.codecs.base import BucketView, Channel
+from scalesgd.comm.codecs.topk import TopkCodec
+from scalesgd.comm.sparse import allgather_sparse, mean_of_sparse
 
 
 @dataclass
@@ -122,11 +125,8 @@ def slowest_rank(t_f: float, t_b: list[float], group=None,
 def time_sparsify(sizes: list[int], density: float, reuse: int, repeats: int = 3,
                   device: torch.device | str = "cpu") -> tuple[float, float]:
     """Fit the top-k codec's encode time (one recompute per `reuse` steps) against bucket size."""
-    from scalesgd.comm.codecs import BucketView, Exchange
-    from scalesgd.comm.codecs.topk import TopkCodec
-
     xs, ys = [], []
-    exchange = Exchange(None, 1)
+    channel = Channel(None, 1)
     for d in sizes:
         codec = TopkCodec("topk", density, reuse)
         g = torch.randn(d, device=device)
@@ -134,7 +134,7 @@ def time_sparsify(sizes: list[int], density: float, reuse: int, repeats: int = 3
         per_step = []
         for step in range(reuse * repeats):
             start = time.perf_counter()
-            codec.encode(g.clone(), view, exchange)
+            codec.encode(g.clone(), view, channel)
             per_step.append(time.perf_counter() - start)
         xs.append(d)
         ys.append(statistics.mean(per_step))
@@ -144,8 +144,6 @@ def time_sparsify(sizes: list[int], density: float, reuse: int, repeats: int = 3
 def time_sparse_exchange(sizes: list[int], density: float, group=None, repeats: int = 3,
                          device: torch.device | str = "cpu") -> tuple[float, float]:
     """Fit the sparse exchange of ⌈ρ·d⌉ entries per rank and its decode against d, on `group` (collective)."""
-    from scalesgd.comm.sparse import allgather_sparse, mean_of_sparse
-
     xs, ys = [], []
     for d in sizes:
         k = max(1, math.ceil(density * d))

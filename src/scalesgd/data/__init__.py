@@ -1,52 +1,51 @@
-"""Small in-memory datasets, CIFAR augmentation and the global-batch sampler for data-parallel training."""
+"""Datasets by name, CIFAR augmentation and the global-batch sampler for data-parallel training."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
+from scalesgd.data import cifar10, digits
 from scalesgd.data.augment import random_crop_flip
 from scalesgd.data.cifar10 import check_cifar10_dir, load_cifar10_bundle
 from scalesgd.data.dataset import DataBundle, DataError, Split
 from scalesgd.data.digits import load_digits_bundle
 from scalesgd.data.sampler import GlobalBatchSampler
 from scalesgd.data.synthetic import load_synthetic_bundle
-
-DATASETS = ("digits", "synthetic", "cifar10")
-
-__all__ = [
-    "DATASETS",
-    "DataBundle",
-    "DataError",
-    "GlobalBatchSampler",
-    "Split",
-    "check_cifar10_dir",
-    "load_bundle",
-    "load_cifar10_bundle",
-    "load_digits_bundle",
-    "load_synthetic_bundle",
-    "random_crop_flip",
-]
+from scalesgd.registry import Registry
 
 
-def load_bundle(
-    name: str,
-    *,
-    data_dir: str | Path | None = None,
-    samples: int = 5000,
-    image_size: int = 32,
-    num_classes: int = 10,
-) -> DataBundle:
-    """Load a dataset by name so callers (CLI, recipes) need not know each loader's signature.
+@dataclass(frozen=True)
+class Dataset:
+    """A dataset's loader, and what is known of it before loading."""
 
-    ``samples``, ``image_size`` and ``num_classes`` only shape the synthetic task;
-    ``data_dir`` is required for, and only used by, ``cifar10``.
-    """
-    if name == "digits":
-        return load_digits_bundle()
-    if name == "synthetic":
-        return load_synthetic_bundle(samples=samples, image_size=image_size, num_classes=num_classes)
-    if name == "cifar10":
-        if data_dir is None:
-            raise DataError("dataset 'cifar10' needs data_dir: the folder that is, or contains, cifar-10-batches-py/")
-        return load_cifar10_bundle(data_dir)
-    raise ValueError(f"unknown dataset {name!r}; expected one of {', '.join(DATASETS)}")
+    load: Callable[[str | None, int, int, int], DataBundle]  # (data_dir, samples, image_size, classes)
+    train_size: Callable[[int], int]  # the training-set size, given the `samples` option
+    check_dir: Callable[[str | Path], object] | None = None  # raises DataError unless data_dir holds it
+    files: str = ""  # what its data_dir holds, for messages
+
+
+DATASETS: Registry[Dataset] = Registry("dataset")
+DATASETS.add("digits", Dataset(lambda data_dir, samples, image_size, classes: load_digits_bundle(),
+                               lambda samples: digits.TRAIN_SIZE))
+DATASETS.add("synthetic", Dataset(lambda data_dir, samples, image_size, classes: load_synthetic_bundle(
+                                      samples=samples, image_size=image_size, num_classes=classes),
+                                  lambda samples: samples))
+DATASETS.add("cifar10", Dataset(lambda data_dir, samples, image_size, classes: load_cifar10_bundle(data_dir),
+                                lambda samples: cifar10.TRAIN_SIZE, check_cifar10_dir,
+                                f"{cifar10.FOLDER_NAME}/"))
+
+
+def load_bundle(name: str, *, data_dir: str | Path | None = None, samples: int = 5000, image_size: int = 32,
+                num_classes: int = 10) -> DataBundle:
+    """Load a registered dataset; `samples`, `image_size` and `num_classes` shape the synthetic task only,
+    and `data_dir` is where a dataset with files (cifar10) lies."""
+    dataset = DATASETS[name]
+    if dataset.check_dir is not None and data_dir is None:
+        raise DataError(f"dataset {name!r} needs data_dir: the folder that is, or contains, {dataset.files}")
+    return dataset.load(data_dir, samples, image_size, num_classes)
+
+
+__all__ = ["DATASETS", "DataBundle", "DataError", "Dataset", "GlobalBatchSampler", "Split", "check_cifar10_dir",
+           "load_bundle", "load_cifar10_bundle", "load_digits_bundle", "load_synthetic_bundle", "random_crop_flip"]

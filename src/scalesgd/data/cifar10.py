@@ -11,12 +11,18 @@ from typing import Any
 import numpy as np
 import torch
 
+try:  # numpy's array reconstruction, which CIFAR-10's pickles name, moved to numpy._core in numpy 2
+    from numpy._core import multiarray, numeric
+except ImportError:  # pragma: no cover - numpy 1.x
+    from numpy.core import multiarray, numeric  # type: ignore[no-redef]
+
 from scalesgd.data.dataset import DataBundle, DataError, Split
 
 FOLDER_NAME = "cifar-10-batches-py"
 TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
 TEST_FILE = "test_batch"
 ALL_FILES = TRAIN_FILES + (TEST_FILE,)
+TRAIN_SIZE = 50_000
 MEAN = (0.4914, 0.4822, 0.4465)
 STD = (0.2470, 0.2435, 0.2616)
 NUM_CLASSES = 10
@@ -117,10 +123,6 @@ def _one_line(exc: BaseException) -> str:
 
 def _numpy_globals() -> MappingProxyType:
     """The only globals a CIFAR-10 batch pickle needs: numpy array reconstruction and bytes decoding."""
-    try:
-        from numpy._core import multiarray, numeric  # numpy >= 2
-    except ImportError:  # pragma: no cover - numpy 1.x
-        from numpy.core import multiarray, numeric  # type: ignore[no-redef]
     allowed: dict[tuple[str, str], Any] = {
         ("numpy", "ndarray"): np.ndarray,
         ("numpy", "dtype"): np.dtype,

@@ -11,6 +11,7 @@ from scalesgd.data.dataset import DataBundle, Split
 
 TEST_FRACTION = 0.2
 SPLIT_SEED = 0
+TRAIN_SIZE = 1437  # of the 1797 images, after the stratified split
 
 
 def load_digits_bundle() -> DataBundle:

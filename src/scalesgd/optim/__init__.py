@@ -1,5 +1,19 @@
-"""Optimizers beyond torch's own: LARS for very large minibatches."""
+"""Optimizers by name: torch's momentum SGD, and LARS for very large minibatches."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
 
 from scalesgd.optim.lars import LARS, NaiveLARS
+from scalesgd.registry import Registry
 
-__all__ = ["LARS", "NaiveLARS"]
+# name → builder(param_groups, lr, momentum, nesterov, trust_coefficient)
+OPTIMIZERS: Registry[Callable[..., torch.optim.Optimizer]] = Registry("optimizer")
+OPTIMIZERS.add("sgd", lambda groups, lr, momentum, nesterov, trust_coefficient:
+               torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=nesterov))
+OPTIMIZERS.add("lars", lambda groups, lr, momentum, nesterov, trust_coefficient:
+               LARS(groups, lr=lr, momentum=momentum, nesterov=nesterov, trust_coefficient=trust_coefficient))
+
+__all__ = ["LARS", "OPTIMIZERS", "NaiveLARS"]

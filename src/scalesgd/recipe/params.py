@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from scalesgd.optim import OPTIMIZERS
+
 _NORM_TYPES = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)
 
 
@@ -34,21 +36,10 @@ def param_groups(model: nn.Module, weight_decay: float, bias_decay: bool = True)
 def build_sgd(model: nn.Module, lr: float, momentum: float, nesterov: bool, weight_decay: float,
               bias_decay: bool = True) -> torch.optim.SGD:
     """torch's SGD (the u-form u ← m·u + g, w ← w − η·u: no momentum correction needed)."""
-    groups = param_groups(model, weight_decay, bias_decay)
-    return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=nesterov)
-
-
-OPTIMIZERS = ("sgd", "lars")
+    return build_optimizer(model, "sgd", lr, momentum, nesterov, weight_decay, bias_decay)
 
 
 def build_optimizer(model: nn.Module, kind: str, lr: float, momentum: float, nesterov: bool, weight_decay: float,
                     bias_decay: bool = True, trust_coefficient: float = 0.001) -> torch.optim.Optimizer:
-    """SGD, or batched LARS on the same groups (the no-decay group gets neither decay nor LARS)."""
-    if kind == "sgd":
-        return build_sgd(model, lr, momentum, nesterov, weight_decay, bias_decay)
-    if kind == "lars":
-        from scalesgd.optim import LARS
-
-        return LARS(param_groups(model, weight_decay, bias_decay), lr=lr, momentum=momentum, nesterov=nesterov,
-                    trust_coefficient=trust_coefficient)
-    raise ValueError(f"unknown optimizer {kind!r}; choose from {', '.join(OPTIMIZERS)}")
+    """A registered optimizer on the recipe's groups (LARS leaves the no-decay group, BN γ/β, alone)."""
+    return OPTIMIZERS[kind](param_groups(model, weight_decay, bias_decay), lr, momentum, nesterov, trust_coefficient)

@@ -1,17 +1,19 @@
 """Learning-rate scaling rules for a larger minibatch (Goyal et al., SPEC §1)."""
 
-import math
+from __future__ import annotations
 
-SCALING_RULES = ("linear", "sqrt", "none")
+import math
+from collections.abc import Callable
+
+from scalesgd.registry import Registry
+
+# rule → the factor on the base rate for a minibatch `ratio` times the base batch
+SCALING_RULES: Registry[Callable[[float], float]] = Registry("scaling rule")
+SCALING_RULES.add("linear", lambda ratio: ratio)
+SCALING_RULES.add("sqrt", math.sqrt)
+SCALING_RULES.add("none", lambda ratio: 1.0)
 
 
 def scaled_lr(base_lr: float, batch: int, base_batch: int, rule: str) -> float:
     """Return the rate for global minibatch `batch`, given `base_lr` tuned at `base_batch`."""
-    ratio = batch / base_batch
-    if rule == "linear":
-        return base_lr * ratio
-    if rule == "sqrt":
-        return base_lr * math.sqrt(ratio)
-    if rule == "none":
-        return base_lr
-    raise ValueError(f"unknown scaling rule {rule!r}; choose from {', '.join(SCALING_RULES)}")
+    return base_lr * SCALING_RULES[rule](batch / base_batch)

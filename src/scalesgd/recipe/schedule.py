@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-WARMUPS = ("gradual", "constant", "none")
-SCHEDULES = ("step", "cosine", "poly", "arccot")
+from scalesgd.registry import Registry
+
 GOYAL_MILESTONE_FRACTIONS = (30 / 90, 60 / 90, 80 / 90)
 
 
@@ -41,25 +42,29 @@ class LrFactor:
         return self.warmup_factor(step) * self.decay_factor(step)
 
     def warmup_factor(self, step: int) -> float:
-        if self.warmup == "none" or step >= self.warmup_steps:
-            return 1.0
-        if self.warmup == "constant":
-            return self.start
-        return self.start + (1.0 - self.start) * step / self.warmup_steps
+        return 1.0 if step >= self.warmup_steps else WARMUPS[self.warmup](self, step)
 
     def decay_factor(self, step: int) -> float:
-        epoch = step / self.steps_per_epoch
-        if self.schedule == "step":
-            return self.gamma ** sum(1 for m in self.milestones if epoch >= m)
-        if self.schedule == "arccot":
-            return 0.5 - math.atan(self.arccot_slope * (epoch - self.arccot_epoch)) / math.pi
-        span = max(self.total_steps - self.warmup_steps, 1)
-        progress = min(max(step - self.warmup_steps, 0) / span, 1.0)
-        if self.schedule == "cosine":
-            return self.end + (1.0 - self.end) * 0.5 * (1.0 + math.cos(math.pi * progress))
-        if self.schedule == "poly":
-            return self.end + (1.0 - self.end) * (1.0 - progress) ** self.power
-        raise ValueError(f"unknown schedule {self.schedule!r}; choose from {', '.join(SCHEDULES)}")
+        return SCHEDULES[self.schedule](self, step)
+
+    def progress(self, step: int) -> float:
+        """How far past warmup `step` is, from 0 at its end to 1 at the last step."""
+        return min(max(step - self.warmup_steps, 0) / max(self.total_steps - self.warmup_steps, 1), 1.0)
+
+
+# warmup → its factor at a step before the end of warmup
+WARMUPS: Registry[Callable[[LrFactor, int], float]] = Registry("warmup")
+WARMUPS.add("gradual", lambda f, step: f.start + (1.0 - f.start) * step / f.warmup_steps)
+WARMUPS.add("constant", lambda f, step: f.start)
+WARMUPS.add("none", lambda f, step: 1.0)
+
+# schedule → its decay factor at a step (step and arccot over the whole run, cosine and poly after warmup)
+SCHEDULES: Registry[Callable[[LrFactor, int], float]] = Registry("schedule")
+SCHEDULES.add("step", lambda f, step: f.gamma ** sum(1 for m in f.milestones if step / f.steps_per_epoch >= m))
+SCHEDULES.add("cosine", lambda f, step: f.end + (1.0 - f.end) * 0.5 * (1.0 + math.cos(math.pi * f.progress(step))))
+SCHEDULES.add("poly", lambda f, step: f.end + (1.0 - f.end) * (1.0 - f.progress(step)) ** f.power)
+SCHEDULES.add("arccot", lambda f, step: 0.5 - math.atan(f.arccot_slope * (step / f.steps_per_epoch
+                                                                           - f.arccot_epoch)) / math.pi)
 
 
 def default_milestones(epochs: int) -> tuple[float, ...]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from scalesgd import launcher
+from scalesgd.runtime import launcher
 from scalesgd.testbed.netns import DEVICE, TestbedError, check_host, read_state
 
 MASTER_PORT = 29500  # each node has its own network stack: no clash with the host's ports

@@ -1,31 +1,52 @@
-"""The training loop: one readable path from data to checkpoint, the same on every rank."""
+"""The training loop, the same on every rank: set-up, one epoch, evaluation, the end of an epoch, the end of a run."""
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import time
 from concurrent.futures import Future
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from scalesgd.config import TrainConfig
-from scalesgd.data import GlobalBatchSampler, load_bundle, random_crop_flip
+from scalesgd.comm.engine import IterationStats
+from scalesgd.comm.exchange import GradientExchange, build_exchange
+from scalesgd.config import NO_PLANNER, TrainConfig
+from scalesgd.data import DataBundle, GlobalBatchSampler, Split, load_bundle, random_crop_flip
 from scalesgd.errors import NonFiniteLoss
 from scalesgd.models import build_model
-from scalesgd.recipe import (LrFactor, build_optimizer, build_scheduler, global_batch_loss, initialize,
-                             use_ghost_batch)
+from scalesgd.recipe import build_optimizer, build_scheduler, global_batch_loss, initialize, use_ghost_batch
+from scalesgd.runtime.process_group import DistEnv, sync_buffers
 from scalesgd.trace import Tracer, write_chrome_trace
-from scalesgd.train import checkpoint, engines, metrics, planning, report
-from scalesgd.train.distributed import DistEnv, sync_buffers
+from scalesgd.train import checkpoint, metrics, planning, report
+from scalesgd.train.checkpoint import Progress
 from scalesgd.train.progress import EpochProgress
+from scalesgd.train.rundir import BUCKETS_NAME, METRICS_NAME, write_json
 
 EVAL_BATCH = 1000
 SKIP_ITERS = 2  # first iterations of a run, left out of the timing breakdown (allocation, warm caches)
+
+
+@dataclass
+class Run:
+    """What one rank trains with, built once by `setup`."""
+
+    cfg: TrainConfig
+    run_dir: Path
+    env: DistEnv
+    data: DataBundle
+    model: nn.Module  # the bare model: evaluated and saved
+    exchange: GradientExchange  # forward and backward through `exchange.model`, step `exchange.optimizer`
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    sampler: GlobalBatchSampler
+    criterion: nn.Module
+    tracer: Tracer
+    planned: dict  # the planner's predictions, if it chose the buckets
+    timings: list[dict] = field(default_factory=list)  # one per iteration
 
 
 def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool = False) -> dict:
@@ -34,9 +55,35 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
     `env` may still be joining the process group (a Future): data and model are built meanwhile.
     """
     wall_start = time.perf_counter()
-    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
-    data = load_bundle(cfg.dataset, data_dir=cfg.data_dir, samples=cfg.samples,
-                       image_size=cfg.image_size, num_classes=cfg.classes)
+    run = setup(cfg, run_dir, env, resume)
+    done = checkpoint.restore(run_dir, run.model, run.exchange, run.scheduler, run.env) if resume else Progress()
+    if resume and run.env.is_main:
+        metrics.truncate_after_epoch(run_dir / METRICS_NAME, done.epoch)
+    log = metrics.MetricsLog(run_dir / METRICS_NAME) if run.env.is_main else None
+    progress = EpochProgress(run.env.is_main and not cfg.quiet, cfg.epochs)
+    elapsed_before, images_per_s, record = done.elapsed_s, [], {}
+    for epoch in range(done.epoch + 1, cfg.epochs + 1):
+        totals, seconds = train_epoch(run, epoch, log, progress)
+        images_per_s.append(totals[2].item() / seconds)
+        record = end_epoch(run, epoch, totals, images_per_s[-1])
+        done = Progress(epoch, max(done.best_test_acc, record["test_acc"]),
+                        elapsed_before + time.perf_counter() - wall_start)
+        if log:
+            log.write(record)
+            log.flush()
+        checkpoint.save(run_dir, cfg, run.model, run.exchange, run.scheduler, done, run.env)
+        progress.end_epoch(record)
+    if log:
+        log.close()
+    done = Progress(done.epoch, done.best_test_acc, elapsed_before + time.perf_counter() - wall_start)
+    return finish(run, done, record, images_per_s, progress)
+
+
+def setup(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool) -> Run:
+    """Data, model, optimizer, schedule and exchange, identical on every rank (the seed fixes the weights)."""
+    torch.manual_seed(cfg.seed)
+    data = load_bundle(cfg.dataset, data_dir=cfg.data_dir, samples=cfg.samples, image_size=cfg.image_size,
+                       num_classes=cfg.classes)
     model = initialize(build_model(cfg.model, data.num_classes, data.in_channels), cfg.zero_gamma, cfg.bn_momentum)
     use_ghost_batch(model, cfg.bn_batch)
     optimizer = build_optimizer(model, cfg.optimizer, cfg.peak_lr, cfg.momentum, cfg.nesterov, cfg.weight_decay,
@@ -44,159 +91,76 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
     env = env.result() if isinstance(env, Future) else env
     model.to(env.device)
     sampler = GlobalBatchSampler(len(data.train), cfg.batch_size, env.world_size, env.rank, seed=cfg.seed)
-    steps_per_epoch = len(sampler)
-    scheduler = build_scheduler(optimizer, lr_factor(cfg, steps_per_epoch))
+    scheduler = build_scheduler(optimizer, cfg.lr_schedule(len(sampler)).factor)
     criterion = nn.CrossEntropyLoss(reduction="sum", label_smoothing=cfg.label_smoothing)
-
     tracer = Tracer(False)
     plan, planned = None, {}
-    if cfg.planner != "none":
+    if cfg.planner != NO_PLANNER:
         first = torch.arange(min(cfg.per_worker_batch, len(data.train.y)))  # a fixed batch: no RNG drawn
         batch = (data.train.x[first].to(env.device), data.train.y[first].to(env.device))
         plan, planned = planning.plan_exchange(cfg, model, batch, criterion, env, run_dir, resume)
-    net, opt = engines.wrap(cfg, model, optimizer, env, tracer, plan)
-    codec = engines.codec_of(net, opt)
-    if env.is_main and hasattr(opt, "plan"):
-        (run_dir / "buckets.json").write_text(json.dumps(opt.plan.to_dict(), indent=2) + "\n", encoding="utf-8")
-
-    start_epoch, best_acc, elapsed_before = 0, 0.0, 0.0
-    if resume:  # after wrapping: `opt` is what was saved (with the engine's state for scalesgd)
-        state = checkpoint.load(run_dir / checkpoint.CHECKPOINT_NAME)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        if codec is not None and state.get("codec_states"):
-            codec.load_state_dict(state["codec_states"][env.rank])  # this rank's own
-        torch.set_rng_state(state["rng"]["torch"][env.rank])
-        start_epoch, best_acc = state["epoch"], state["best_test_acc"]
-        elapsed_before = state["elapsed_s"]
-        if env.is_main:
-            metrics.truncate_after_epoch(run_dir / metrics.METRICS_NAME, start_epoch)
-
-    log = metrics.MetricsLog(run_dir / metrics.METRICS_NAME) if env.is_main else None
-    progress = EpochProgress(env.is_main and not cfg.quiet, cfg.epochs)
-    images_per_s: list[float] = []
-    timings: list[dict] = []
-    record: dict = {}
-    for epoch in range(start_epoch + 1, cfg.epochs + 1):
-        sampler.set_epoch(epoch)
-        tracer.enabled = bool(cfg.trace) and epoch == cfg.epochs  # the last epoch's timeline
-        progress.start_epoch(epoch, steps_per_epoch)
-        net.train()
-        totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, samples (global)
-        epoch_start = time.perf_counter()
-        for i, indices in enumerate(sampler):
-            t0 = time.perf_counter()
-            x, y = data.train.x[indices], data.train.y[indices]
-            if data.augment:
-                x = random_crop_flip(x)
-            x, y = x.to(env.device, non_blocking=True), y.to(env.device, non_blocking=True)
-            lr = optimizer.param_groups[0]["lr"]
-            with tracer.span("forward"):
-                logits = net(x)
-                loss_sum = criterion(logits, y)
-            with tracer.span("backward"):
-                global_batch_loss(loss_sum, env.world_size, sampler.global_counts(i)).backward()
-            t1 = time.perf_counter()
-            step_stats = torch.stack([loss_sum.detach().double().cpu(),
-                                      (logits.argmax(1) == y).sum().double().cpu(),
-                                      torch.tensor(float(len(y)), dtype=torch.float64)])
-            dist.all_reduce(step_stats)
-            step_loss = (step_stats[0] / step_stats[2]).item()
-            global_iter = (epoch - 1) * steps_per_epoch + i + 1
-            if not math.isfinite(step_loss):
-                raise NonFiniteLoss(f"loss became {step_loss} at epoch {epoch}, iteration {global_iter}")
-            opt.step()
-            scheduler.step()
-            opt.zero_grad(set_to_none=True)
-            timings.append(iteration_timing(opt, t0, t1, time.perf_counter()))
-            totals += step_stats
-            if log:
-                log.write({"kind": "iter", "epoch": epoch, "iter": global_iter, "lr": lr, "loss": step_loss})
-            progress.advance(step_loss, lr)
-        train_time = time.perf_counter() - epoch_start
-        images_per_s.append(totals[2].item() / train_time)
-
-        sync_buffers(model)  # evaluate and save rank 0's BN statistics, as DDP's forward does
-        test_loss, test_acc = evaluate(model, data.test, env)
-        best_acc = max(best_acc, test_acc)
-        record = {"kind": "epoch", "epoch": epoch, "iter": epoch * steps_per_epoch,
-                  "train_loss": totals[0].item() / totals[2].item(),
-                  "train_acc": totals[1].item() / totals[2].item(),
-                  "test_loss": test_loss, "test_acc": test_acc,
-                  "images_per_s": images_per_s[-1], "lr": optimizer.param_groups[0]["lr"]}
-        rng_states = gather_rng_states(env)
-        codec_states = gather_codec_states(codec, env)
-        if env.is_main:
-            log.write(record)
-            log.flush()
-            checkpoint.save_atomic({
-                "model": model.state_dict(), "optimizer": opt.state_dict(),
-                "scheduler": scheduler.state_dict(), "epoch": epoch, "rng": {"torch": rng_states},
-                "config": cfg.to_dict(), "best_test_acc": best_acc,
-                "elapsed_s": elapsed_before + time.perf_counter() - wall_start,
-                "codec_states": codec_states,
-            }, run_dir / checkpoint.CHECKPOINT_NAME)
-        progress.end_epoch(record)
-
-    if cfg.trace:
-        save_trace(cfg.trace, tracer, env)
-    if hasattr(opt, "close"):
-        opt.close()
-    summary = {
-        "final_test_acc": record.get("test_acc", best_acc), "best_test_acc": best_acc,
-        "wall_time_s": elapsed_before + time.perf_counter() - wall_start,
-        "images_per_s": sum(images_per_s) / len(images_per_s) if images_per_s else 0.0,
-        "epochs": cfg.epochs, "steps_per_epoch": steps_per_epoch, "peak_lr": cfg.peak_lr,
-        "world_size": env.world_size, "run_dir": str(run_dir),
-        "iteration": {**breakdown(timings[SKIP_ITERS:] or timings),
-                      "first_iteration_s": timings[0]["iteration_s"] if timings else 0.0},
-        "config": cfg.to_dict(),
-    }
-    if planned:
-        measured = [t["compute_s"] + t["exposed_comm_s"] for t in timings[SKIP_ITERS:] or timings]
-        summary["planner"] = {**planned, "measured_iteration_s": statistics.median(measured)}
-    if env.is_main:
-        log.close()
-        report.write_summary(run_dir, summary)
-        report.plot_report(run_dir)
-        progress.table(report.summary_table(summary))
-    return summary
+    exchange = build_exchange(cfg.engine, model, optimizer,
+                              cfg.exchange_setup(env.exchange_group, env.topology_groups, tracer, plan))
+    if env.is_main and exchange.plan is not None:
+        write_json(run_dir / BUCKETS_NAME, exchange.plan.to_dict())
+    return Run(cfg, run_dir, env, data, model, exchange, scheduler, sampler, criterion, tracer, planned)
 
 
-def lr_factor(cfg: TrainConfig, steps_per_epoch: int) -> LrFactor:
-    """The run's schedule as a pure function of the global step."""
-    return LrFactor(
-        total_steps=cfg.epochs * steps_per_epoch, steps_per_epoch=steps_per_epoch,
-        warmup=cfg.warmup, warmup_steps=round(cfg.warmup_epochs * steps_per_epoch),
-        start=min(cfg.base_lr / cfg.peak_lr, 1.0), schedule=cfg.schedule,
-        milestones=cfg.resolved_milestones, gamma=cfg.gamma, power=cfg.power, end=cfg.end_lr / cfg.peak_lr,
-        arccot_epoch=cfg.resolved_arccot_epoch, arccot_slope=cfg.arccot_slope,
-    )
+def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None,
+                progress: EpochProgress) -> tuple[torch.Tensor, float]:
+    """One pass over the data; (global loss sum, correct, samples) and the seconds it took."""
+    cfg, env, data, sampler, tracer = run.cfg, run.env, run.data, run.sampler, run.tracer
+    net, opt = run.exchange.model, run.exchange.optimizer
+    steps = len(sampler)
+    sampler.set_epoch(epoch)
+    tracer.enabled = bool(cfg.trace) and epoch == cfg.epochs  # the last epoch's timeline
+    progress.start_epoch(epoch, steps)
+    net.train()
+    totals = torch.zeros(3, dtype=torch.float64)
+    start = time.perf_counter()
+    for i, indices in enumerate(sampler):
+        t0 = time.perf_counter()
+        x, y = data.train.x[indices], data.train.y[indices]
+        if data.augment:
+            x = random_crop_flip(x)
+        x, y = x.to(env.device, non_blocking=True), y.to(env.device, non_blocking=True)
+        lr = opt.param_groups[0]["lr"]
+        with tracer.span("forward"):
+            logits = net(x)
+            loss_sum = run.criterion(logits, y)
+        with tracer.span("backward"):
+            global_batch_loss(loss_sum, env.world_size, sampler.global_counts(i)).backward()
+        t1 = time.perf_counter()
+        step_stats = torch.stack([loss_sum.detach().double().cpu(), (logits.argmax(1) == y).sum().double().cpu(),
+                                  torch.tensor(float(len(y)), dtype=torch.float64)])
+        dist.all_reduce(step_stats)
+        step_loss = (step_stats[0] / step_stats[2]).item()
+        global_iter = (epoch - 1) * steps + i + 1
+        if not math.isfinite(step_loss):
+            raise NonFiniteLoss(f"loss became {step_loss} at epoch {epoch}, iteration {global_iter}")
+        opt.step()
+        run.scheduler.step()
+        opt.zero_grad(set_to_none=True)
+        run.timings.append(iteration_timing(run.exchange.stats(), t0, t1, time.perf_counter()))
+        totals += step_stats
+        if log:
+            log.write({"kind": "iter", "epoch": epoch, "iter": global_iter, "lr": lr, "loss": step_loss})
+        progress.advance(step_loss, lr)
+    return totals, time.perf_counter() - start
 
 
-def iteration_timing(opt, start: float, backward_end: float, end: float) -> dict:
-    """One iteration's times; the scalesgd engine also says how much of its exchange was hidden."""
-    timing = {"iteration_s": end - start, "compute_s": backward_end - start}
-    if hasattr(opt, "pop_stats"):
-        stats = opt.pop_stats()
-        timing.update(codec_s=stats.codec_s, comm_s=stats.comm_s, exposed_comm_s=stats.exposed_s,
-                      overlapped_comm_s=stats.overlapped_s, bytes_sent=stats.bytes_sent)
-    return timing
-
-
-def breakdown(timings: list[dict]) -> dict:
-    """Median iteration time and the mean of each part, for summary.json."""
-    if not timings:
-        return {}
-    out = {"iterations": len(timings), "median_iteration_s": statistics.median(t["iteration_s"] for t in timings)}
-    for key in timings[0]:
-        out[f"mean_{key}"] = statistics.fmean(t[key] for t in timings)
-    return out
+def end_epoch(run: Run, epoch: int, totals: torch.Tensor, images_per_s: float) -> dict:
+    """Evaluate with rank 0's BN statistics (as DDP's forward would use them); the epoch's record."""
+    sync_buffers(run.model)
+    test_loss, test_acc = evaluate(run.model, run.data.test, run.env)
+    return {"kind": "epoch", "epoch": epoch, "iter": epoch * len(run.sampler),
+            "train_loss": totals[0].item() / totals[2].item(), "train_acc": totals[1].item() / totals[2].item(),
+            "test_loss": test_loss, "test_acc": test_acc, "images_per_s": images_per_s,
+            "lr": run.exchange.optimizer.param_groups[0]["lr"]}
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, split, env: DistEnv) -> tuple[float, float]:
+def evaluate(model: nn.Module, split: Split, env: DistEnv) -> tuple[float, float]:
     """Test loss and accuracy, each rank taking a strided shard, summed across ranks."""
     model.eval()
     shard = torch.arange(env.rank, len(split), env.world_size)
@@ -211,21 +175,47 @@ def evaluate(model: nn.Module, split, env: DistEnv) -> tuple[float, float]:
     return (sums[0] / sums[2]).item(), (sums[1] / sums[2]).item()
 
 
-def gather_rng_states(env: DistEnv) -> list[torch.Tensor]:
-    """Every rank's CPU RNG state (data augmentation draws from it), for an exact resume."""
-    state = torch.get_rng_state()
-    states = [torch.empty_like(state) for _ in range(env.world_size)]
-    dist.all_gather(states, state)
-    return states
+def finish(run: Run, done: Progress, record: dict, images_per_s: list[float], progress: EpochProgress) -> dict:
+    """Write the trace, stop the exchange, and (rank 0) write summary.json and report.png; the summary."""
+    if run.cfg.trace:
+        save_trace(run.cfg.trace, run.tracer, run.env)
+    run.exchange.close()
+    timed = run.timings[SKIP_ITERS:] or run.timings
+    summary = {
+        "final_test_acc": record.get("test_acc", done.best_test_acc), "best_test_acc": done.best_test_acc,
+        "wall_time_s": done.elapsed_s, "images_per_s": statistics.fmean(images_per_s) if images_per_s else 0.0,
+        "epochs": run.cfg.epochs, "steps_per_epoch": len(run.sampler), "peak_lr": run.cfg.peak_lr,
+        "world_size": run.env.world_size, "run_dir": str(run.run_dir),
+        "iteration": {**breakdown(timed), "first_iteration_s": run.timings[0]["iteration_s"] if run.timings else 0.0},
+        "config": run.cfg.to_dict(),
+    }
+    if run.planned:
+        measured = [t["compute_s"] + t["exposed_comm_s"] for t in timed]
+        summary["planner"] = {**run.planned, "measured_iteration_s": statistics.median(measured)}
+    if run.env.is_main:
+        report.write_summary(run.run_dir, summary)
+        report.plot_report(run.run_dir)
+        progress.table(report.summary_table(summary))
+    return summary
 
 
-def gather_codec_states(codec, env: DistEnv) -> list[dict]:
-    """Every rank's codec state (residuals differ per rank), for an exact resume; [] without a codec."""
-    if codec is None:
-        return []
-    states: list = [None] * env.world_size
-    dist.all_gather_object(states, codec.state_dict())
-    return states
+def iteration_timing(stats: IterationStats | None, start: float, backward_end: float, end: float) -> dict:
+    """One iteration's times, and how much of the exchange was hidden where the engine measures it."""
+    timing = {"iteration_s": end - start, "compute_s": backward_end - start}
+    if stats is not None:
+        timing.update(codec_s=stats.codec_s, comm_s=stats.comm_s, exposed_comm_s=stats.exposed_s,
+                      overlapped_comm_s=stats.overlapped_s, bytes_sent=stats.bytes_sent)
+    return timing
+
+
+def breakdown(timings: list[dict]) -> dict:
+    """Median iteration time and the mean of each part, for summary.json."""
+    if not timings:
+        return {}
+    out = {"iterations": len(timings), "median_iteration_s": statistics.median(t["iteration_s"] for t in timings)}
+    for key in timings[0]:
+        out[f"mean_{key}"] = statistics.fmean(t[key] for t in timings)
+    return out
 
 
 def save_trace(path: str, tracer: Tracer, env: DistEnv) -> None:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-METRICS_NAME = "metrics.jsonl"
-
 
 class MetricsLog:
     """Append-only JSON-lines log, flushed at each epoch so a crash loses at most one epoch."""

@@ -1,4 +1,4 @@
-"""`--planner dlgs|optimal`: profile the model on this process group, plan on rank 0, share the plan."""
+"""`--planner dlgs|optimal`: profile the model on this process group, plan on rank 0, share the plan; show it."""
 
 from __future__ import annotations
 
@@ -6,15 +6,16 @@ import json
 from pathlib import Path
 
 import torch
+from rich.console import Console
+from rich.table import Table
 
 from scalesgd.comm.buckets import BucketPlan, model_tensors, plan_from_groups
-from scalesgd.comm.planner import iteration_time, plan_dlgs, plan_optimal
+from scalesgd.comm.planner import PLANNERS, iteration_time
 from scalesgd.comm.profile import Profile, profile_model
 from scalesgd.config import TrainConfig
-from scalesgd.train.distributed import DistEnv, broadcast_object
-
-PLANNERS = {"dlgs": plan_dlgs, "optimal": plan_optimal}
-PROFILE_NAME = "profile.json"
+from scalesgd.errors import UsageError
+from scalesgd.runtime.process_group import DistEnv, broadcast_object
+from scalesgd.train.rundir import PROFILE_NAME, write_json
 
 
 def plan_exchange(cfg: TrainConfig, model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor], loss_fn,
@@ -42,7 +43,7 @@ def plan_exchange(cfg: TrainConfig, model: torch.nn.Module, batch: tuple[torch.T
                    "predicted_unmerged_s": predicted(profile, [[i] for i in backward]),
                    "predicted_single_group_s": predicted(profile, [backward])}
         if saved is not None:
-            saved.write_text(json.dumps(decided, indent=2) + "\n", encoding="utf-8")
+            write_json(saved, decided)
     decided = broadcast_object(decided)
     plan = plan_from_groups(decided["groups"], model_tensors(model), f"planner:{cfg.planner}")
     return plan, summary_of(decided)
@@ -60,3 +61,28 @@ def summary_of(decided: dict) -> dict:
 def predicted(profile: Profile, groups: list[list[int]]) -> float:
     """The timing model's iteration time for `groups` under `profile`."""
     return iteration_time(groups, profile.t_f, profile.t_b, profile.sizes, profile.comm_time, profile.sparsify_time)
+
+
+def show_profile(run_dir: Path) -> None:
+    """`scalesgd profile RUN_DIR`: the saved profile, the fitted models, the groups and the predictions."""
+    path = Path(run_dir) / PROFILE_NAME
+    if not path.is_file():
+        raise UsageError(f"no {PROFILE_NAME} in {run_dir}; it is written by `scalesgd train --planner dlgs|optimal`")
+    saved = json.loads(path.read_text())
+    prof = saved["profile"]
+    group_of = {layer: g for g, group in enumerate(saved["groups"]) for layer in group}
+    table = Table(title=f"profile: forward {1e3 * prof['t_f']:.2f} ms, {prof['world_size']} ranks, "
+                        f"density {prof['density']:g}, threshold reused {prof['reuse']} steps")
+    for column in ("layer", "tensor", "elements", "backward ms", "group"):
+        table.add_column(column, justify="left" if column == "tensor" else "right")
+    for i in range(len(prof["sizes"]) - 1, -1, -1):
+        table.add_row(str(i), prof["names"][i], f"{prof['sizes'][i]:,}", f"{1e3 * prof['t_b'][i]:.3f}",
+                      str(group_of[i]))
+    console = Console()
+    console.print(table)
+    (alpha, beta), (a, b) = prof["comm"], prof["sparsify"]
+    console.print(f"message of d elements: {1e3 * alpha:.3f} ms + {1e9 * beta:.3f} ns·d; "
+                  f"selection: {1e3 * a:.3f} ms + {1e9 * b:.3f} ns·d", highlight=False)
+    console.print(f"{len(saved['groups'])} groups; predicted iteration {1e3 * saved['predicted_iteration_s']:.1f} ms "
+                  f"(unmerged {1e3 * saved['predicted_unmerged_s']:.1f} ms, one group "
+                  f"{1e3 * saved['predicted_single_group_s']:.1f} ms)", highlight=False)

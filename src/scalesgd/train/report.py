@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from scalesgd.bench import output
-from scalesgd.train.metrics import read
+from rich.table import Table
 
-SUMMARY_NAME = "summary.json"
-REPORT_NAME = "report.png"
+from scalesgd import output
+from scalesgd.train.metrics import read
+from scalesgd.train.rundir import METRICS_NAME, REPORT_NAME, SUMMARY_NAME, write_json
 
 
 def write_summary(run_dir: Path, summary: dict) -> None:
-    (Path(run_dir) / SUMMARY_NAME).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    write_json(Path(run_dir) / SUMMARY_NAME, summary)
 
 
 def summary_table(summary: dict):
     """A rich table of the numbers a user looks for first."""
-    from rich.table import Table
-
     table = Table(title="scalesgd run summary", show_header=False)
     table.add_column("what", style="bold")
     table.add_column("value", justify="right")
@@ -44,7 +41,7 @@ def plot_report(run_dir: Path) -> Path:
     """report.png: loss, accuracy and learning rate against iterations."""
     plt = output.pyplot()
 
-    records = read(Path(run_dir) / "metrics.jsonl")
+    records = read(Path(run_dir) / METRICS_NAME)
     iters = [r for r in records if r["kind"] == "iter"]
     epochs = [r for r in records if r["kind"] == "epoch"]
     fig, (ax_loss, ax_acc, ax_lr) = plt.subplots(3, 1, figsize=(8, 9), sharex=True)

@@ -14,10 +14,55 @@ import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from scalesgd.bench import output
-from scalesgd.config import SweepConfig
+from rich.console import Console
+
+from scalesgd import output
+from scalesgd.config import TrainConfig
+from scalesgd.errors import UsageError, option_name
+from scalesgd.optim import OPTIMIZERS
+from scalesgd.checks import distinct, each_once
+from scalesgd.options import check_fields, ints, option, record, words
+from scalesgd.recipe.scaling import SCALING_RULES
+from scalesgd.recipe.schedule import SCHEDULES, WARMUPS
 from scalesgd.train.metrics import read
-from scalesgd.train.runs import failed, train_once
+from scalesgd.train.rundir import METRICS_NAME, SUMMARY_NAME
+from scalesgd.train.study import failed, train_once
+
+SETS = ("batch_size", "lr_scaling", "warmup", "seed", "run_dir", "resume")  # train options every point sets
+
+
+@dataclass
+class SweepConfig:
+    """`scalesgd sweep`: final error against global minibatch for each scaling rule and warmup (SPEC §1)."""
+
+    batches: tuple[int, ...] = option((32, 64, 128, 256, 512, 1024), "global minibatch sizes", parse=ints,
+                                      check=lambda v: distinct(v) or (None if min(v) >= 1 else "give sizes >= 1"))
+    rules: tuple[str, ...] = option(("linear",), "scaling rules", choices=SCALING_RULES, parse=words, check=distinct)
+    warmups: tuple[str, ...] = option(("gradual",), choices=WARMUPS, parse=words, check=distinct)
+    optimizers: tuple[str, ...] = option((), choices=OPTIMIZERS, parse=words, check=each_once,
+                                         shown_default="as the train options say")
+    schedules: tuple[str, ...] = option((), choices=SCHEDULES, parse=words, check=each_once,
+                                        shown_default="as the train options say")
+    seeds: tuple[int, ...] = option((0,), parse=ints, check=distinct)
+    out: str = option("", "output directory", shown_default="runs/sweep-<timestamp>")
+    train_args: tuple[str, ...] = option((), "-- then options for every run", remainder=True)
+
+    def validate(self) -> SweepConfig:
+        """Every option, then every point as the train options it runs with, before any run starts."""
+        check_fields(self)
+        owned = [*SETS, *(["optimizer"] if self.optimizers else []), *(["schedule"] if self.schedules else [])]
+        given = [name for name in owned if option_name(name) in self.train_args]
+        if given:
+            raise UsageError(f"{', '.join(f'`{name}`' for name in given)} after --: the sweep sets it for each run")
+        for point in grid(self):
+            try:
+                TrainConfig.from_argv(point.argv(self.train_args))
+            except UsageError as err:
+                raise UsageError(f"{point.label}: {err}") from None
+        return self
+
+    def to_dict(self) -> dict:
+        return record(self)
 
 
 @dataclass(frozen=True)
@@ -75,11 +120,9 @@ def run_name(point: Point, base_batch: int) -> str:
 
 def run(cfg: SweepConfig, command: str) -> int:
     """Train every point in turn, then write the table and plots."""
-    from scalesgd.cli import train_config
-
     out = Path(cfg.out)
     points = grid(cfg)
-    base_batch = train_config(points[0].argv(cfg.train_args)).base_batch  # the same for every point
+    base_batch = TrainConfig.from_argv(points[0].argv(cfg.train_args)).base_batch  # the same for every point
     results = []
     for point in points:
         run_dir = out / "runs" / run_name(point, base_batch)
@@ -93,8 +136,8 @@ def run(cfg: SweepConfig, command: str) -> int:
 
 def result_of(point: Point, run_dir: Path) -> dict:
     """A finished point's final and best test error and its per-epoch curves."""
-    summary = json.loads((run_dir / "summary.json").read_text())
-    epochs = [r for r in read(run_dir / "metrics.jsonl") if r["kind"] == "epoch"]
+    summary = json.loads((run_dir / SUMMARY_NAME).read_text())
+    epochs = [r for r in read(run_dir / METRICS_NAME) if r["kind"] == "epoch"]
     return {"batch": point.batch, "recipe": point.recipe, "seed": point.seed, "run_dir": str(run_dir),
             "peak_lr": summary["peak_lr"], "steps_per_epoch": summary["steps_per_epoch"],
             "final_test_error": 1 - summary["final_test_acc"], "best_test_error": 1 - summary["best_test_acc"],
@@ -113,8 +156,6 @@ def median_errors(results: list[dict]) -> dict[str, dict[int, float]]:
 
 def report(cfg: SweepConfig, results: list[dict], command: str) -> None:
     """sweep.md/json: error per recipe and batch with its distance to the recipe's smallest batch; the plots."""
-    from rich.console import Console
-
     errors = median_errors(results)
     batches = sorted(cfg.batches)
     columns = ["recipe", *(f"{b} error % (Δ)" for b in batches)]

@@ -1,4 +1,5 @@
-"""One worker process: join the group, train, and turn failures into one line and an exit status."""
+"""One training worker: join the group, train, and turn failures into one line and an exit status; and
+starting such workers on this machine."""
 
 from __future__ import annotations
 
@@ -8,28 +9,31 @@ import sys
 from pathlib import Path
 
 from scalesgd.config import TrainConfig
-from scalesgd.errors import EXIT_NON_FINITE, EXIT_PEER_LOST, EXIT_USAGE, NonFiniteLoss, UsageError
-from scalesgd.train import distributed
+from scalesgd.data import DataError
+from scalesgd.errors import EXIT_NON_FINITE, EXIT_PEER_LOST, EXIT_USAGE, NonFiniteLoss, UsageError, as_flags
+from scalesgd.runtime import launcher, process_group
+from scalesgd.train import rundir
+from scalesgd.train.loop import train
+
+
+def spawn(cfg: TrainConfig, run_dir: Path, resume: bool) -> int:
+    """Train on `cfg.workers` local processes; the last checkpoint survives an interruption."""
+    args = ["-m", "scalesgd.train.worker", str(run_dir)] + (["--resume"] if resume else [])
+    return launcher.spawn(args, cfg.workers, cfg.master_addr, cfg.master_port, cfg.timeout)
 
 
 def run(cfg: TrainConfig, run_dir: Path | None, resume: bool) -> int:
     """Train on this rank; `run_dir` None means rank 0 chooses it (torchrun, where ranks may disagree)."""
-    from scalesgd.data import DataError
-    from scalesgd.launcher import LAUNCHED_MARK
-    from scalesgd.train.launch import prepare_new_run
-    from scalesgd.train.loop import train
-
     rank = int(os.environ.get("RANK", 0))
-    under_our_launcher = os.environ.get(LAUNCHED_MARK) == "1"
     pending = None
     try:
-        pending = distributed.start_init(cfg.timeout, cfg.threads, exchange_group=cfg.own_exchange_group,
-                                         procs_per_node=procs_per_node(cfg))
+        pending = process_group.start_init(cfg.timeout, cfg.threads, exchange_group=cfg.own_exchange_group,
+                                           procs_per_node=procs_per_node(cfg))
         if run_dir is None:  # torchrun: rank 0 names the run directory
             env = pending.result()
-            run_dir = Path(distributed.broadcast_object(str(prepare_new_run(cfg)) if env.is_main else None))
+            run_dir = Path(process_group.broadcast_object(str(rundir.prepare_new_run(cfg)) if env.is_main else None))
         train(cfg, run_dir, pending, resume)
-        distributed.finish()
+        process_group.finish()
         return 0
     except (UsageError, DataError) as err:
         _say(rank, f"error: {err}")
@@ -40,17 +44,16 @@ def run(cfg: TrainConfig, run_dir: Path | None, resume: bool) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as err:
-        if not distributed.is_peer_failure(err):
+        if not process_group.is_peer_failure(err):
             raise
-        if not under_our_launcher:
+        if os.environ.get(launcher.LAUNCHED_MARK) != "1":  # our launcher names the rank that failed itself
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            print(f"scalesgd: rank {rank}: a collective failed, a peer died or timed out: {first}",
-                  file=sys.stderr)
+            print(f"scalesgd: rank {rank}: a collective failed, a peer died or timed out: {first}", file=sys.stderr)
         return EXIT_PEER_LOST
     finally:
         if pending is not None:
             try:
-                distributed.close()
+                process_group.close()
             except Exception:
                 pass
 
@@ -59,23 +62,22 @@ def procs_per_node(cfg: TrainConfig) -> int | None:
     """Processes per node for a hierarchical exchange: the option, else LOCAL_WORLD_SIZE."""
     if not cfg.needs_topology:
         return None
-    return cfg.procs_per_node or distributed.local_world_size(cfg.workers)
+    return cfg.procs_per_node or process_group.local_world_size(cfg.workers)
 
 
 def _say(rank: int, line: str) -> None:
+    """Rank 0 speaks for all, in the command line's terms."""
     if rank == 0:
-        print(f"scalesgd: {line}", file=sys.stderr)
+        print(f"scalesgd: {as_flags(line)}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from scalesgd.train.launch import read_config
-
     parser = argparse.ArgumentParser(prog="python -m scalesgd.train.worker")
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args(argv)
-    return run(read_config(args.run_dir), args.run_dir, args.resume)
+    return run(rundir.read_config(args.run_dir), args.run_dir, args.resume)
 
 
 if __name__ == "__main__":
-    distributed.exit_process(main())
+    process_group.exit_process(main())

@@ -4,14 +4,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from scalesgd.comm.codecs import BucketView, Exchange, make_codec
+from scalesgd.comm.codecs import BucketView, Channel, CodecSettings, make_codec
 from scalesgd.comm.codecs.topk import TopkCodec
 from scalesgd.comm.engine import DistributedOptimizer
 from scalesgd.models import build_model
 from tests.spawn_util import run_workers
 
 VIEW = BucketView(0, [], [0], 5000)
-LOCAL = Exchange(None, 1)
+LOCAL = Channel(None, 1)
 
 
 def grads(steps, n=5000, seed=0):
@@ -65,7 +65,7 @@ def test_state_round_trip_continues_identically():
 
 def test_bad_settings_are_named():
     with pytest.raises(ValueError, match="density"):
-        make_codec("topk", density=0)
+        make_codec("topk", CodecSettings(density=0))
     with pytest.raises(ValueError, match="reuse"):
         TopkCodec("topk", 0.1, 0)
 
@@ -77,7 +77,7 @@ def engine_grads(rank, world, codec, density):
     x, y = torch.randn(4, 3, 16, 16, generator=g), torch.randint(0, 10, (4,), generator=g)
     buckets = {"topk": "size:0.01", "topk-global": "single", "lags": "layer"}[codec]
     engine = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model,
-                                  codec=make_codec(codec, density=density, topk_reuse=2), buckets=buckets)
+                                  codec=make_codec(codec, CodecSettings(density=density, topk_reuse=2)), buckets=buckets)
     torch.nn.functional.cross_entropy(model(x), y).backward()
     engine.synchronize()
     out = torch.cat([p.grad.reshape(-1) for p in model.parameters()])

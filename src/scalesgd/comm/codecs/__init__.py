@@ -1,41 +1,100 @@
-"""Codecs by name: each turns a bucket of gradients into what travels, and back."""
+"""Codecs by name: each turns a bucket of gradients into what travels, and back.
+
+The registry `CODECS` is the one list of codecs: the command line's choices and help, validation,
+`bench` mode names and the engines' wiring all read it. Adding a codec is its module plus one
+`CODECS.add(name, CodecEntry(…))`.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
 import torch
 
-from scalesgd.comm.codecs.base import BucketView, Codec, Exchange
+from scalesgd.comm import torch_hooks
+from scalesgd.comm.codecs import topk
+from scalesgd.comm.codecs.base import BucketView, Channel, Codec
 from scalesgd.comm.codecs.cast import CastCodec
 from scalesgd.comm.codecs.fp8 import Fp8Codec, Fp8Options
 from scalesgd.comm.codecs.topk import TopkCodec
-
-CODECS = ("fp32", "fp16", "bf16", "fp8", "fp8-direct", "fp8-flat", "topk", "topk-global", "lags")
-# Sparse codecs and the bucket plan each implies (None: the plan given, or the planner's)
-SPARSE_PLANS = {"topk": None, "topk-global": "single", "lags": "layer"}
-FP8_VARIANTS = {"fp8": dict(relative=True, two_stage=True),  # SPEC §2
-                "fp8-direct": dict(relative=False, two_stage=True),  # ablation: the gradient itself
-                "fp8-flat": dict(relative=True, two_stage=False)}  # ablation: one ring over all ranks
+from scalesgd.comm.torch_hooks import DdpHook
+from scalesgd.registry import Registry
 
 
-def make_codec(name: str, fp8_options: Fp8Options | None = None, seed: int = 0, density: float = 0.1,
-               topk_reuse: int = 10) -> Codec:
-    """A fresh codec instance (codecs may hold per-run state).
+@dataclass(frozen=True)
+class CodecSettings:
+    """What codecs are built with: fp8's range options, the sparse density and threshold reuse, a seed."""
 
-    `topk` (DLGS) reuses each bucket's threshold for `topk_reuse` steps; `topk-global` and `lags`
-    take an exact top-k every step (on one bucket of everything, and per layer).
-    """
-    if name == "fp32":
-        return CastCodec("fp32", None)
-    if name == "fp16":
-        return CastCodec("fp16", torch.float16)
-    if name == "bf16":
-        return CastCodec("bf16", torch.bfloat16)
-    if name in FP8_VARIANTS:
-        return Fp8Codec(name, options=fp8_options or Fp8Options(), seed=seed, **FP8_VARIANTS[name])
-    if name in SPARSE_PLANS:
-        return TopkCodec(name, density, topk_reuse if name == "topk" else 1)
-    raise ValueError(f"unknown codec {name!r}; choose from {', '.join(CODECS)}")
+    fp8: Fp8Options = field(default_factory=Fp8Options)
+    density: float = 0.1
+    topk_reuse: int = 10
+    seed: int = 0
+
+    def problems(self) -> dict[str, str]:
+        """Setting → what is wrong with it, named as the train options are (fp8_eps, density, …)."""
+        sparse = topk.problems(self.density, self.topk_reuse)
+        return ({f"fp8_{name}": problem for name, problem in self.fp8.problems().items()}
+                | {"topk_reuse" if name == "reuse" else name: problem for name, problem in sparse.items()})
 
 
-__all__ = ["CODECS", "SPARSE_PLANS", "BucketView", "Codec", "Exchange", "Fp8Codec", "Fp8Options", "TopkCodec",
-           "make_codec"]
+@dataclass(frozen=True)
+class CodecEntry:
+    """A codec's registration: how to build it, and what the engines and the validation must know of it."""
+
+    help: str
+    build: Callable[[CodecSettings], Codec] | None  # None: only a PyTorch hook under DDP stands for it
+    engines: tuple[str, ...] | None = None  # the engines that take it (None: every one)
+    torch_hook: Callable[[bool], DdpHook | None] | None = None  # under DDP, PyTorch's own instead of ours
+    needs_topology: bool = False  # its sum runs in the node and cross-node groups
+    buckets: str | None = None  # the bucket plan it implies (None: --buckets or the planner decides)
+    sparse: bool = False  # sends (index, value) pairs
+
+    def runs_on(self, engine: str) -> bool:
+        return self.engines is None or engine in self.engines
+
+    @property
+    def plannable(self) -> bool:
+        """Whether the planner may merge layers into this codec's groups: sparse, with no bucket rule of its own."""
+        return self.sparse and self.buckets is None
+
+
+CODECS: Registry[CodecEntry] = Registry("codec")
+
+
+def make_codec(name: str, settings: CodecSettings | None = None) -> Codec:
+    """A fresh instance of the registered codec `name` (codecs may hold per-run state)."""
+    entry = CODECS[name]
+    if entry.build is None:
+        raise ValueError(f"codec {name!r} has no scalesgd implementation: under DDP it is PyTorch's own hook")
+    return entry.build(settings or CodecSettings())
+
+
+def _fp8(name: str, relative: bool, two_stage: bool) -> Callable[[CodecSettings], Codec]:
+    return lambda s: Fp8Codec(name, relative=relative, two_stage=two_stage, options=s.fp8, seed=s.seed)
+
+
+CODECS.add("fp32", CodecEntry("uncompressed", lambda s: CastCodec("fp32", None), torch_hook=torch_hooks.builtin))
+CODECS.add("fp16", CodecEntry("half precision (with ddp: PyTorch's fp16_compress_hook)",
+                              lambda s: CastCodec("fp16", torch.float16), torch_hook=torch_hooks.fp16))
+CODECS.add("bf16", CodecEntry("bfloat16 (with ddp: PyTorch's bf16_compress_hook)",
+                              lambda s: CastCodec("bf16", torch.bfloat16), torch_hook=torch_hooks.bf16))
+CODECS.add("powersgd", CodecEntry("PyTorch's PowerSGD hook, rank 4", None, engines=("ddp",),
+                                  torch_hook=torch_hooks.powersgd))
+CODECS.add("fp8", CodecEntry("e5m2 relative to the weights, summed in two stages (SPEC §2)",
+                             _fp8("fp8", relative=True, two_stage=True), needs_topology=True))
+CODECS.add("fp8-direct", CodecEntry("ablation: the gradient itself in e5m2",
+                                    _fp8("fp8-direct", relative=False, two_stage=True), needs_topology=True))
+CODECS.add("fp8-flat", CodecEntry("ablation: one fp8 ring over all ranks", _fp8("fp8-flat", relative=True,
+                                                                                 two_stage=False)))
+CODECS.add("topk", CodecEntry("DLGS: per-group top-k with residuals, thresholds reused (SPEC §3)",
+                              lambda s: TopkCodec("topk", s.density, s.topk_reuse), engines=("scalesgd",),
+                              sparse=True))
+CODECS.add("topk-global", CodecEntry("one exact top-k over all gradients each step",
+                                     lambda s: TopkCodec("topk-global", s.density, 1), engines=("scalesgd",),
+                                     buckets="single", sparse=True))
+CODECS.add("lags", CodecEntry("an exact top-k per layer each step", lambda s: TopkCodec("lags", s.density, 1),
+                              engines=("scalesgd",), buckets="layer", sparse=True))
+
+__all__ = ["CODECS", "BucketView", "Channel", "Codec", "CodecEntry", "CodecSettings", "DdpHook",
+           "Fp8Codec", "Fp8Options", "TopkCodec", "make_codec"]

@@ -7,10 +7,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from scalesgd.comm.collectives import allreduce
+
 
 @dataclass
-class Exchange:
-    """Where a bucket's exchange runs: the process group, its size, the allreduce algorithm and topology."""
+class Channel:
+    """Where a bucket travels: the process group, its size, the allreduce algorithm and the node groups."""
 
     group: object
     world_size: int
@@ -19,8 +21,6 @@ class Exchange:
 
     def allreduce(self, tensor: torch.Tensor) -> int:
         """In-place sum over the group; returns the bytes this rank sent."""
-        from scalesgd.comm.collectives import allreduce
-
         return allreduce(tensor, self.algorithm, group=self.group, topology=self.topology)
 
 
@@ -42,26 +42,26 @@ class Codec(ABC):
     """
 
     name = "codec"
-    needs_topology = False  # True: `communicate` runs in the node / cross-node groups of `Exchange.topology`
+    needs_topology = False  # True: `communicate` runs in the node / cross-node groups of `Channel.topology`
     encode_in_backward = False  # True: encode runs on autograd's thread (it must issue no collective)
 
     @abstractmethod
-    def encode(self, flat: torch.Tensor, bucket: BucketView, exchange: Exchange) -> torch.Tensor:
+    def encode(self, flat: torch.Tensor, bucket: BucketView, channel: Channel) -> torch.Tensor:
         """What travels for this bucket (may be `flat` itself, changed in place)."""
 
-    def communicate(self, wire: torch.Tensor, bucket: BucketView, exchange: Exchange) -> int:
+    def communicate(self, wire: torch.Tensor, bucket: BucketView, channel: Channel) -> int:
         """Sum `wire` across ranks in place (the default: one allreduce); returns bytes sent."""
-        return exchange.allreduce(wire)
+        return channel.allreduce(wire)
 
     @abstractmethod
-    def decode(self, wire: torch.Tensor, bucket: BucketView, out: torch.Tensor, exchange: Exchange) -> None:
+    def decode(self, wire: torch.Tensor, bucket: BucketView, out: torch.Tensor, channel: Channel) -> None:
         """Write the mean over ranks, recovered from the summed `wire`, into `out`."""
 
-    def exchange(self, flat: torch.Tensor, bucket: BucketView, exchange: Exchange) -> int:
+    def exchange(self, flat: torch.Tensor, bucket: BucketView, channel: Channel) -> int:
         """Replace `flat` by the mean over ranks: encode, communicate, decode; returns bytes sent."""
-        wire = self.encode(flat, bucket, exchange)
-        sent = self.communicate(wire, bucket, exchange)
-        self.decode(wire, bucket, flat, exchange)
+        wire = self.encode(flat, bucket, channel)
+        sent = self.communicate(wire, bucket, channel)
+        self.decode(wire, bucket, flat, channel)
         return sent
 
     def state_dict(self) -> dict:

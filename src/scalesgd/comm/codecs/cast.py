@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from scalesgd.comm.codecs.base import BucketView, Codec, Exchange
+from scalesgd.comm.codecs.base import BucketView, Channel, Codec
 
 
 class CastCodec(Codec):
@@ -18,11 +18,11 @@ class CastCodec(Codec):
         self.name = name
         self.wire_dtype = wire_dtype
 
-    def encode(self, flat: torch.Tensor, bucket: BucketView, exchange: Exchange) -> torch.Tensor:
+    def encode(self, flat: torch.Tensor, bucket: BucketView, channel: Channel) -> torch.Tensor:
         if self.wire_dtype is None or self.wire_dtype == flat.dtype:
-            return flat.div_(exchange.world_size)
-        return flat.to(self.wire_dtype).div_(exchange.world_size)
+            return flat.div_(channel.world_size)
+        return flat.to(self.wire_dtype).div_(channel.world_size)
 
-    def decode(self, wire: torch.Tensor, bucket: BucketView, out: torch.Tensor, exchange: Exchange) -> None:
+    def decode(self, wire: torch.Tensor, bucket: BucketView, out: torch.Tensor, channel: Channel) -> None:
         if wire.data_ptr() != out.data_ptr():
             out.copy_(wire)

@@ -7,9 +7,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from scalesgd import checks
 from scalesgd.comm import fp8
-from scalesgd.comm.codecs.base import BucketView, Codec, Exchange
+from scalesgd.comm.codecs.base import BucketView, Channel, Codec
 from scalesgd.comm.fp8_sum import flat_sum, scratch_size, two_stage_sum
+from scalesgd.comm.topology import TopologyGroups
 
 Q_FLOOR = 1e-30  # an all-zero tensor's range: keeps 57344/q finite
 
@@ -23,18 +25,12 @@ class Fp8Options:
     period: int = 100
     samples: int = 1024
 
-    def problems(self) -> list[str]:
-        """What is wrong with these settings, one phrase each (empty when valid)."""
-        out = []
-        if not self.eps > 0:
-            out.append(f"fp8 eps must be > 0, got {self.eps}")
-        if not 0 < self.quantile <= 1:
-            out.append(f"fp8 quantile must be in (0, 1], got {self.quantile}")
-        if self.period < 1:
-            out.append(f"fp8 period must be ≥ 1 step, got {self.period}")
-        if self.samples < 1:
-            out.append(f"fp8 samples must be ≥ 1, got {self.samples}")
-        return out
+    def problems(self) -> dict[str, str]:
+        """Setting → what is wrong with it (empty when valid)."""
+        return checks.problems(vars(self), {"eps": checks.positive,
+                                            "quantile": checks.within(0, 1, low_open=True),
+                                            "period": checks.at_least(1, "steps"),
+                                            "samples": checks.at_least(1)})
 
 
 class _TensorRange:
@@ -62,7 +58,8 @@ class Fp8Codec(Codec):
     def __init__(self, name: str = "fp8", relative: bool = True, two_stage: bool = True,
                  options: Fp8Options = Fp8Options(), seed: int = 0):
         if options.problems():
-            raise ValueError("; ".join(options.problems()))
+            raise ValueError("; ".join(f"fp8 {name} {getattr(options, name)}: {problem}"
+                                       for name, problem in options.problems().items()))
         self.name, self.relative, self.two_stage, self.options = name, relative, two_stage, options
         self.needs_topology = two_stage
         self._keys: dict[int, int] = {}  # id(parameter) → its number
@@ -78,57 +75,57 @@ class Fp8Codec(Codec):
         fp8.kernel_mode()  # compile now, not inside the first exchange
 
     # ---- encode → communicate → decode -----------------------------------------------------------
-    def encode(self, flat: torch.Tensor, bucket: BucketView, exchange: Exchange) -> torch.Tensor:
+    def encode(self, flat: torch.Tensor, bucket: BucketView, channel: Channel) -> torch.Tensor:
         keys = [self._keys.setdefault(id(p), len(self._keys)) for p in bucket.params]
         ranges = [self._tensors.setdefault(key, _TensorRange()) for key in keys]
         w = self._flat_weights(bucket, flat) if self.relative else None
         due = [j for j, r in enumerate(ranges) if r.q is None or r.step % self.options.period == 0]
         if due:
-            for j, q in zip(due, self._measure(flat, w, bucket, [keys[j] for j in due], due, exchange)):
+            for j, q in zip(due, self._measure(flat, w, bucket, [keys[j] for j in due], due, channel)):
                 ranges[j].q = q
         for r in ranges:
             r.step += 1
-        _, send = self._scale(bucket, keys, ranges, flat.device, exchange)
-        wire = self._wire(bucket.index, flat, exchange)
+        _, send = self._scale(bucket, keys, ranges, flat.device, channel)
+        wire = self._wire(bucket.index, flat, channel)
         if w is None:
             fp8.encode(flat, send, out=wire[:flat.numel()])
         else:
             fp8.encode_relative(flat, w, self._eps, send, out=wire[:flat.numel()])
         return wire
 
-    def communicate(self, wire: torch.Tensor, bucket: BucketView, exchange: Exchange) -> int:
+    def communicate(self, wire: torch.Tensor, bucket: BucketView, channel: Channel) -> int:
         scratch = self._scratch[bucket.index]
         if self.two_stage:
-            return two_stage_sum(wire, _groups(exchange), scratch)
-        return flat_sum(wire, exchange.group, scratch)
+            return two_stage_sum(wire, _groups(channel), scratch)
+        return flat_sum(wire, channel.group, scratch)
 
-    def decode(self, wire: torch.Tensor, bucket: BucketView, out: torch.Tensor, exchange: Exchange) -> None:
+    def decode(self, wire: torch.Tensor, bucket: BucketView, out: torch.Tensor, channel: Channel) -> None:
         unit, wire = self._scales[bucket.index][1], wire[:out.numel()]
         if self.relative:
             fp8.decode_relative(wire, self._weights[bucket.index], self._eps, unit, out=out)
         else:
             fp8.decode(wire, unit, out=out)
 
-    def _wire(self, index: int, flat: torch.Tensor, exchange: Exchange) -> torch.Tensor:
+    def _wire(self, index: int, flat: torch.Tensor, channel: Channel) -> torch.Tensor:
         """The bucket's byte buffer (zero-padded to P′ equal parts) and the sum's scratch, kept across steps."""
         n = flat.numel()
         wire = self._wires.get(index)
         if wire is None or self._lengths[index] != n:
             if self.two_stage:
-                groups = _groups(exchange)
+                groups = _groups(channel)
                 local = groups.topology.procs_per_node
                 wire = torch.zeros(-(-n // local) * local, dtype=torch.uint8, device=flat.device)
                 self._scratch[index] = torch.empty(scratch_size(n, groups), dtype=torch.uint8, device=flat.device)
             else:
                 wire = torch.empty(n, dtype=torch.uint8, device=flat.device)
-                self._scratch[index] = torch.empty(-(-n // exchange.world_size), dtype=torch.uint8,
+                self._scratch[index] = torch.empty(-(-n // channel.world_size), dtype=torch.uint8,
                                                    device=flat.device)
             self._wires[index], self._lengths[index] = wire, n
         return wire
 
     # ---- the range -------------------------------------------------------------------------------
     def _measure(self, g: torch.Tensor, w: torch.Tensor | None, bucket: BucketView, keys: list[int],
-                 positions: list[int], exchange: Exchange) -> list[float]:
+                 positions: list[int], channel: Channel) -> list[float]:
         """Fresh ranges for the tensors at `positions` in the bucket, max-reduced so every rank scales alike."""
         q = torch.empty(len(positions))
         for i, (key, j) in enumerate(zip(keys, positions)):
@@ -137,16 +134,16 @@ class Fp8Codec(Codec):
             gen = torch.Generator().manual_seed(hash((self._seed, self._rank, key, step)) & (2 ** 62 - 1))
             q[i] = sample_quantiles(g, w, [bucket.offsets[j]], [bucket.params[j].numel()], self.options, gen)[0]
         q = q.to(g.device)
-        dist.all_reduce(q, op=dist.ReduceOp.MAX, group=exchange.group)
+        dist.all_reduce(q, op=dist.ReduceOp.MAX, group=channel.group)
         return q.tolist()
 
     def _scale(self, bucket: BucketView, keys: list[int], ranges: list[_TensorRange], device: torch.device,
-               exchange: Exchange) -> tuple[torch.Tensor, torch.Tensor]:
+               channel: Channel) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-element 57344/q (decode) and that ÷ the ranks of the first sum (encode), rebuilt when q changes."""
         signature = tuple((key, r.q) for key, r in zip(keys, ranges))
         cached = self._scales.get(bucket.index)
         if cached is None or cached[0] != signature or cached[1].device != device:
-            spread = _groups(exchange).topology.procs_per_node if self.two_stage else exchange.world_size
+            spread = _groups(channel).topology.procs_per_node if self.two_stage else channel.world_size
             sizes = torch.tensor([p.numel() for p in bucket.params], device=device)
             unit = torch.repeat_interleave(fp8.MAX / torch.tensor([r.q for r in ranges], device=device), sizes)
             cached = self._scales[bucket.index] = (signature, unit, unit / spread)
@@ -195,11 +192,9 @@ def sample_quantiles(g: torch.Tensor, w: torch.Tensor | None, offsets: list[int]
     return q.clamp_min(Q_FLOOR)
 
 
-def _groups(exchange: Exchange):
+def _groups(channel: Channel):
     """The node and cross-node groups the two-stage sum runs in (the engine builds them at start-up)."""
-    from scalesgd.comm.topology import TopologyGroups
-
-    if not isinstance(exchange.topology, TopologyGroups):
+    if not isinstance(channel.topology, TopologyGroups):
         raise ValueError("the two-stage fp8 sum needs the node groups: pass topology=TopologyGroups "
                          "(DistributedOptimizer builds them when its codec asks)")
-    return exchange.topology
+    return channel.topology

@@ -13,7 +13,8 @@ import math
 
 import torch
 
-from scalesgd.comm.codecs.base import BucketView, Codec, Exchange
+from scalesgd import checks
+from scalesgd.comm.codecs.base import BucketView, Channel, Codec
 from scalesgd.comm.sparse import allgather_sparse, mean_of_sparse
 
 
@@ -26,6 +27,13 @@ class _Sparse:
         self.step = 0
 
 
+def problems(density: float, reuse: int) -> dict[str, str]:
+    """Setting → what is wrong with it: the fraction sent, and how many steps a threshold serves."""
+    return checks.problems({"density": density, "reuse": reuse},
+                           {"density": checks.within(0, 1, low_open=True),
+                            "reuse": checks.at_least(1, "1 recomputes the threshold every step")})
+
+
 class TopkCodec(Codec):
     """Send ⌈density·n⌉ (about, between recomputations) entries per bucket as (index, value) pairs.
 
@@ -35,10 +43,10 @@ class TopkCodec(Codec):
     encode_in_backward = True
 
     def __init__(self, name: str = "topk", density: float = 0.1, reuse: int = 1):
-        if not 0 < density <= 1:
-            raise ValueError(f"density must be in (0, 1], got {density}")
-        if reuse < 1:
-            raise ValueError(f"threshold reuse must be ≥ 1 step, got {reuse}")
+        found = problems(density, reuse)
+        if found:
+            given = {"density": density, "reuse": reuse}
+            raise ValueError("; ".join(f"{setting} {given[setting]}: {problem}" for setting, problem in found.items()))
         self.name, self.density, self.reuse = name, density, reuse
         self._state: dict[int, _Sparse] = {}
         self._sent: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -46,7 +54,7 @@ class TopkCodec(Codec):
     def k(self, numel: int) -> int:
         return max(1, math.ceil(self.density * numel))
 
-    def encode(self, flat: torch.Tensor, bucket: BucketView, exchange: Exchange) -> torch.Tensor:
+    def encode(self, flat: torch.Tensor, bucket: BucketView, channel: Channel) -> torch.Tensor:
         """Accumulate, select, keep the rest; what travels is held until `communicate`."""
         st = self._state.get(bucket.index)
         if st is None or st.residual.numel() != flat.numel():
@@ -70,13 +78,13 @@ class TopkCodec(Codec):
         keep = magnitude >= st.threshold if st.threshold > 0 else magnitude > 0  # H = 0: nothing is zero-worthy
         return torch.nonzero(keep).view(-1)
 
-    def communicate(self, wire: torch.Tensor, bucket: BucketView, exchange: Exchange) -> int:
+    def communicate(self, wire: torch.Tensor, bucket: BucketView, channel: Channel) -> int:
         idx, values = self._sent[bucket.index]
-        all_idx, all_val, sent = allgather_sparse(idx, values, exchange.group)
+        all_idx, all_val, sent = allgather_sparse(idx, values, channel.group)
         self._sent[bucket.index] = (all_idx, all_val)
         return sent
 
-    def decode(self, wire: torch.Tensor, bucket: BucketView, out: torch.Tensor, exchange: Exchange) -> None:
+    def decode(self, wire: torch.Tensor, bucket: BucketView, out: torch.Tensor, channel: Channel) -> None:
         all_idx, all_val = self._sent.pop(bucket.index)
         mean_of_sparse(out, all_idx, all_val)
 

@@ -26,8 +26,8 @@ def test_bench_allreduce_writes_json_markdown_and_png_for_every_algorithm(tmp_pa
 def test_bad_algorithm_is_one_line_exit_2(tmp_path):
     proc = bench("allreduce", "--algorithms", "ring,tree", "--out", str(tmp_path / "x"))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
-    assert ("--algorithms 'tree' is not known; choose from ring, halving_doubling, hierarchical, native, fp16, "
-            "fp8, fp8-flat") in proc.stderr
+    assert ("--algorithms 'tree' is not known; choose from ring, halving_doubling, hierarchical, native, fp32, "
+            "fp16, bf16, fp8, fp8-direct, fp8-flat") in proc.stderr
     assert not (tmp_path / "x").exists()
 
 

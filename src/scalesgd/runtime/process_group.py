@@ -11,10 +11,20 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from scalesgd.comm.topology import Topology, build_groups
 from scalesgd.errors import PeerLost
 
-_PEER_FAILURE_MARKS = ("gloo", "nccl", "connection reset", "connection closed", "connection refused",
-                       "timed out", "broken pipe", "socket", "peer")
+# What a collective says when another worker died or stopped answering (lower case), and where it comes from
+PEER_FAILURE_PATTERNS = (
+    "connection reset",  # gloo: "Read error …: Connection reset by peer" (the peer's process died)
+    "connection closed",  # gloo: "Connection closed by peer"
+    "connection refused",  # the rendezvous store: nobody listens any more
+    "broken pipe",  # writing to a peer that is gone
+    "timed out",  # gloo: "Timed out waiting 5000ms for recv operation to complete"
+    "pair closure",  # gloo: "Application timeout caused pair closure"
+    "collective operation timeout",  # NCCL's watchdog
+    "communicator was aborted",  # NCCL, after a peer failed
+)
 
 
 @dataclass(frozen=True)
@@ -74,8 +84,6 @@ def init(timeout_s: float, threads: int = 0, exchange_group: bool = False,
     if exchange_group:
         groups["exchange_group"] = dist.new_group(backend=backend)
     if procs_per_node:
-        from scalesgd.comm.topology import Topology, build_groups
-
         groups["topology_groups"] = build_groups(Topology(world, rank, procs_per_node), backend)
     env = DistEnv(rank, world, local_rank, local_world, device, **groups)
     warm_up(env)
@@ -109,10 +117,10 @@ def warm_up(env: DistEnv) -> None:
 
 
 def is_peer_failure(exc: BaseException) -> bool:
-    """Whether an exception from a collective means another worker died or stopped answering."""
-    if isinstance(exc, PeerLost) or isinstance(exc, getattr(dist, "DistError", ())):
+    """Whether an exception means another worker died or stopped answering (not an error of this rank's own)."""
+    if isinstance(exc, (PeerLost, dist.DistNetworkError, dist.DistStoreError)):
         return True
-    return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in _PEER_FAILURE_MARKS)
+    return isinstance(exc, RuntimeError) and any(p in str(exc).lower() for p in PEER_FAILURE_PATTERNS)
 
 
 def broadcast_object(obj, src: int = 0):

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 from pathlib import Path
 
 import torch
+from rich.table import Table
 
 
 def machine() -> dict:
     """The facts a reader needs to compare figures across machines."""
-    import os
-
     return {"cpus": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
             "platform": platform.platform(), "cuda": torch.cuda.is_available()}
 
@@ -23,8 +23,6 @@ def markdown_table(columns: list[str], rows: list[list]) -> str:
 
 
 def rich_table(title: str, columns: list[str], rows: list[list]):
-    from rich.table import Table
-
     table = Table(title=title)
     for i, column in enumerate(columns):
         table.add_column(column, justify="left" if i == 0 else "right")
@@ -43,9 +41,9 @@ def write(out_dir: Path, name: str, record: dict, columns: list[str], rows: list
 
 def pyplot():
     """matplotlib's pyplot drawing to files only (no display is needed or opened)."""
-    import matplotlib
+    import matplotlib  # optional heavy dependency: loaded only by the commands that draw
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional heavy dependency, after choosing the file-only backend
 
     return plt

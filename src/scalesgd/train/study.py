@@ -7,13 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from scalesgd.train.rundir import CHECKPOINT_NAME, SUMMARY_NAME
+
 
 def train_once(train_argv: list[str], run_dir: Path, label: str) -> int:
     """Run `scalesgd train TRAIN_ARGV` into `run_dir` unless its summary exists; resume a run that was cut short."""
-    if (run_dir / "summary.json").exists():
+    if (run_dir / SUMMARY_NAME).exists():
         return 0
     base = [sys.executable, "-m", "scalesgd", "train"]
-    if (run_dir / "checkpoint.pt").exists():
+    if (run_dir / CHECKPOINT_NAME).exists():
         argv = [*base, "--resume", str(run_dir), "--quiet"]
     else:
         if run_dir.exists():  # started but never checkpointed: start again

@@ -4,14 +4,8 @@ import json
 
 import pytest
 
-from scalesgd.bench.optimizer import OPTIMIZERS
 from scalesgd.cli import main
-from scalesgd.config import BENCH_OPTIMIZERS
 from tests.bench.cli import bench
-
-
-def test_every_accepted_optimizer_has_a_builder():
-    assert tuple(OPTIMIZERS) == BENCH_OPTIMIZERS
 
 
 def test_bench_optimizer_times_each_optimizer_against_sgd_and_writes_its_files(tmp_path):

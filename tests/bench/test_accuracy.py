@@ -37,7 +37,7 @@ def test_every_variant_and_seed_is_trained_and_a_second_call_reuses_them(tmp_pat
 def test_a_bad_variant_is_one_line_exit_2_before_any_run(tmp_path):
     proc = bench("accuracy", "--variants", "--codec fp32;--codec fp7", "--out", str(tmp_path / "x"), *TINY)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
-    assert "--codec (with --engine ddp) 'fp7' is not known" in proc.stderr
+    assert "--codec 'fp7' (with --engine ddp) is not known; choose from fp32, fp16, bf16, powersgd, fp8" in proc.stderr
     assert not (tmp_path / "x").exists()
 
 

@@ -5,7 +5,7 @@ import sys
 import time
 
 from scalesgd.errors import EXIT_NON_FINITE, EXIT_PEER_LOST, EXIT_USAGE
-from scalesgd.launcher import supervise, worker_env
+from scalesgd.runtime.launcher import supervise, worker_env
 
 
 def fake_workers(*scripts):

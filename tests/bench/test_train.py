@@ -66,4 +66,5 @@ def test_bench_train_measures_every_mode_against_ddp(tmp_path):
 def test_bad_mode_is_one_line_exit_2(tmp_path):
     proc = bench("train", "--modes", "ddp,scalesgd-fp7", "--out", str(tmp_path / "x"))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
-    assert "--modes scalesgd-fp7: codec 'fp7' is not known; choose from fp32, fp16, bf16, fp8" in proc.stderr
+    assert ("--modes scalesgd-fp7: --codec 'fp7' (with --engine scalesgd) is not known; choose from fp32, fp16, "
+            "bf16, fp8") in proc.stderr

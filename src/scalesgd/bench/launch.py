@@ -1,0 +1,65 @@
+"""What every multi-worker benchmark shares: its launch options, and starting its workers or joining torchrun's."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from scalesgd import checks
+from scalesgd.errors import UsageError
+from scalesgd.options import option, record
+from scalesgd.runtime import launcher, process_group
+
+
+@dataclass
+class BenchLaunch:
+    """Where a benchmark's workers run and where rank 0 writes; the first options of every multi-worker bench."""
+
+    procs_per_node: int = option(0, "processes per node for hierarchical", shown_default="LOCAL_WORLD_SIZE",
+                                 check=checks.at_least(0, "0 reads LOCAL_WORLD_SIZE"))
+    out: str = option("", "output directory", shown_default="runs/bench/<kind>-<timestamp>")
+    timeout: float = option(300.0, "seconds any collective may wait", check=checks.positive)
+    master_addr: str = option("127.0.0.1", "rendezvous address")
+    master_port: int = option(0, "rendezvous port", shown_default="a free one",
+                              check=checks.within(0, 65535, note="0 picks a free port"))
+    threads: int = option(0, "compute threads per worker", shown_default="cores / workers",
+                          check=checks.at_least(0, "0 picks cores / local workers"))
+
+    def check_launch(self, workers: int) -> None:
+        if self.procs_per_node and workers % self.procs_per_node:
+            raise UsageError(f"`procs_per_node` {self.procs_per_node}: must divide `workers` {workers}")
+
+    def node_size(self, workers: int) -> int:
+        """Processes per node: the option, else what the launcher says."""
+        return self.procs_per_node or process_group.local_world_size(workers)
+
+    def to_dict(self) -> dict:
+        return record(self)
+
+
+def default_out(kind: str) -> str:
+    return f"runs/bench/{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def in_process(kind: str, cfg, argv: list[str], run: Callable[..., int]) -> int:
+    """A benchmark that runs in this process (it may start runs of its own)."""
+    cfg.out = cfg.out or default_out(kind)
+    return run(cfg, command_line(argv))
+
+
+def on_workers(kind: str, cfg, argv: list[str], run: Callable[..., int]) -> int:
+    """Join torchrun's launch, or start `cfg.workers` local workers that each run this same command."""
+    if process_group.launched_by_torchrun():
+        cfg.workers = int(os.environ["WORLD_SIZE"])
+        cfg.out = cfg.out or f"runs/bench/{kind}-{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}"
+        return run(cfg, command_line(argv))
+    if not cfg.out:  # every worker must write to the directory the parent chose
+        cfg.out = default_out(kind)
+        argv = [*argv, "--out", cfg.out]
+    return launcher.spawn(["-m", "scalesgd", *argv], cfg.workers, cfg.master_addr, cfg.master_port, cfg.timeout)
+
+
+def command_line(argv: list[str]) -> str:
+    return "scalesgd " + " ".join(argv)

@@ -1,0 +1,125 @@
+"""The one object a training loop talks to, whichever engine exchanges the gradients: PyTorch DDP or ours.
+
+    exchange = build_exchange("scalesgd", model, optimizer, ExchangeSetup(codec="fp8"))
+    exchange.model(x) … backward()                # buckets travel while backward goes on
+    exchange.optimizer.step()                      # with the mean gradient
+    exchange.stats(), exchange.state_dict(), exchange.close()
+"""
+
+from __future__ import annotations
+
+from abc import ABC
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from scalesgd.comm.buckets import BucketPlan
+from scalesgd.comm.codecs import CODECS, Codec, CodecEntry, CodecSettings, DdpHook, make_codec
+from scalesgd.comm.ddp_hooks import CodecHookState, codec_hook
+from scalesgd.comm.engine import DistributedOptimizer, IterationStats
+from scalesgd.registry import Registry
+from scalesgd.trace import Tracer
+
+
+@dataclass
+class ExchangeSetup:
+    """How gradients travel: the codec and its settings, the allreduce, the bucket plan, the groups, the tracer."""
+
+    codec: str = "fp32"
+    settings: CodecSettings = field(default_factory=CodecSettings)
+    algorithm: str = "ring"
+    buckets: str | BucketPlan = "size:1"  # a plan spec, or a plan (the planner's)
+    group: object = None  # the exchange's own process group (None: a new one where the engine needs it)
+    topology: object = None  # prebuilt node and cross-node groups (None: built when needed)
+    tracer: Tracer = field(default_factory=Tracer)
+
+
+class GradientExchange(ABC):
+    """The model to call, the optimizer to step, the codec (its state differs per rank), and the run's view of it."""
+
+    def __init__(self, model: nn.Module, optimizer, codec: Codec | None, plan: BucketPlan | None = None):
+        self.model = model
+        self.optimizer = optimizer
+        self.codec = codec
+        self.plan = plan  # the buckets, where the engine has its own plan
+
+    @staticmethod
+    def uses_own_group(codec: CodecEntry) -> bool:
+        """Whether `codec` is exchanged in a process group of its own (which the run creates at start-up)."""
+        return True
+
+    def stats(self) -> IterationStats | None:
+        """This rank's exchange times and bytes since the last call; None where the engine does not measure them."""
+        return None
+
+    def state_dict(self) -> dict:
+        """This rank's state: the optimizer's, and the codec's (residuals and ranges differ between ranks)."""
+        return {"optimizer": self.optimizer.state_dict(),
+                "codec": self.codec.state_dict() if self.codec is not None else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.codec is not None and state.get("codec") is not None:
+            self.codec.load_state_dict(state["codec"])
+
+    def close(self) -> None:
+        """Stop whatever thread the exchange runs on."""
+
+
+class DdpExchange(GradientExchange):
+    """PyTorch DDP with its own allreduce, with PyTorch's hook that stands for the codec, or with ours as a hook."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, setup: ExchangeSetup):
+        entry = CODECS[setup.codec]
+        on_cuda = next(model.parameters()).is_cuda
+        self._hook_state = None
+        if entry.torch_hook is not None:
+            hook = entry.torch_hook(on_cuda)
+        else:
+            self._hook_state = CodecHookState(setup.codec, setup.group, setup.topology, setup.settings)
+            hook = DdpHook(self._hook_state, codec_hook)
+        ddp = DistributedDataParallel(model, device_ids=[next(model.parameters()).device.index] if on_cuda else None,
+                                      bucket_cap_mb=hook.bucket_cap_mb if hook is not None else None)
+        if hook is not None:
+            ddp.register_comm_hook(hook.state, hook.hook)
+        super().__init__(ddp, optimizer, self._hook_state.codec if self._hook_state is not None else None)
+
+    @staticmethod
+    def uses_own_group(codec: CodecEntry) -> bool:
+        return codec.torch_hook is None  # our hook exchanges in its own group; PyTorch's use DDP's
+
+    def close(self) -> None:
+        if self._hook_state is not None:
+            self._hook_state.close()
+
+
+class EngineExchange(GradientExchange):
+    """scalesgd's own engine (`DistributedOptimizer`): any codec, allreduce algorithm and bucket plan."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, setup: ExchangeSetup):
+        entry = CODECS[setup.codec]
+        engine = DistributedOptimizer(optimizer, model, codec=make_codec(setup.codec, setup.settings),
+                                      algorithm=setup.algorithm, buckets=entry.buckets or setup.buckets,
+                                      group=setup.group, topology=setup.topology, tracer=setup.tracer)
+        super().__init__(model, engine, engine.codec, engine.plan)
+
+    def stats(self) -> IterationStats:
+        return self.optimizer.pop_stats()
+
+    def close(self) -> None:
+        self.optimizer.close()
+
+
+ENGINES: Registry[type[GradientExchange]] = Registry("engine")
+ENGINES.add("ddp", DdpExchange)
+ENGINES.add("scalesgd", EngineExchange)
+
+
+def build_exchange(engine: str, model: nn.Module, optimizer: torch.optim.Optimizer,
+                   setup: ExchangeSetup) -> GradientExchange:
+    """Wrap `model` and `optimizer` in the registered engine (collective: every rank, together)."""
+    if not CODECS[setup.codec].runs_on(engine):
+        raise ValueError(f"codec {setup.codec!r} does not run on engine {engine!r}")
+    return ENGINES[engine](model, optimizer, setup)

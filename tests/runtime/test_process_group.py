@@ -1,0 +1,52 @@
+"""Joining the process group: which failures mean a lost peer, and which are this rank's own."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from scalesgd.errors import PeerLost
+from scalesgd.runtime.process_group import PEER_FAILURE_PATTERNS, is_peer_failure, launched_by_torchrun
+
+# One message as a collective really words it for each pattern (gloo's from a killed and a stopped peer)
+SEEN = {
+    "connection reset": "[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:42697: Connection reset by peer.",
+    "connection closed": "[gloo/transport/tcp/pair.cc:598] Connection closed by peer [127.0.0.1]:51234",
+    "connection refused": "The client socket has failed to connect to [localhost]:29500 (errno: 111 - Connection "
+                          "refused).",
+    "broken pipe": "[gloo/transport/tcp/pair.cc:598] Write error: Broken pipe",
+    "timed out": "[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv operation to complete",
+    "pair closure": "Application timeout caused pair closure",
+    "collective operation timeout": "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=3)",
+    "communicator was aborted": "NCCL communicator was aborted on rank 1.",
+}
+
+
+def test_every_pattern_has_a_real_message():
+    assert set(SEEN) == set(PEER_FAILURE_PATTERNS)
+
+
+@pytest.mark.parametrize("pattern", PEER_FAILURE_PATTERNS)
+def test_each_pattern_is_a_lost_peer(pattern):
+    assert is_peer_failure(RuntimeError(SEEN[pattern]))
+
+
+@pytest.mark.parametrize("exc", [PeerLost("rank 2 stopped"), dist.DistNetworkError("store unreachable"),
+                                 dist.DistStoreError("wait timeout")], ids=["PeerLost", "network", "store"])
+def test_errors_of_the_rendezvous_and_our_own_marker_are_a_lost_peer(exc):
+    assert is_peer_failure(exc)
+
+
+def test_an_error_of_this_rank_is_never_a_lost_peer():
+    with pytest.raises(RuntimeError) as shape:
+        torch.ones(3) + torch.ones(4)
+    assert not is_peer_failure(shape.value)
+    assert not is_peer_failure(ValueError("the two-stage fp8 sum needs the node groups"))  # a codec's
+    assert not is_peer_failure(RuntimeError("[gloo/gloo/allreduce.cc:128] Received data size doesn't match "
+                                            "expected size"))  # ranks disagreeing is a bug here, not a death
+    assert not is_peer_failure(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not is_peer_failure(KeyError("socket"))
+
+
+def test_a_launch_is_recognised_by_its_environment():
+    assert launched_by_torchrun({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"})
+    assert not launched_by_torchrun({"RANK": "0", "WORLD_SIZE": "2"})

@@ -1,0 +1,79 @@
+"""`scalesgd train`'s configuration: one flag per field, checks that name fields, the schedule derived once."""
+
+import json
+
+import pytest
+
+from scalesgd.cli import build_parser
+from scalesgd.comm.codecs import CODECS
+from scalesgd.config import TrainConfig
+from scalesgd.errors import UsageError
+from scalesgd.options import flag_of, option_fields
+
+
+def train_parser():
+    return build_parser()._subparsers._group_actions[0].choices["train"]
+
+
+def test_every_field_has_a_flag_and_every_flag_a_field():
+    flags = {a.dest: a.option_strings for a in train_parser()._actions if a.option_strings}
+    flags.pop("help")
+    assert flags.pop("resume") == ["--resume"]  # the command's own: which run to continue, not what it computes
+    fields = {f.name: [flag_of(f)] for f in option_fields(TrainConfig)}
+    assert flags == fields
+    assert [f.name for f in option_fields(TrainConfig)] == list(TrainConfig.__dataclass_fields__)
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"batch_size": 9}, "`batch_size` 9 does not divide evenly by `workers` 2; use a multiple of 2"),
+    ({"model": "alexnet"}, "`model` 'alexnet' is not known; choose from resnet8, resnet20, resnet56, resnet50, vgg16"),
+    ({"engine": "scalesgd", "codec": "powersgd"}, "`codec` 'powersgd' (with `engine` scalesgd) is not known"),
+    ({"planner": "dlgs"}, "`planner` dlgs plans the groups of `codec` topk (with `engine` scalesgd); got `codec` fp32"),
+    ({"fp8_quantile": 1.5}, "`fp8_quantile` 1.5: must be in (0, 1]"),
+    ({"topk_reuse": 0}, "`topk_reuse` 0: must be >= 1"),
+    ({"epochs": 3, "warmup_epochs": 5}, "`warmup_epochs` 5 is longer than training (`epochs` 3)"),
+    ({"end_lr": 5.0}, "`end_lr` 5.0: must be >= 0 and below the scaled rate 0.05"),
+    ({"dataset": "cifar10"}, "`dataset` cifar10 needs `data_dir`: the folder holding cifar-10-batches-py/"),
+])
+def test_bad_values_raise_errors_naming_fields_not_flags(changes, message):
+    with pytest.raises(UsageError) as err:
+        TrainConfig(**changes).validate()
+    assert message in str(err.value) and "--" not in str(err.value)
+
+
+def test_the_schedule_is_derived_in_one_place():
+    cfg = TrainConfig(batch_size=512, base_batch=256, base_lr=0.1, epochs=90, warmup_epochs=5).validate()
+    peak, factor = cfg.lr_schedule(steps_per_epoch=10)
+    assert peak == pytest.approx(0.2) == cfg.peak_lr
+    assert factor.milestones == (30, 60, 80) and factor.warmup_steps == 50 and factor.total_steps == 900
+    assert factor.start == pytest.approx(0.5) and factor.arccot_epoch == 45
+    assert factor(0) == pytest.approx(0.5) and factor(50) == 1.0 and factor(300) == pytest.approx(0.1)
+
+
+def test_what_the_options_imply_comes_from_the_registries():
+    assert TrainConfig(engine="scalesgd", algorithm="hierarchical").needs_topology
+    assert not TrainConfig(algorithm="hierarchical").needs_topology  # DDP does its own allreduce
+    assert TrainConfig(codec="fp8").needs_topology and not TrainConfig(codec="fp8-flat").needs_topology
+    assert TrainConfig(codec="fp8").own_exchange_group  # our hook under DDP
+    assert not TrainConfig(codec="fp16").own_exchange_group  # PyTorch's hook, in DDP's group
+    assert TrainConfig(engine="scalesgd").own_exchange_group
+    setup = TrainConfig(codec="fp8", fp8_period=7, seed=3).exchange_setup()
+    assert setup.codec == "fp8" and setup.settings.fp8.period == 7 and setup.settings.seed == 3
+    assert set(CODECS) >= {"fp32", "fp16", "bf16", "powersgd", "fp8", "topk"}
+
+
+def test_config_json_round_trips_and_runtime_options_may_change_on_resume():
+    cfg = TrainConfig(milestones=(1.0, 2.0), epochs=3, warmup_epochs=1).validate()
+    again = TrainConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+    assert again == cfg
+    assert TrainConfig(quiet=True, timeout=9, threads=1, trace="t.json").incompatible_with(TrainConfig()) == []
+    assert TrainConfig(batch_size=64, seed=1).incompatible_with(TrainConfig()) == ["batch_size", "seed"]
+    with pytest.raises(UsageError, match="unknown configuration keys"):
+        TrainConfig.from_dict({"batch": 1})
+
+
+def test_from_argv_is_what_the_command_would_run():
+    cfg = TrainConfig.from_argv(["--batch-size", "64", "--no-zero-gamma", "--milestones", "10,20"])
+    assert (cfg.batch_size, cfg.zero_gamma, cfg.milestones) == (64, False, (10.0, 20.0))
+    with pytest.raises(UsageError, match="scalesgd train: unrecognized arguments: --resume"):
+        TrainConfig.from_argv(["--resume", "x"])

@@ -1,0 +1,98 @@
+"""The training loop through `scalesgd train`: its artefacts, the engines agreeing, a trace, a non-finite loss."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from scalesgd.config import TrainConfig
+from scalesgd.errors import NonFiniteLoss
+from scalesgd.runtime.process_group import DistEnv
+from scalesgd.train import loop
+from tests.spawn_util import run_workers
+from tests.train.cli import load_ckpt, scalesgd
+
+
+def test_two_workers_train_and_write_every_artefact(finished_run):
+    run = finished_run
+    config = json.loads((run / "config.json").read_text())
+    assert config["workers"] == 2 and config["batch_size"] == 128 and config["epochs"] == 2
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    iters = [r for r in records if r["kind"] == "iter"]
+    epochs = [r for r in records if r["kind"] == "epoch"]
+    steps = 12  # 11 full global batches of 128 and a last one of 29
+    assert [r["iter"] for r in iters] == list(range(1, 2 * steps + 1))
+    assert set(iters[0]) == {"kind", "epoch", "iter", "lr", "loss"}
+    assert [e["epoch"] for e in epochs] == [1, 2]
+    assert {"train_loss", "train_acc", "test_loss", "test_acc", "images_per_s"} <= set(epochs[0])
+    assert iters[0]["lr"] == pytest.approx(0.1) and iters[steps]["lr"] == pytest.approx(0.4)  # gradual warmup
+    assert epochs[-1]["test_acc"] > 0.3  # well above chance (0.1) after two epochs
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["final_test_acc"] == epochs[-1]["test_acc"]
+    assert summary["images_per_s"] > 0 and summary["wall_time_s"] > 0 and summary["config"] == config
+    assert (run / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    state = load_ckpt(run)
+    assert {"model", "optimizer", "scheduler", "epoch", "rng", "config"} <= set(state)
+    assert state["epoch"] == 2 and len(state["rng"]["torch"]) == 2
+
+
+ENGINE_RUN = ["--quiet", "--dataset", "synthetic", "--samples", "1600", "--image-size", "8", "--model", "resnet8",
+              "--batch-size", "32", "--epochs", "1", "--warmup-epochs", "0", "--seed", "3"]
+
+
+def test_scalesgd_engine_matches_ddp_through_the_cli_and_writes_a_trace(tmp_path):
+    ddp, ours = tmp_path / "ddp", tmp_path / "ours"
+    trace = tmp_path / "trace.json"
+    assert scalesgd("train", "--engine", "ddp", "--run-dir", str(ddp), *ENGINE_RUN).returncode == 0
+    proc = scalesgd("train", "--engine", "scalesgd", "--algorithm", "ring", "--buckets", "size:0.05",
+                    "--trace", str(trace), "--run-dir", str(ours), *ENGINE_RUN)
+    assert proc.returncode == 0, proc.stderr
+    a, b = load_ckpt(ddp)["model"], load_ckpt(ours)["model"]
+    diff = torch.cat([(a[k] - b[k]).flatten().double() for k in a if a[k].is_floating_point()]).norm()
+    norm = torch.cat([a[k].flatten().double() for k in a if a[k].is_floating_point()]).norm()
+    assert (diff / norm).item() < 1e-5  # 50 iterations
+
+    summary = json.loads((ours / "summary.json").read_text())
+    assert summary["steps_per_epoch"] == 50
+    parts = summary["iteration"]
+    assert {"median_iteration_s", "mean_compute_s", "mean_codec_s", "mean_exposed_comm_s",
+            "mean_overlapped_comm_s", "mean_bytes_sent"} <= set(parts)
+    assert parts["mean_bytes_sent"] == 2 * (2 - 1) / 2 * 78_042 * 4  # ring: 2(p−1)/p of the fp32 gradient
+    events = json.loads(trace.read_text())["traceEvents"]
+    spans = {(e["pid"], e["name"]) for e in events if e["ph"] == "X"}
+    for rank in (0, 1):
+        for name in ("forward", "backward", "encode", "communicate", "decode", "optimizer step"):
+            assert (rank, name) in spans
+
+
+def train_until_nan(rank, world, run_dir):
+    """Train with a gradient that turns to NaN from the second epoch on."""
+    cfg = TrainConfig(workers=world, epochs=3, warmup_epochs=0, batch_size=256, quiet=True, run_dir=run_dir)
+    steps = {"n": 0}
+    real = loop.global_batch_loss
+
+    def poisoned(loss_sum, world_size, count):
+        steps["n"] += 1
+        loss = real(loss_sum, world_size, count)
+        return loss * math.nan if steps["n"] > 6 else loss  # 6 steps = one epoch of 1437 / 256
+
+    loop.global_batch_loss = poisoned
+    env = DistEnv(rank, world, rank, world, torch.device("cpu"))
+    try:
+        loop.train(cfg, Path(run_dir), env)
+    except NonFiniteLoss as err:
+        return str(err)
+    return None
+
+
+def test_non_finite_loss_stops_all_ranks_and_keeps_last_good_checkpoint(tmp_path):
+    messages = run_workers(train_until_nan, 2, str(tmp_path))
+    assert messages[0] is not None and messages[0] == messages[1]
+    assert "loss became nan at epoch 2" in messages[0]
+    state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert state["epoch"] == 1
+    assert all(torch.isfinite(t).all() for t in state["model"].values() if t.is_floating_point())
+    assert not (tmp_path / "summary.json").exists()
+

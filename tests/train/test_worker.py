@@ -1,0 +1,65 @@
+"""Workers: a killed one stops the others with one line naming it; under torchrun they join its launch."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.train.cli import FAST, load_ckpt, wait_for_checkpoint
+
+
+def _children(pid: int) -> list[int]:
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    return [int(c) for c in text.split()]
+
+
+def _rank_of(pid: int) -> int | None:
+    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    ranks = [e.split(b"=", 1)[1] for e in env if e.startswith(b"RANK=")]
+    return int(ranks[0]) if ranks else None
+
+
+def test_killing_a_worker_stops_the_others_with_one_line_naming_it(tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "scalesgd", "train", "--run-dir", str(run), "--workers", "3",
+                             "--batch-size", "96", "--epochs", "200", "--warmup-epochs", "1", "--quiet",
+                             "--timeout", "30"],
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_checkpoint(run, proc)
+        victim = next(pid for pid in _children(proc.pid) if _rank_of(pid) == 1)
+        os.kill(victim, signal.SIGKILL)
+        killed_at = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        stopped_after = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 1
+    assert stopped_after < 30
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines == ["scalesgd: error: worker rank 1 was killed by SIGKILL; the other workers were stopped"]
+    assert load_ckpt(run)["epoch"] >= 1  # the last checkpoint survives
+
+
+def test_joins_a_torchrun_launch_instead_of_spawning(tmp_path):
+    run = tmp_path / "run"
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo")
+    proc = subprocess.run([str(torchrun), "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                           "--master-port", str(_free_port()), "-m", "scalesgd", "train", "--run-dir", str(run),
+                           "--epochs", "1", "--warmup-epochs", "0", *FAST],
+                          capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["config"]["workers"] == 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
