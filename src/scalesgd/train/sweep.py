@@ -17,10 +17,10 @@ from pathlib import Path
 from rich.console import Console
 
 from scalesgd import output
+from scalesgd.checks import distinct, each_once
 from scalesgd.config import TrainConfig
 from scalesgd.errors import UsageError, option_name
 from scalesgd.optim import OPTIMIZERS
-from scalesgd.checks import distinct, each_once
 from scalesgd.options import check_fields, ints, option, record, words
 from scalesgd.recipe.scaling import SCALING_RULES
 from scalesgd.recipe.schedule import SCHEDULES, WARMUPS
