@@ -110,7 +110,7 @@ class TrainConfig:
     topk_reuse: int = option(10, "topk: exact threshold recomputed every S steps, reused between", group=WORKERS)
     planner: str = option(NO_PLANNER, "sparse codecs: merge layers into groups from a measured timing model, "
                           "greedily (dlgs) or exactly (optimal); none: --buckets decides",
-                          choices=(NO_PLANNER, *PLANNERS), group=WORKERS)
+                          choices=lambda: (NO_PLANNER, *PLANNERS), group=WORKERS)
     trace: str = option("", "write a Chrome trace (open in Perfetto) of the last epoch to this file",
                         group=WORKERS, runtime=True)
     run_dir: str = option("", "where results go", shown_default="runs/<timestamp>", group=OUTPUT, runtime=True)

@@ -31,11 +31,13 @@ def parse(cls, argv: list[str], prog: str) -> dict:
     return given(parser.parse_args(argv))
 
 
-def option(default: Any, help: str = "", *, choices: Iterable[str] | None = None, check: Check | None = None,
+def option(default: Any, help: str = "", *, choices: Iterable[str] | Callable[[], Iterable[str]] | None = None,
+           check: Check | None = None,
            parse: Callable[[str], Any] | None = None, flag: str | None = None, group: str = "",
            shown_default: str | None = None, runtime: bool = False, remainder: bool = False,
            check_choices: bool = True) -> Any:
-    """A dataclass field with its option: help, accepted names (a registry or tuple), a check, how to parse it.
+    """A dataclass field with its option: help, accepted names (a registry, a tuple or a function giving
+    them), a check, how to parse it.
 
     `parse` defaults to the default's type; `flag` to --field-name (a bool defaulting to True needs
     its --no-… flag); `shown_default` replaces the default in the help; `runtime` marks an option
@@ -81,7 +83,7 @@ def add_options(parser: argparse.ArgumentParser, cls) -> None:
 def help_of(f: dataclasses.Field) -> str:
     """The option's help: its accepted names, what it does, its default."""
     meta = f.metadata
-    parts = [" | ".join(meta["choices"])] if meta["choices"] is not None else []
+    parts = [" | ".join(choices_of(f))] if meta["choices"] is not None else []
     if meta["help"]:
         parts.append(meta["help"])
     text = ": ".join(parts)
@@ -106,14 +108,20 @@ def check_fields(config) -> None:
     """Each option's accepted names and check, in field order; UsageError naming the first bad `field`."""
     for f in option_fields(config):
         value = getattr(config, f.name)
-        choices, check = f.metadata["choices"], f.metadata["check"]
-        if choices is not None and f.metadata["check_choices"]:
+        check = f.metadata["check"]
+        if f.metadata["choices"] is not None and f.metadata["check_choices"]:
             for one in value if isinstance(value, tuple) else (value,):
-                require_choice(f.name, one, choices)
+                require_choice(f.name, one, choices_of(f))
         problem = check(value) if check is not None else None
         if problem:
             shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
             raise UsageError(f"`{f.name}` {shown}: {problem}")
+
+
+def choices_of(f: dataclasses.Field) -> tuple[str, ...]:
+    """The names an option accepts now (a registry, a tuple, or a function giving them, read at each use)."""
+    choices = f.metadata["choices"]
+    return tuple(choices() if callable(choices) else choices)
 
 
 def require_choice(name: str, value: Any, choices: Iterable[str], context: str = "") -> None:

@@ -1,4 +1,5 @@
-"""One registry per concept (models, datasets, codecs, …): the single list that choices, help, validation and wiring read."""
+"""One registry per concept (models, datasets, codecs, …): the one list that choices, help, validation and
+wiring all read."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Remark 3: the loss normalised by the global batch makes k workers' mean gradient the global batch's, on real gloo workers."""
+"""Remark 3: a loss normalised by the global batch makes k workers' mean gradient the global batch's (gloo)."""
 
 import torch
 import torch.distributed as dist

@@ -28,7 +28,7 @@ class AccuracyBenchConfig:
                                        "'--codec fp32;--codec fp8' (the first is the reference)",
                                        parse=lambda t: tuple(v.strip() for v in t.split(";") if v.strip()),
                                        shown_default="--codec fp32",
-                                       check=lambda v: None if v else "give at least one, e.g. '--codec fp32;--codec fp8'")
+                                       check=lambda v: None if v else "give at least one, e.g. '--codec fp32'")
     seeds: tuple[int, ...] = option((0, 1, 2), parse=ints, check=checks.distinct)
     out: str = option("", "output directory", shown_default="runs/bench/accuracy-<timestamp>")
     train_args: tuple[str, ...] = option((), "-- then options for every run", remainder=True)

@@ -23,12 +23,9 @@ from scalesgd.runtime import process_group
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 
 
-class Exchanges:
+def exchanges() -> list[str]:
     """What the bench times: every allreduce algorithm, then every dense codec (its encode + sum + decode)."""
-
-    def __iter__(self):
-        yield from ALGORITHMS
-        yield from (name for name, entry in CODECS.items() if entry.build is not None and not entry.sparse)
+    return [*ALGORITHMS, *(name for name, entry in CODECS.items() if entry.build is not None and not entry.sparse)]
 
 
 @dataclass
@@ -40,7 +37,7 @@ class AllreduceBenchConfig(BenchLaunch):
                                     "element counts, e.g. 256,4K,64K,1M,16M (K = 1024)", parse=element_counts,
                                     check=lambda v: None if v and min(v) >= 0 else "give element counts >= 0")
     algorithms: tuple[str, ...] = option(("ring", "halving_doubling", "native"), "comma-separated; codecs time "
-                                         "encode + sum + decode", choices=Exchanges(), parse=words,
+                                         "encode + sum + decode", choices=exchanges, parse=words,
                                          check=checks.distinct)
     repeats: int = option(10, "timed repetitions per point", check=checks.positive)
     warmup: int = option(3, "untimed repetitions first", check=checks.at_least(0))
