@@ -5,6 +5,7 @@ import json
 import pytest
 
 from scalesgd.bench.train import Mode, parse_mode
+from scalesgd.cli import main
 from tests.bench.cli import bench
 
 
@@ -68,3 +69,11 @@ def test_bad_mode_is_one_line_exit_2(tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert ("--modes scalesgd-fp7: --codec 'fp7' (with --engine scalesgd) is not known; choose from fp32, fp16, "
             "bf16, fp8") in proc.stderr
+
+
+def test_the_shared_run_is_checked_as_the_train_config_it_describes(tmp_path, capsys):
+    code = main(["bench", "train", "--modes", "none", "--batch-size", "9", "--out", str(tmp_path / "x")])
+    err = capsys.readouterr().err
+    assert code == 2 and err == "scalesgd: error: --batch-size 9 does not divide evenly by --workers 2; use a " \
+                                "multiple of 2\n"
+    assert not (tmp_path / "x").exists()

@@ -21,7 +21,7 @@ from scalesgd import checks, output
 from scalesgd.bench.launch import BenchLaunch
 from scalesgd.comm.codecs import CODECS
 from scalesgd.comm.exchange import GradientExchange, build_exchange
-from scalesgd.config import MIN_PER_WORKER, NO_PLANNER, TrainConfig
+from scalesgd.config import NO_PLANNER, TrainConfig
 from scalesgd.errors import UsageError
 from scalesgd.models import MODELS, build_model
 from scalesgd.options import check_fields, option, words
@@ -54,9 +54,7 @@ class TrainBenchConfig(BenchLaunch):
         """Every option, then every mode as the training run it describes."""
         check_fields(self)
         self.check_launch(self.workers)
-        if self.batch_size % self.workers or self.batch_size // self.workers < MIN_PER_WORKER:
-            raise UsageError(f"`batch_size` {self.batch_size}: must be a multiple of `workers` {self.workers} "
-                             f"with at least {MIN_PER_WORKER} per worker")
+        Mode("ddp", "ddp").describe(self, self.workers).validate()  # the model, data and batch every mode shares
         for text in self.modes:
             try:
                 mode = parse_mode(text)
