@@ -51,6 +51,22 @@ BAD = [
     (("--algorithm", "tree"), "choose from ring, halving_doubling, hierarchical, native"),
     (("--buckets", "size:0"), "use one of size:MB, growing[:FIRST_MB[:FACTOR]], layer, single"),
     (("--procs-per-node", "3"), "--procs-per-node 3 does not divide --workers 2"),
+    (("--compress-after", "soon"), "--compress-after soon: give STEPS, EPOCHSep (e.g. 2ep) or warmup"),
+    (("--compress-after", "-5"), "--compress-after -5: must be >= 0"),
+    (("--fp8-headroom", "0.5"), "--fp8-headroom 0.5: must be >= 1"),
+    (("--fp8-saturation-limit", "1"), "--fp8-saturation-limit 1.0: must be in [0, 1)"),
+    (("--fp8-saturation-window", "0"), "--fp8-saturation-window 0: must be >= 1 (steps)"),
+    (("--density-warmup", "-1"), "--density-warmup -1: must be >= 0"),
+    (("--local-clip", "-1"), "--local-clip -1.0: must be a finite number >= 0"),
+    (("--codec", "fp8", "--momentum-correction"), "--momentum-correction applies to the sparse codecs (topk, "
+                                                  "topk-global, lags, with --engine scalesgd); got --codec fp8"),
+    (("--engine", "scalesgd", "--codec", "topk", "--density-warmup", "4", "--codec", "fp16"),
+     "--density-warmup applies to the sparse codecs"),
+    (("--engine", "scalesgd", "--codec", "topk", "--momentum-correction", "--optimizer", "lars"),
+     "--momentum-correction moves SGD's momentum into the exchange: it needs --optimizer sgd and --momentum above "
+     "0; got lars"),
+    (("--engine", "scalesgd", "--codec", "topk", "--momentum-correction", "--momentum", "0"),
+     "it needs --optimizer sgd and --momentum above 0"),
 ]
 
 

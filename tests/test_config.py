@@ -77,3 +77,15 @@ def test_from_argv_is_what_the_command_would_run():
     assert (cfg.batch_size, cfg.zero_gamma, cfg.milestones) == (64, False, (10.0, 20.0))
     with pytest.raises(UsageError, match="scalesgd train: unrecognized arguments: --resume"):
         TrainConfig.from_argv(["--resume", "x"])
+
+
+def test_compression_starts_at_the_end_of_warmup_unless_told():
+    assert TrainConfig(warmup_epochs=2.5).compress_after_steps(10) == 25
+    assert TrainConfig(warmup="none").compress_after_steps(10) == 0
+    assert TrainConfig(compress_after="40").compress_after_steps(10) == 40
+    assert TrainConfig(compress_after="1.5ep").compress_after_steps(10) == 15
+    settings = TrainConfig(engine="scalesgd", codec="topk", momentum_correction=True, density_warmup=3,
+                           local_clip=2.0, nesterov=True).validate().codec_settings(steps_per_epoch=7)
+    assert settings.dgc.momentum == 0.9 and settings.dgc.nesterov and settings.dgc.warmup_epochs == 3
+    assert settings.dgc.steps_per_epoch == 7 and settings.dgc.clip == 2.0 and settings.compress_after == 35
+    assert TrainConfig(engine="scalesgd", codec="topk").codec_settings().dgc.momentum == 0.0  # off by default

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from scalesgd import checks
 from scalesgd.comm.buckets import parse_spec
-from scalesgd.comm.codecs import CODECS, CodecEntry, CodecSettings, Fp8Options
+from scalesgd.comm.codecs import CODECS, CodecEntry, CodecSettings, DgcOptions, Fp8Options
 from scalesgd.comm.collectives import ALGORITHMS
 from scalesgd.comm.exchange import ENGINES, ExchangeSetup
 from scalesgd.comm.planner import PLANNERS
@@ -30,6 +30,15 @@ MIN_PER_WORKER = 2  # BatchNorm needs more than one sample per worker
 NO_PLANNER = "none"
 
 WORKERS, DATA, RECIPE, OUTPUT = "workers", "data and model", "large-minibatch recipe", "output"
+
+
+def _steps_or_epochs(text: str) -> str | None:
+    """What is wrong with a --compress-after value (STEPS, EPOCHSep or warmup), or None."""
+    try:
+        value = float(text[:-2]) if text.endswith("ep") else int(text) if text != "warmup" else 0
+    except ValueError:
+        return "give STEPS, EPOCHSep (e.g. 2ep) or warmup"
+    return None if value >= 0 else "must be >= 0"
 
 
 def _bucket_spec(spec: str) -> str | None:
@@ -103,11 +112,28 @@ class TrainConfig:
                                  shown_default="LOCAL_WORLD_SIZE",
                                  check=checks.at_least(0, "0 reads LOCAL_WORLD_SIZE"))
     fp8_eps: float = option(1e-5, "ε of fp8's relative data g/(|w|+ε)", group=WORKERS)
-    fp8_quantile: float = option(0.95, "fp8 range: this quantile of |data| maps to the top", group=WORKERS)
+    fp8_quantile: float = option(1.0, "fp8 range: this quantile of |data| (1: the sampled maximum), times the "
+                                 "headroom, maps to the top of e5m2 (the seed's: 0.95)", group=WORKERS)
     fp8_period: int = option(100, "fp8 range re-estimated every N steps", group=WORKERS)
     fp8_samples: int = option(1024, "elements sampled per tensor for it", group=WORKERS)
+    fp8_headroom: float = option(128.0, "fp8 range: headroom × the quantile maps to the top (the seed's: 1)",
+                                 group=WORKERS)
+    fp8_saturation_limit: float = option(0.01, "fp8: a tensor saturating more than this fraction of its elements "
+                                         "on some rank …", group=WORKERS)
+    fp8_saturation_window: int = option(50, "… for this many steps in a row is sent dense (limit 0: never)",
+                                        group=WORKERS)
     density: float = option(0.1, "sparse codecs: fraction of each group's entries sent", group=WORKERS)
     topk_reuse: int = option(10, "topk: exact threshold recomputed every S steps, reused between", group=WORKERS)
+    compress_after: str = option("warmup", "a lossy codec compresses after this many dense (fp32) steps: STEPS, "
+                                 "EPOCHSep, or warmup (the end of the LR warmup)", group=WORKERS,
+                                 check=_steps_or_epochs)
+    momentum_correction: bool = option(False, "sparse codecs: DGC's momentum correction (the exchange accumulates "
+                                       "the velocity, masked where sent; SGD keeps momentum for the decay only)",
+                                       group=WORKERS)
+    density_warmup: int = option(0, "sparse codecs: density rises exponentially to --density over this many epochs "
+                                 "(DGC's warm-up)", group=WORKERS, check=checks.at_least(0))
+    local_clip: float = option(0.0, "sparse codecs: each tensor's local gradient clipped to this norm ÷ √workers "
+                               "before it accumulates (DGC); 0: off", group=WORKERS, check=checks.finite_non_negative)
     planner: str = option(NO_PLANNER, "sparse codecs: merge layers into groups from a measured timing model, "
                           "greedily (dlgs) or exactly (optimal); none: --buckets decides",
                           choices=lambda: (NO_PLANNER, *PLANNERS), group=WORKERS)
@@ -143,14 +169,28 @@ class TrainConfig:
         """Whether the exchange runs in a process group of its own, created at start-up."""
         return ENGINES[self.engine].uses_own_group(self.codec_entry)
 
-    def codec_settings(self) -> CodecSettings:
-        return CodecSettings(Fp8Options(self.fp8_eps, self.fp8_quantile, self.fp8_period, self.fp8_samples),
-                             self.density, self.topk_reuse, self.seed)
+    def compress_after_steps(self, steps_per_epoch: int) -> int:
+        """The dense steps before compression, from STEPS, EPOCHSep or warmup."""
+        if self.compress_after == "warmup":
+            return 0 if self.warmup == "none" else round(self.warmup_epochs * steps_per_epoch)
+        if self.compress_after.endswith("ep"):
+            return round(float(self.compress_after[:-2]) * steps_per_epoch)
+        return int(self.compress_after)
 
-    def exchange_setup(self, group=None, topology=None, tracer: Tracer | None = None, plan=None) -> ExchangeSetup:
+    def codec_settings(self, steps_per_epoch: int = 1) -> CodecSettings:
+        fp8 = Fp8Options(eps=self.fp8_eps, quantile=self.fp8_quantile, period=self.fp8_period,
+                         samples=self.fp8_samples, headroom=self.fp8_headroom,
+                         saturation_limit=self.fp8_saturation_limit, saturation_window=self.fp8_saturation_window)
+        dgc = DgcOptions(momentum=self.momentum if self.momentum_correction else 0.0, nesterov=self.nesterov,
+                         warmup_epochs=self.density_warmup, steps_per_epoch=steps_per_epoch, clip=self.local_clip)
+        return CodecSettings(fp8, self.density, self.topk_reuse, self.seed, dgc,
+                             self.compress_after_steps(steps_per_epoch))
+
+    def exchange_setup(self, group=None, topology=None, tracer: Tracer | None = None, plan=None,
+                       steps_per_epoch: int = 1) -> ExchangeSetup:
         """How this run's gradients travel, in the given groups (`plan`: the planner's buckets)."""
-        return ExchangeSetup(self.codec, self.codec_settings(), self.algorithm, plan or self.buckets, group, topology,
-                             tracer or Tracer())
+        return ExchangeSetup(self.codec, self.codec_settings(steps_per_epoch), self.algorithm, plan or self.buckets,
+                             group, topology, tracer or Tracer())
 
     def lr_schedule(self, steps_per_epoch: int = 1) -> LrSchedule:
         """The scaled peak rate and the schedule as a pure function of the step: every schedule parameter is
@@ -220,6 +260,14 @@ class TrainConfig:
                              f"scalesgd); got `codec` {self.codec}")
         for name, problem in self.codec_settings().problems().items():
             raise UsageError(f"`{name}` {getattr(self, name)}: {problem}")
+        dgc = [name for name in ("momentum_correction", "density_warmup", "local_clip") if getattr(self, name)]
+        if dgc and not self.codec_entry.sparse:
+            sparse = ", ".join(name for name, entry in CODECS.items() if entry.sparse)
+            raise UsageError(f"`{dgc[0]}` applies to the sparse codecs ({sparse}, with `engine` scalesgd); "
+                             f"got `codec` {self.codec}")
+        if self.momentum_correction and (self.optimizer != "sgd" or self.momentum == 0):
+            raise UsageError(f"`momentum_correction` moves SGD's momentum into the exchange: it needs `optimizer` "
+                             f"sgd and `momentum` above 0; got {self.optimizer} with momentum {self.momentum}")
         if self.procs_per_node and self.workers % self.procs_per_node:
             raise UsageError(f"`procs_per_node` {self.procs_per_node} does not divide `workers` {self.workers}")
 

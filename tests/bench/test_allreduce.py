@@ -41,9 +41,9 @@ def test_compressed_exchanges_are_timed_beside_native_on_two_nodes(tmp_path):
     assert all(r["correct"] for r in results)
     sent = {r["algorithm"]: r["bytes_sent"] for r in results if r["numel"] == 1024}
     assert sent["fp16"] * 2 == sent["native"]
-    # two-stage fp8 of 1,024 one-byte elements on 2 × 2: half to the node peer, the other half's
-    # reduce-scatter and allgather across nodes (256 + 256), and the half back to the node peer
-    assert sent["fp8"] == 3 * 512
+    # two-stage fp8 of 1,024 one-byte elements, a non-finite flag and a saturation flag (1,026 bytes) on
+    # 2 × 2: half to the node peer, the other half's reduce-scatter and allgather across nodes, the half back
+    assert sent["fp8"] == 3 * 513
 
 
 def test_compressed_exchanges_need_float32(tmp_path):

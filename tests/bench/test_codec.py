@@ -11,7 +11,7 @@ def test_bench_codec_times_every_kernel_and_writes_its_files(tmp_path):
     assert proc.returncode == 0, proc.stderr
     record = json.loads((out / "codec.json").read_text())
     kernels = {(r["kernel"], r["numel"]) for r in record["results"]}
-    assert kernels == {(k, n) for k in ("encode", "decode", "encode_relative", "decode_relative", "add")
+    assert kernels == {(k, n) for k in ("encode", "decode", "encode_relative", "decode_relative", "clipped_relative", "add")
                        for n in (1024, 4096)}
     assert all(r["gbps"] > 0 and r["path"] == "eager" for r in record["results"])
     assert (out / "codec.md").read_text().startswith("`scalesgd bench codec")

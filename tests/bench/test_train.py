@@ -40,8 +40,9 @@ def test_sparse_modes_report_their_plan_and_prediction(tmp_path):
     results = {r["mode"]: r for r in json.loads((out / "train.json").read_text())["results"]}
     planned = results["scalesgd-topk@0.1-ring-planner:optimal"]
     assert planned["planned_groups"] >= 1 and planned["predicted_s"] > 0 and planned["measured_exchange_end_s"] > 0
-    # at 1 % of 78,042 entries (781 per rank), a rank sends its own (index, value) pairs: 8 bytes each
-    assert results["scalesgd-topk-global@0.01"]["mean_bytes_sent"] == 781 * 8 + 8
+    # at 1 % of 78,042 entries (781 per rank), a rank sends its own (index, value) pairs, 8 bytes each, and
+    # its (count, non-finite flag) pair, 16 bytes
+    assert results["scalesgd-topk-global@0.01"]["mean_bytes_sent"] == 781 * 8 + 16
     assert "predicted_s" not in results["scalesgd-lags@0.1"]
 
 

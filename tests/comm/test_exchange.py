@@ -69,3 +69,41 @@ def test_own_groups_and_engine_compatibility_come_from_the_registry():
     assert not DdpExchange.uses_own_group(CODECS["fp16"]) and DdpExchange.uses_own_group(CODECS["fp8"])
     with pytest.raises(ValueError, match="codec 'powersgd' does not run on engine 'scalesgd'"):
         build_exchange("scalesgd", torch.nn.Linear(2, 2), None, ExchangeSetup("powersgd"))
+
+
+NON_FINITE_CASES = [("ddp", "fp8"), ("ddp", "fp16"), ("scalesgd", "fp8"), ("scalesgd", "fp8-flat"),
+                    ("scalesgd", "bf16"), ("scalesgd", "topk"), ("scalesgd", "fp32")]
+
+
+def inf_on_one_rank(rank, world):
+    """An inf in rank 1's gradient of one tensor: every rank's exchanged gradient of it is non-finite, and
+    GradScaler skips the step on every rank."""
+    out = {}
+    for engine, codec in NON_FINITE_CASES:
+        torch.manual_seed(0)
+        model = build_model("resnet8", 10, 3)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        exchange = build_exchange(engine, model, optimizer, ExchangeSetup(codec))
+        poisoned = model.fc.weight
+        if rank == 1:
+            poisoned.register_hook(lambda g: g + float("inf"))
+        before = poisoned.detach().clone()
+        scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+        g = torch.Generator().manual_seed(rank)
+        x, y = torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 10, (4,), generator=g)
+        scaler.scale(torch.nn.functional.cross_entropy(exchange.model(x), y)).backward()
+        if isinstance(exchange.optimizer, DistributedOptimizer):
+            exchange.optimizer.synchronize()  # the mean gradient in .grad before GradScaler looks at it
+        finite = bool(torch.isfinite(poisoned.grad).all())
+        scaler.step(exchange.optimizer)
+        scaler.update()
+        out[(engine, codec)] = (finite, torch.equal(poisoned.detach(), before), scaler.get_scale())
+        exchange.close()
+    return out
+
+
+def test_a_non_finite_gradient_on_one_rank_is_seen_on_every_rank_and_the_step_skipped():
+    for ranks in run_workers(inf_on_one_rank, 2):
+        for case, (finite, unchanged, scale) in ranks.items():
+            assert not finite, case
+            assert unchanged and scale == 2.0, case  # GradScaler found the inf, skipped, halved its scale

@@ -14,7 +14,7 @@ def rank_entries(rank):
 
 def exchange(rank, world):
     idx, val = rank_entries(rank)
-    all_idx, all_val, sent = allgather_sparse(idx, val)
+    all_idx, all_val, sent, _ = allgather_sparse(idx, val)
     out = torch.empty(N)
     mean_of_sparse(out, all_idx, all_val)
     return out, sent
@@ -34,4 +34,4 @@ def test_sparse_exchange_equals_a_dense_allreduce_of_the_masked_tensors():
     total = sum(len(rank_entries(r)[0]) for r in range(4))
     for rank, (_, sent) in enumerate(results):
         own_next = total - len(rank_entries((rank + 1) % 4)[0])  # everything but what the right neighbour has
-        assert sent == own_next * 12 + 3 * 8
+        assert sent == own_next * 12 + 3 * 16  # and its (count, flag) pair to each of the 3 others

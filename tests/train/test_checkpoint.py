@@ -39,10 +39,14 @@ FP8_RANGES = ["--fp8-period", "7", "--fp8-samples", "64"]  # ranges re-estimated
                                     ["--engine", "scalesgd", "--codec", "fp8", *FP8_RANGES],
                                     ["--codec", "fp8", *FP8_RANGES],
                                     ["--engine", "scalesgd", "--codec", "topk", "--topk-reuse", "3"],
+                                    ["--engine", "scalesgd", "--codec", "topk", "--density", "0.05",
+                                     "--momentum-correction", "--density-warmup", "2", "--local-clip", "1.0",
+                                     "--weight-decay", "5e-4"],
                                     ["--optimizer", "lars", "--weight-decay", "5e-4", "--schedule", "arccot",
                                      "--arccot-epoch", "3", "--label-smoothing", "0.1", "--bn-momentum", "0.05",
                                      "--bn-batch", "8"]],
-                         ids=["ddp", "scalesgd-fp16", "scalesgd-fp8", "ddp-fp8-hook", "scalesgd-topk", "lars-arccot"])
+                         ids=["ddp", "scalesgd-fp16", "scalesgd-fp8", "ddp-fp8-hook", "scalesgd-topk", "scalesgd-topk-dgc",
+                              "lars-arccot"])
 def test_interrupted_and_resumed_run_ends_with_the_same_parameters(tmp_path, engine):
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     run = [*RESUME_RUN, *engine]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from scalesgd.bench import accuracy, allreduce, codec, link, optimizer, train
+from scalesgd.bench import accuracy, allreduce, codec, fp8_range, link, optimizer, train
 from scalesgd.registry import Registry
 
 
@@ -27,6 +27,9 @@ BENCHES.add("train", Bench(train.TrainBenchConfig, train.run,
                            "iteration time of each exchange mode against DDP, side by side", True))
 BENCHES.add("codec", Bench(codec.CodecBenchConfig, codec.run,
                            "fp8 kernel throughput, fused (torch.compile) against eager, one process", False))
+BENCHES.add("fp8-range", Bench(fp8_range.Fp8RangeBenchConfig, fp8_range.run,
+                               "fp8's range settings (quantile × headroom) on real gradients: error, clipping, "
+                               "flushing", False))
 BENCHES.add("optimizer", Bench(optimizer.OptimizerBenchConfig, optimizer.run,
                                "time of one optimizer step(), LARS against torch's SGD, one process", False))
 BENCHES.add("accuracy", Bench(accuracy.AccuracyBenchConfig, accuracy.run,

@@ -46,10 +46,12 @@ KERNELS = {
                         lambda k, t: k["encode_relative"](t["bytes"], t["x"], t["w"], t["eps"], t["s"])),
     "decode_relative": ("e5m2 / s·(|w|+ε)",
                         lambda k, t: k["decode_relative"](t["floats"], t["b"], t["w"], t["eps"], t["s"])),
+    "clipped_relative": ("|g/(|w|+ε)·s| > 57344",
+                         lambda k, t: k["clipped_relative"](t["mask"], t["x"], t["w"], t["eps"], t["s"])),
     "add": ("saturating e5m2 + e5m2", lambda k, t: k["add"](t["sum"], t["c"])),
 }
 OUTPUT = {"encode": "bytes", "decode": "floats", "encode_relative": "bytes", "decode_relative": "floats",
-          "add": "sum"}
+          "clipped_relative": "mask", "add": "sum"}
 
 
 def run(cfg: CodecBenchConfig, command: str) -> int:
@@ -80,7 +82,7 @@ def _inputs(numel: int) -> dict:
     return {"x": x, "w": torch.randn(numel, generator=g), "s": s, "eps": torch.tensor(1e-5),
             "b": fp8.encode(x, s), "c": fp8.encode(torch.randn(numel, generator=g), s),
             "bytes": torch.empty(numel, dtype=torch.uint8), "floats": torch.empty(numel),
-            "sum": torch.empty(numel, dtype=torch.uint8)}
+            "sum": torch.empty(numel, dtype=torch.uint8), "mask": torch.empty(numel, dtype=torch.bool)}
 
 
 def _result(name: str, table: dict, inputs: dict) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """scalesgd's codecs as DDP communication hooks, for users who keep DistributedDataParallel.
 
-    state = CodecHookState("fp8")               # collective: every rank, together
+    state = CodecHookState("fp8", model=model)  # collective: every rank, together
     model.register_comm_hook(state, codec_hook)
 
 The hook is a pure function of (state, bucket); the state holds the codec (its ranges persist across
@@ -22,11 +22,15 @@ from scalesgd.comm.topology import Topology
 
 class CodecHookState:
     """A codec (a registered name or an instance), the process group it exchanges in (a new one by default),
-    and the worker thread that runs the exchanges."""
+    and the worker thread that runs the exchanges. Pass the `model` so per-tensor codec state is keyed by its
+    parameter order, which a resumed run repeats whatever order DDP's buckets come in."""
 
-    def __init__(self, codec="fp8", process_group=None, topology=None, settings: CodecSettings = None):
+    def __init__(self, codec="fp8", process_group=None, topology=None, settings: CodecSettings = None,
+                 model: torch.nn.Module = None):
         group = process_group if process_group is not None else dist.new_group()
         self.codec: Codec = make_codec(codec, settings) if isinstance(codec, str) else codec
+        if model is not None:
+            self.codec.bind(list(model.parameters()))
         if topology is None and self.codec.needs_topology:
             topology = Topology.from_env().groups()
         self.channel = Channel(group, dist.get_world_size(group), "ring", topology)

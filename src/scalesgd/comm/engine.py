@@ -77,6 +77,7 @@ class DistributedOptimizer:
         self.model = model
         self.group = group if group is not None else dist.new_group()
         self.codec = make_codec(codec) if isinstance(codec, str) else codec
+        self.codec.bind(list(model.parameters()))
         if topology is None and (algorithm == "hierarchical" or self.codec.needs_topology):
             topology = Topology.from_env().groups()  # collective: every rank builds the engine together
         self.channel = Channel(self.group, dist.get_world_size(self.group), algorithm, topology)

@@ -39,11 +39,13 @@ class ExchangeSetup:
 class GradientExchange(ABC):
     """The model to call, the optimizer to step, the codec (its state differs per rank), and the run's view of it."""
 
-    def __init__(self, model: nn.Module, optimizer, codec: Codec | None, plan: BucketPlan | None = None):
+    def __init__(self, model: nn.Module, optimizer, codec: Codec | None, plan: BucketPlan | None = None,
+                 bare: nn.Module | None = None):
         self.model = model
         self.optimizer = optimizer
         self.codec = codec
         self.plan = plan  # the buckets, where the engine has its own plan
+        self._names = {id(p): name for name, p in (bare or model).named_parameters()}
 
     @staticmethod
     def uses_own_group(codec: CodecEntry) -> bool:
@@ -53,6 +55,16 @@ class GradientExchange(ABC):
     def stats(self) -> IterationStats | None:
         """This rank's exchange times and bytes since the last call; None where the engine does not measure them."""
         return None
+
+    def counters(self) -> dict[str, float]:
+        """This rank's codec guardrail counters since the last call (saturation, density, overflow …)."""
+        return self.codec.counters() if self.codec is not None else {}
+
+    def notices(self) -> list[str]:
+        """What the codec changed on its own since the last call, each naming its parameter."""
+        if self.codec is None:
+            return []
+        return [f"{self._names.get(id(param), 'a parameter')}: {text}" for param, text in self.codec.pop_notices()]
 
     def state_dict(self) -> dict:
         """This rank's state: the optimizer's, and the codec's (residuals and ranges differ between ranks)."""
@@ -78,13 +90,13 @@ class DdpExchange(GradientExchange):
         if entry.torch_hook is not None:
             hook = entry.torch_hook(on_cuda)
         else:
-            self._hook_state = CodecHookState(setup.codec, setup.group, setup.topology, setup.settings)
+            self._hook_state = CodecHookState(setup.codec, setup.group, setup.topology, setup.settings, model)
             hook = DdpHook(self._hook_state, codec_hook)
         ddp = DistributedDataParallel(model, device_ids=[next(model.parameters()).device.index] if on_cuda else None,
                                       bucket_cap_mb=hook.bucket_cap_mb if hook is not None else None)
         if hook is not None:
             ddp.register_comm_hook(hook.state, hook.hook)
-        super().__init__(ddp, optimizer, self._hook_state.codec if self._hook_state is not None else None)
+        super().__init__(ddp, optimizer, self._hook_state.codec if self._hook_state is not None else None, bare=model)
 
     @staticmethod
     def uses_own_group(codec: CodecEntry) -> bool:

@@ -16,6 +16,8 @@ import torch
 
 MAX = 57344.0  # largest finite e5m2 value
 F8 = torch.float8_e5m2
+ONE_CODE = 0x3C  # the byte of 1.0: flags travel as it, and any sum of them stays nonzero
+MAGNITUDE = 0x7F  # a byte's bits without the sign
 KERNEL_MODES = ("auto", "compiled", "eager")
 
 
@@ -55,6 +57,14 @@ def _decode_relative(out, b, w, eps, scale):
     out.copy_(_from_bytes(b) / scale * (w.to(torch.float32).abs() + eps))
 
 
+def _clipped(out, x, scale):
+    out.copy_((x.to(torch.float32) * scale).abs() > MAX)
+
+
+def _clipped_relative(out, g, w, eps, scale):
+    out.copy_((g.to(torch.float32) / (w.to(torch.float32).abs() + eps) * scale).abs() > MAX)
+
+
 def _add(into, b):
     into.copy_(_to_bytes(_from_bytes(into) + _from_bytes(b)))
 
@@ -67,7 +77,8 @@ def _sum_rows(out, rows, post):
 
 
 _EAGER = {"encode": _encode, "decode": _decode, "encode_relative": _encode_relative,
-          "decode_relative": _decode_relative, "add": _add, "sum_rows": _sum_rows}
+          "decode_relative": _decode_relative, "clipped": _clipped, "clipped_relative": _clipped_relative,
+          "add": _add, "sum_rows": _sum_rows}
 
 
 # --- choosing the path ------------------------------------------------------------------------------
@@ -115,6 +126,9 @@ def _warm(table: dict) -> None:
     table["decode"](back, b, scale)
     table["encode_relative"](r, x, w, eps, scale)
     table["decode_relative"](back, r, w, eps, scale)
+    mask = torch.empty(37, dtype=torch.bool)
+    table["clipped"](mask, x, scale)
+    table["clipped_relative"](mask, x, w, eps, scale)
     table["add"](b, r)
     table["sum_rows"](b, [r, r.clone()], torch.tensor(0.5))
 
@@ -164,6 +178,17 @@ def decode_relative(b: torch.Tensor, w: torch.Tensor, eps, scale, out: torch.Ten
     """decode(b, scale)·(|w|+eps): back from relative data to a gradient."""
     out = torch.empty(b.shape, device=b.device) if out is None else out
     KERNELS.table()["decode_relative"](out, b, w, _as_tensor(eps, w), _as_tensor(scale, w))
+    return out
+
+
+def clipped(x: torch.Tensor, scale, w: torch.Tensor | None = None, eps=0.0,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+    """Where encode saturates: |x·scale| > 57344 (with `w`, x is relative data: |x/(|w|+eps)·scale|)."""
+    out = torch.empty(x.shape, dtype=torch.bool, device=x.device) if out is None else out
+    if w is None:
+        KERNELS.table()["clipped"](out, x, _as_tensor(scale, x))
+    else:
+        KERNELS.table()["clipped_relative"](out, x, w, _as_tensor(eps, x), _as_tensor(scale, x))
     return out
 
 

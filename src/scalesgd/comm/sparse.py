@@ -13,16 +13,17 @@ import torch.distributed as dist
 from scalesgd.comm.collectives import ring_members, send_recv
 
 
-def allgather_sparse(indices: torch.Tensor, values: torch.Tensor, group=None
-                     ) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
+def allgather_sparse(indices: torch.Tensor, values: torch.Tensor, group=None, flag: bool = False
+                     ) -> tuple[list[torch.Tensor], list[torch.Tensor], int, bool]:
     """Every rank's `indices` and `values` (same length per rank, any length across ranks), in rank
-    order, and the bytes this rank sent."""
+    order, the bytes this rank sent, and whether any rank raised its `flag` (it travels with the counts)."""
     rank, peers = ring_members(group)
     p = len(peers)
-    count = torch.tensor([indices.numel()], dtype=torch.int64, device=indices.device)
+    count = torch.tensor([indices.numel(), int(flag)], dtype=torch.int64, device=indices.device)
     counts = [torch.empty_like(count) for _ in range(p)]
-    dist.all_gather(counts, count, group=group)  # p small integers: latency only
-    sizes = [int(c.item()) for c in counts]
+    dist.all_gather(counts, count, group=group)  # 2p small integers: latency only
+    gathered = torch.stack(counts).tolist()
+    sizes = [c[0] for c in gathered]
     all_idx = [indices if r == rank else indices.new_empty(sizes[r]) for r in range(p)]
     all_val = [values if r == rank else values.new_empty(sizes[r]) for r in range(p)]
     right, left = peers[(rank + 1) % p], peers[(rank - 1) % p]
@@ -31,7 +32,7 @@ def allgather_sparse(indices: torch.Tensor, values: torch.Tensor, group=None
         out, into = (rank - step) % p, (rank - step - 1) % p
         sent += send_recv(group, all_idx[out], right, all_idx[into], left)
         sent += send_recv(group, all_val[out], right, all_val[into], left)
-    return all_idx, all_val, sent + count.element_size() * (p - 1)
+    return all_idx, all_val, sent + count.numel() * count.element_size() * (p - 1), any(c[1] for c in gathered)
 
 
 def mean_of_sparse(out: torch.Tensor, all_idx: list[torch.Tensor], all_val: list[torch.Tensor]) -> None:

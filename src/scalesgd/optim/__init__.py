@@ -1,4 +1,5 @@
-"""Optimizers by name: torch's momentum SGD, and LARS for very large minibatches."""
+"""Optimizers by name: torch's momentum SGD, and LARS for very large minibatches; SGD for an exchange that
+carries the momentum (DGC's momentum correction)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Callable
 import torch
 
 from scalesgd.optim.lars import LARS, NaiveLARS
+from scalesgd.optim.momentum_corrected import MomentumCorrectedSGD
 from scalesgd.registry import Registry
 
 # name → builder(param_groups, lr, momentum, nesterov, trust_coefficient)
@@ -16,4 +18,4 @@ OPTIMIZERS.add("sgd", lambda groups, lr, momentum, nesterov, trust_coefficient:
 OPTIMIZERS.add("lars", lambda groups, lr, momentum, nesterov, trust_coefficient:
                LARS(groups, lr=lr, momentum=momentum, nesterov=nesterov, trust_coefficient=trust_coefficient))
 
-__all__ = ["LARS", "OPTIMIZERS", "NaiveLARS"]
+__all__ = ["LARS", "OPTIMIZERS", "MomentumCorrectedSGD", "NaiveLARS"]

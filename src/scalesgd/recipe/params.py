@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from scalesgd.optim import OPTIMIZERS
+from scalesgd.optim import OPTIMIZERS, MomentumCorrectedSGD
 
 _NORM_TYPES = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)
 
@@ -40,6 +40,15 @@ def build_sgd(model: nn.Module, lr: float, momentum: float, nesterov: bool, weig
 
 
 def build_optimizer(model: nn.Module, kind: str, lr: float, momentum: float, nesterov: bool, weight_decay: float,
-                    bias_decay: bool = True, trust_coefficient: float = 0.001) -> torch.optim.Optimizer:
-    """A registered optimizer on the recipe's groups (LARS leaves the no-decay group, BN γ/β, alone)."""
-    return OPTIMIZERS[kind](param_groups(model, weight_decay, bias_decay), lr, momentum, nesterov, trust_coefficient)
+                    bias_decay: bool = True, trust_coefficient: float = 0.001,
+                    momentum_in_exchange: bool = False) -> torch.optim.Optimizer:
+    """A registered optimizer on the recipe's groups (LARS leaves the no-decay group, BN γ/β, alone).
+
+    `momentum_in_exchange`: the exchange applies the gradient's momentum (DGC's momentum correction), so
+    SGD keeps momentum for the weight decay only (`MomentumCorrectedSGD`)."""
+    groups = param_groups(model, weight_decay, bias_decay)
+    if momentum_in_exchange:
+        if kind != "sgd":
+            raise ValueError(f"momentum in the exchange needs the sgd optimizer, got {kind!r}")
+        return MomentumCorrectedSGD(groups, lr, momentum, nesterov=nesterov)
+    return OPTIMIZERS[kind](groups, lr, momentum, nesterov, trust_coefficient)

@@ -87,7 +87,7 @@ def setup(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool) 
     model = initialize(build_model(cfg.model, data.num_classes, data.in_channels), cfg.zero_gamma, cfg.bn_momentum)
     use_ghost_batch(model, cfg.bn_batch)
     optimizer = build_optimizer(model, cfg.optimizer, cfg.peak_lr, cfg.momentum, cfg.nesterov, cfg.weight_decay,
-                                cfg.bias_decay, cfg.trust_coefficient)
+                                cfg.bias_decay, cfg.trust_coefficient, momentum_in_exchange=cfg.momentum_correction)
     env = env.result() if isinstance(env, Future) else env
     model.to(env.device)
     sampler = GlobalBatchSampler(len(data.train), cfg.batch_size, env.world_size, env.rank, seed=cfg.seed)
@@ -100,7 +100,7 @@ def setup(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool) 
         batch = (data.train.x[first].to(env.device), data.train.y[first].to(env.device))
         plan, planned = planning.plan_exchange(cfg, model, batch, criterion, env, run_dir, resume)
     exchange = build_exchange(cfg.engine, model, optimizer,
-                              cfg.exchange_setup(env.exchange_group, env.topology_groups, tracer, plan))
+                              cfg.exchange_setup(env.exchange_group, env.topology_groups, tracer, plan, len(sampler)))
     if env.is_main and exchange.plan is not None:
         write_json(run_dir / BUCKETS_NAME, exchange.plan.to_dict())
     return Run(cfg, run_dir, env, data, model, exchange, scheduler, sampler, criterion, tracer, planned)
@@ -141,10 +141,14 @@ def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None,
         opt.step()
         run.scheduler.step()
         opt.zero_grad(set_to_none=True)
-        run.timings.append(iteration_timing(run.exchange.stats(), t0, t1, time.perf_counter()))
+        counters, notices = run.exchange.counters(), run.exchange.notices()
+        run.timings.append({**iteration_timing(run.exchange.stats(), t0, t1, time.perf_counter()), **counters})
         totals += step_stats
         if log:
-            log.write({"kind": "iter", "epoch": epoch, "iter": global_iter, "lr": lr, "loss": step_loss})
+            log.write({"kind": "iter", "epoch": epoch, "iter": global_iter, "lr": lr, "loss": step_loss, **counters})
+            for notice in notices:
+                log.write({"kind": "notice", "epoch": epoch, "iter": global_iter, "text": notice})
+                progress.message(f"iteration {global_iter}: {notice}")
         progress.advance(step_loss, lr)
     return totals, time.perf_counter() - start
 

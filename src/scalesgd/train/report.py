@@ -37,14 +37,19 @@ def summary_table(summary: dict):
     return table
 
 
+ITER_KEYS = ("kind", "epoch", "iter", "lr", "loss")  # an iteration's record; anything else is a codec counter
+
+
 def plot_report(run_dir: Path) -> Path:
-    """report.png: loss, accuracy and learning rate against iterations."""
+    """report.png: loss, accuracy, learning rate and (for a lossy codec) its guardrail counters against iterations."""
     plt = output.pyplot()
 
     records = read(Path(run_dir) / METRICS_NAME)
     iters = [r for r in records if r["kind"] == "iter"]
     epochs = [r for r in records if r["kind"] == "epoch"]
-    fig, (ax_loss, ax_acc, ax_lr) = plt.subplots(3, 1, figsize=(8, 9), sharex=True)
+    counters = sorted({k for r in iters for k in r} - set(ITER_KEYS))
+    fig, axes = plt.subplots(3 + bool(counters), 1, figsize=(8, 9 + 3 * bool(counters)), sharex=True)
+    ax_loss, ax_acc, ax_lr = axes[:3]
     ax_loss.plot([r["iter"] for r in iters], [r["loss"] for r in iters], lw=0.8, label="train (per iteration)")
     ends = [e["iter"] for e in epochs]
     ax_loss.plot(ends, [e["test_loss"] for e in epochs], "o-", label="test (per epoch)")
@@ -57,8 +62,14 @@ def plot_report(run_dir: Path) -> Path:
     ax_acc.legend()
     ax_lr.plot([r["iter"] for r in iters], [r["lr"] for r in iters])
     ax_lr.set_ylabel("learning rate")
-    ax_lr.set_xlabel("iteration")
-    for ax in (ax_loss, ax_acc, ax_lr):
+    for name in counters:
+        axes[3].plot([r["iter"] for r in iters if name in r], [r[name] for r in iters if name in r], lw=0.8,
+                     label=name)
+    if counters:
+        axes[3].set_ylabel("codec counters (fractions)")
+        axes[3].legend(fontsize=8)
+    axes[-1].set_xlabel("iteration")
+    for ax in axes:
         ax.grid(alpha=0.3)
     fig.suptitle(Path(run_dir).name)
     fig.tight_layout()

@@ -16,20 +16,25 @@ from scalesgd.comm import torch_hooks
 from scalesgd.comm.codecs import topk
 from scalesgd.comm.codecs.base import BucketView, Channel, Codec
 from scalesgd.comm.codecs.cast import CastCodec
-from scalesgd.comm.codecs.fp8 import Fp8Codec, Fp8Options
-from scalesgd.comm.codecs.topk import TopkCodec
+from scalesgd.comm.codecs.dense_first import DenseFirst
+from scalesgd.comm.codecs.fp8 import Fp8Codec
+from scalesgd.comm.codecs.fp8_range import Fp8Options
+from scalesgd.comm.codecs.topk import DgcOptions, TopkCodec
 from scalesgd.comm.torch_hooks import DdpHook
 from scalesgd.registry import Registry
 
 
 @dataclass(frozen=True)
 class CodecSettings:
-    """What codecs are built with: fp8's range options, the sparse density and threshold reuse, a seed."""
+    """What codecs are built with: fp8's range options, the sparse density, threshold reuse and DGC's
+    corrections, a seed, and the dense steps before any compression."""
 
     fp8: Fp8Options = field(default_factory=Fp8Options)
     density: float = 0.1
     topk_reuse: int = 10
     seed: int = 0
+    dgc: DgcOptions = field(default_factory=DgcOptions)
+    compress_after: int = 0  # steps exchanged dense (fp32) first
 
     def problems(self) -> dict[str, str]:
         """Setting → what is wrong with it, named as the train options are (fp8_eps, density, …)."""
@@ -67,7 +72,9 @@ def make_codec(name: str, settings: CodecSettings | None = None) -> Codec:
     entry = CODECS[name]
     if entry.build is None:
         raise ValueError(f"codec {name!r} has no scalesgd implementation: under DDP it is PyTorch's own hook")
-    return entry.build(settings or CodecSettings())
+    settings = settings or CodecSettings()
+    codec = entry.build(settings)
+    return DenseFirst(codec, settings.compress_after) if settings.compress_after > 0 else codec
 
 
 def _fp8(name: str, relative: bool, two_stage: bool) -> Callable[[CodecSettings], Codec]:
@@ -88,13 +95,13 @@ CODECS.add("fp8-direct", CodecEntry("ablation: the gradient itself in e5m2",
 CODECS.add("fp8-flat", CodecEntry("ablation: one fp8 ring over all ranks", _fp8("fp8-flat", relative=True,
                                                                                  two_stage=False)))
 CODECS.add("topk", CodecEntry("DLGS: per-group top-k with residuals, thresholds reused (SPEC §3)",
-                              lambda s: TopkCodec("topk", s.density, s.topk_reuse), engines=("scalesgd",),
+                              lambda s: TopkCodec("topk", s.density, s.topk_reuse, s.dgc), engines=("scalesgd",),
                               sparse=True))
 CODECS.add("topk-global", CodecEntry("one exact top-k over all gradients each step",
-                                     lambda s: TopkCodec("topk-global", s.density, 1), engines=("scalesgd",),
+                                     lambda s: TopkCodec("topk-global", s.density, 1, s.dgc), engines=("scalesgd",),
                                      buckets="single", sparse=True))
-CODECS.add("lags", CodecEntry("an exact top-k per layer each step", lambda s: TopkCodec("lags", s.density, 1),
+CODECS.add("lags", CodecEntry("an exact top-k per layer each step", lambda s: TopkCodec("lags", s.density, 1, s.dgc),
                               engines=("scalesgd",), buckets="layer", sparse=True))
 
-__all__ = ["CODECS", "BucketView", "Channel", "Codec", "CodecEntry", "CodecSettings", "DdpHook",
-           "Fp8Codec", "Fp8Options", "TopkCodec", "make_codec"]
+__all__ = ["CODECS", "BucketView", "Channel", "Codec", "CodecEntry", "CodecSettings", "DdpHook", "DenseFirst",
+           "DgcOptions", "Fp8Codec", "Fp8Options", "TopkCodec", "make_codec"]

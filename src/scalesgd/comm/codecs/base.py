@@ -64,6 +64,27 @@ class Codec(ABC):
         self.decode(wire, bucket, flat, channel)
         return sent
 
+    def bind(self, params: list[torch.Tensor]) -> None:
+        """Number the model's parameters in the model's order, so per-tensor state is keyed alike in every run
+        whatever the buckets (DDP regroups them after its first iteration, and again after a resume)."""
+        self.__dict__["_param_keys"] = {id(p): i for i, p in enumerate(params)}
+
+    def key(self, param: torch.Tensor) -> int:
+        """A parameter's number: its place in the bound model, else the order the codec first saw it."""
+        keys = self.__dict__.setdefault("_param_keys", {})
+        return keys.setdefault(id(param), len(keys))
+
+    def after_dense(self, out: torch.Tensor, bucket: BucketView) -> None:
+        """Called with the mean of a step exchanged dense instead of by this codec (see `DenseFirst`)."""
+
+    def counters(self) -> dict[str, float]:
+        """This rank's guardrail counters since the last call (fractions, one value per step); {} when none."""
+        return {}
+
+    def pop_notices(self) -> list[tuple[torch.Tensor, str]]:
+        """What the codec changed on its own since the last call, e.g. a tensor now sent dense: (parameter, text)."""
+        return []
+
     def state_dict(self) -> dict:
         return {}
 

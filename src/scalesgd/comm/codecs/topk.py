@@ -1,15 +1,20 @@
-"""Top-k sparsification with residuals (SPEC §3): DLGS's reused thresholds, or an exact top-k each step.
+"""Top-k sparsification with residuals (SPEC §3): DLGS's reused thresholds, or an exact top-k each step; and
+Deep Gradient Compression's corrections (Lin et al.): momentum correction with factor masking, density
+warm-up, local gradient clipping.
 
 Per bucket (a layer, or a group of layers merged by the planner) and per rank:
-g = residual + gradient; the entries with |g| ≥ H are sent, the rest stay as the next residual.
-H is the exact threshold — the k-th largest |g|, k = ⌈ρ·n⌉ — recomputed every `reuse` steps and
+v = residual + gradient; the entries with |v| ≥ H are sent, the rest stay as the next residual.
+H is the exact threshold — the k-th largest |v|, k = ⌈ρ·n⌉ — recomputed every `reuse` steps and
 reused in between (DLGS); `reuse=1` is an exact top-k every step (LAGS per layer, global Top-K on
-one bucket holding everything).
+one bucket holding everything). With momentum correction v accumulates the local momentum
+u = m·u + g instead of g, and u is zeroed where v was sent; the optimizer then applies no momentum of
+its own to the gradient (`scalesgd.optim.MomentumCorrectedSGD`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -18,12 +23,32 @@ from scalesgd.comm.codecs.base import BucketView, Channel, Codec
 from scalesgd.comm.sparse import allgather_sparse, mean_of_sparse
 
 
-class _Sparse:
-    """One bucket's residual, threshold and step count."""
+@dataclass(frozen=True)
+class DgcOptions:
+    """DGC's corrections; the defaults leave DLGS as the seed has it."""
 
-    def __init__(self, numel: int, device: torch.device):
+    momentum: float = 0.0  # > 0: momentum correction with this momentum (the optimizer's)
+    nesterov: bool = False
+    warmup_epochs: int = 0  # density rises exponentially to its target over this many epochs
+    steps_per_epoch: int = 1
+    clip: float = 0.0  # > 0: each tensor's local gradient clipped to this norm ÷ √ranks before it accumulates
+
+    def density_at(self, density: float, step: int) -> float:
+        """The density of a step during warm-up: ρ^((e+1)/(W+1)) in epoch e < W (DGC's exponential ramp)."""
+        epoch = step // max(self.steps_per_epoch, 1)
+        if epoch >= self.warmup_epochs:
+            return density
+        return max(density ** ((epoch + 1) / (self.warmup_epochs + 1)), density)
+
+
+class _Sparse:
+    """One bucket's residual (the accumulated velocity with momentum correction), momentum, threshold, step."""
+
+    def __init__(self, numel: int, device: torch.device, momentum: bool):
         self.residual = torch.zeros(numel, device=device)
+        self.momentum = torch.zeros(numel, device=device) if momentum else None
         self.threshold = 0.0
+        self.density = 0.0  # the density the threshold was computed for
         self.step = 0
 
 
@@ -37,64 +62,120 @@ def problems(density: float, reuse: int) -> dict[str, str]:
 class TopkCodec(Codec):
     """Send ⌈density·n⌉ (about, between recomputations) entries per bucket as (index, value) pairs.
 
-    Selection runs in backward as soon as a bucket is full, as DLGS's timing model has it.
+    Selection runs in backward as soon as a bucket is full, as DLGS's timing model has it. A bucket
+    whose local gradient is not finite sends nothing, keeps its residual, and raises a flag that makes
+    the exchanged bucket NaN on every rank.
     """
 
     encode_in_backward = True
 
-    def __init__(self, name: str = "topk", density: float = 0.1, reuse: int = 1):
+    def __init__(self, name: str = "topk", density: float = 0.1, reuse: int = 1, dgc: DgcOptions = DgcOptions()):
         found = problems(density, reuse)
         if found:
             given = {"density": density, "reuse": reuse}
             raise ValueError("; ".join(f"{setting} {given[setting]}: {problem}" for setting, problem in found.items()))
-        self.name, self.density, self.reuse = name, density, reuse
+        self.name, self.density, self.reuse, self.dgc = name, density, reuse, dgc
         self._state: dict[int, _Sparse] = {}
-        self._sent: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._sent: dict[int, tuple] = {}
+        self._counts = torch.zeros(4, dtype=torch.float64)  # sent, elements, Σ residual², Σ gradient²
 
-    def k(self, numel: int) -> int:
-        return max(1, math.ceil(self.density * numel))
+    def k(self, numel: int, density: float | None = None) -> int:
+        return max(1, math.ceil((self.density if density is None else density) * numel))
 
     def encode(self, flat: torch.Tensor, bucket: BucketView, channel: Channel) -> torch.Tensor:
         """Accumulate, select, keep the rest; what travels is held until `communicate`."""
-        st = self._state.get(bucket.index)
-        if st is None or st.residual.numel() != flat.numel():
-            st = self._state[bucket.index] = _Sparse(flat.numel(), flat.device)
-        g = st.residual.add_(flat)
-        idx = self.select(g, st)
-        values = g[idx]
-        g[idx] = 0  # what is sent leaves the residual; the rest stays
+        st = self._bucket(bucket.index, flat)
+        density = self.dgc.density_at(self.density, st.step)
         st.step += 1
+        if not bool(torch.isfinite(flat).all()):
+            self._sent[bucket.index] = (flat.new_empty(0, dtype=torch.int32), flat.new_empty(0), True)
+            return flat
+        if self.dgc.clip > 0:
+            self._clip(flat, bucket, channel.world_size)
+        gradient_sq = flat.square().sum()
+        if st.momentum is None:
+            v = st.residual.add_(flat)
+        elif self.dgc.nesterov:
+            v = st.residual.add_(st.momentum.add_(flat).mul_(self.dgc.momentum)).add_(flat)
+        else:
+            v = st.residual.add_(st.momentum.mul_(self.dgc.momentum).add_(flat))
+        idx = self.select(v, st, density)
+        values = v[idx]
+        v[idx] = 0  # what is sent leaves the residual; the rest stays
+        if st.momentum is not None:
+            st.momentum[idx] = 0  # momentum factor masking
         wire_idx = idx.to(torch.int32) if flat.numel() < 2 ** 31 else idx  # 4 bytes per index on the wire
-        self._sent[bucket.index] = (wire_idx, values)
+        self._sent[bucket.index] = (wire_idx, values, False)
+        self._counts += torch.stack([torch.tensor(float(idx.numel())), torch.tensor(float(flat.numel())),
+                                     v.square().sum().double().cpu(), gradient_sq.double().cpu()])
         return flat
 
-    def select(self, g: torch.Tensor, st: _Sparse) -> torch.Tensor:
-        """Indices to send: the exact top-k at recompute steps (setting H), else |g| ≥ H."""
-        magnitude = g.abs()
-        if st.step % self.reuse == 0:
-            top = torch.topk(magnitude, self.k(g.numel()), sorted=False)
-            st.threshold = float(top.values.min())
+    def select(self, v: torch.Tensor, st: _Sparse, density: float | None = None) -> torch.Tensor:
+        """Indices to send: the exact top-k at recompute steps or when the density changed (setting H),
+        else |v| ≥ H."""
+        density = self.density if density is None else density
+        magnitude = v.abs()
+        if (st.step - 1) % self.reuse == 0 or density != st.density:
+            top = torch.topk(magnitude, self.k(v.numel(), density), sorted=False)
+            st.threshold, st.density = float(top.values.min()), density
             return top.indices
         keep = magnitude >= st.threshold if st.threshold > 0 else magnitude > 0  # H = 0: nothing is zero-worthy
         return torch.nonzero(keep).view(-1)
 
     def communicate(self, wire: torch.Tensor, bucket: BucketView, channel: Channel) -> int:
-        idx, values = self._sent[bucket.index]
-        all_idx, all_val, sent = allgather_sparse(idx, values, channel.group)
-        self._sent[bucket.index] = (all_idx, all_val)
+        idx, values, not_finite = self._sent[bucket.index]
+        all_idx, all_val, sent, flagged = allgather_sparse(idx, values, channel.group, not_finite)
+        self._sent[bucket.index] = (all_idx, all_val, flagged)
         return sent
 
     def decode(self, wire: torch.Tensor, bucket: BucketView, out: torch.Tensor, channel: Channel) -> None:
-        all_idx, all_val = self._sent.pop(bucket.index)
-        mean_of_sparse(out, all_idx, all_val)
+        all_idx, all_val, flagged = self._sent.pop(bucket.index)
+        if flagged:
+            out.fill_(math.nan)  # some rank's gradient was not finite: every rank sees it
+        else:
+            mean_of_sparse(out, all_idx, all_val)
+
+    def after_dense(self, out: torch.Tensor, bucket: BucketView) -> None:
+        """A dense step (before compression starts) still carries momentum when the optimizer has none."""
+        if self.dgc.momentum <= 0:
+            return
+        st = self._bucket(bucket.index, out)
+        if self.dgc.nesterov:
+            out.add_(st.momentum.add_(out).mul_(self.dgc.momentum))
+        else:
+            out.copy_(st.momentum.mul_(self.dgc.momentum).add_(out))
+
+    def _bucket(self, index: int, like: torch.Tensor) -> _Sparse:
+        st = self._state.get(index)
+        if st is None or st.residual.numel() != like.numel():
+            st = self._state[index] = _Sparse(like.numel(), like.device, self.dgc.momentum > 0)
+        return st
+
+    def _clip(self, flat: torch.Tensor, bucket: BucketView, ranks: int) -> None:
+        """DGC's local clipping: each tensor's gradient to norm clip·ranks^(−1/2), before it accumulates."""
+        limit = self.dgc.clip / math.sqrt(ranks)
+        for start, p in zip(bucket.offsets, bucket.params):
+            part = flat[start:start + p.numel()]
+            part.mul_(torch.clamp(limit / (part.norm() + 1e-6), max=1.0))
+
+    def counters(self) -> dict[str, float]:
+        sent, elements, residual_sq, gradient_sq = self._counts.tolist()
+        self._counts.zero_()
+        if not elements:
+            return {}
+        return {"topk_density": sent / elements,
+                "topk_residual_ratio": math.sqrt(residual_sq / gradient_sq) if gradient_sq else 0.0}
 
     def state_dict(self) -> dict:
-        return {"buckets": {i: {"residual": s.residual, "threshold": s.threshold, "step": s.step}
-                            for i, s in self._state.items()}}
+        return {"buckets": {i: {"residual": s.residual, "momentum": s.momentum, "threshold": s.threshold,
+                                "density": s.density, "step": s.step} for i, s in self._state.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         self._state = {}
         for i, saved in state["buckets"].items():
-            st = self._state[int(i)] = _Sparse(saved["residual"].numel(), saved["residual"].device)
+            st = self._state[int(i)] = _Sparse(saved["residual"].numel(), saved["residual"].device,
+                                               saved["momentum"] is not None)
             st.residual.copy_(saved["residual"])
-            st.threshold, st.step = float(saved["threshold"]), int(saved["step"])
+            if st.momentum is not None:
+                st.momentum.copy_(saved["momentum"])
+            st.threshold, st.density, st.step = float(saved["threshold"]), float(saved["density"]), int(saved["step"])
