@@ -213,12 +213,13 @@ def iteration_timing(stats: IterationStats | None, start: float, backward_end: f
 
 
 def breakdown(timings: list[dict]) -> dict:
-    """Median iteration time and the mean of each part, for summary.json."""
+    """Median iteration time and the mean of each part, for summary.json (a codec counter over the iterations that
+    have it: none while the exchange is still dense)."""
     if not timings:
         return {}
     out = {"iterations": len(timings), "median_iteration_s": statistics.median(t["iteration_s"] for t in timings)}
-    for key in timings[0]:
-        out[f"mean_{key}"] = statistics.fmean(t[key] for t in timings)
+    for key in dict.fromkeys(k for t in timings for k in t):
+        out[f"mean_{key}"] = statistics.fmean(t[key] for t in timings if key in t)
     return out
 
 
