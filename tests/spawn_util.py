@@ -1,4 +1,5 @@
-"""Run a function on a few gloo workers on loopback, as the multi-process tests need."""
+"""Run a function on a few gloo workers on loopback (or one per GPU with NCCL beside gloo), as the multi-process
+tests need."""
 
 from __future__ import annotations
 
@@ -21,11 +22,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(rank, fn, world_size, port, out_dir, args):
+CUDA_BACKEND = "cpu:gloo,cuda:nccl"
+
+
+def _entry(rank, fn, world_size, port, out_dir, args, backend):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo",
                       RANK=str(rank), WORLD_SIZE=str(world_size))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size,
+    if "nccl" in backend:
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=60))
     try:
         result = fn(rank, world_size, *args)
@@ -35,9 +41,10 @@ def _entry(rank, fn, world_size, port, out_dir, args):
     exit_process(0)  # as scalesgd's workers do: no interpreter teardown under gloo's threads
 
 
-def run_workers(fn, world_size: int, *args):
-    """Call `fn(rank, world_size, *args)` in `world_size` spawned gloo processes; return their results."""
+def run_workers(fn, world_size: int, *args, backend: str = "gloo"):
+    """Call `fn(rank, world_size, *args)` in `world_size` spawned processes (gloo; `CUDA_BACKEND`: rank r on GPU r);
+    return their results."""
     with tempfile.TemporaryDirectory() as out:
-        mp.start_processes(_entry, args=(fn, world_size, _free_port(), out, args), nprocs=world_size,
+        mp.start_processes(_entry, args=(fn, world_size, _free_port(), out, args, backend), nprocs=world_size,
                            join=True, start_method="spawn")
         return [torch.load(Path(out) / f"{r}.pt", weights_only=False) for r in range(world_size)]

@@ -148,6 +148,9 @@ class TrainConfig:
     threads: int = option(0, "compute threads per worker", shown_default="cores / workers", group=WORKERS,
                           runtime=True, check=checks.at_least(0, "0 picks cores / local workers"))
     quiet: bool = option(False, "print nothing while training", group=OUTPUT, runtime=True)
+    sync_every: int = option(10, "iterations between reads of the loss on the host (one allreduce of their "
+                             "losses, no per-step wait); a non-finite loss stops the run at the next read",
+                             group=OUTPUT, runtime=True, check=checks.at_least(1))
 
     # ---- what the options imply ------------------------------------------------------------------
     @property

@@ -8,10 +8,41 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import torch
+
 
 def now_us() -> float:
     """Microseconds on the monotonic clock every process on a host shares."""
     return time.perf_counter_ns() / 1000.0
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for the work queued on `device` (nothing to wait for on CPU), so a host clock read next sees it done."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class DeviceClock:
+    """Marks in the device's own order (CUDA events on a GPU, the host clock on CPU) and the seconds between
+    them, so a time read from hooks is the device's work, not when the host queued it."""
+
+    def __init__(self, device: torch.device | str):
+        self.cuda = torch.device(device).type == "cuda"
+
+    def mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, start, end) -> float:
+        """Seconds from mark `start` to mark `end` (waits for `end` on a GPU)."""
+        if not self.cuda:
+            return end - start
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
 
 
 class Tracer:

@@ -158,3 +158,29 @@ def test_state_dict_round_trips_optimizer_and_engine_state():
     (engine_state, restored), = run_workers(_state, 1)
     assert engine_state["codec"] == "fp16" and engine_state["buckets"] == "layer"
     assert restored == 6  # every parameter, also `unused` (its gradient is averaged zeros, on every rank)
+
+
+def _grads_in_buckets(rank, world):
+    """Every `.grad` is a view of its bucket before and after each step: autograd accumulates into the bucket."""
+    data = load_bundle("digits").train
+    model = _BNFree()
+    engine = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, buckets="size:0.001")
+    buffers = {b.buffer.untyped_storage().data_ptr() for b in engine._buckets}
+    first = [p.grad for p in model.parameters()]
+    views = []
+    for it in range(3):
+        x, y = data.x[rank * 8 + it:rank * 8 + it + 8], data.y[rank * 8 + it:rank * 8 + it + 8]
+        nn.functional.cross_entropy(model(x), y).backward()
+        views.append(all(p.grad is g for p, g in zip(model.parameters(), first)))  # the same tensors: no new grad
+        engine.step()
+        engine.zero_grad(set_to_none=True)
+        zeroed = all(p.grad is not None and not p.grad.any() for p in model.parameters())
+    storages = {p.grad.untyped_storage().data_ptr() for p in model.parameters()}
+    engine.close()
+    return views, zeroed, storages <= buffers
+
+
+def test_gradients_are_views_of_the_buckets_and_zero_grad_keeps_them():
+    for views, zeroed, in_buckets in run_workers(_grads_in_buckets, 2):
+        assert views == [True, True, True]
+        assert zeroed and in_buckets

@@ -79,8 +79,10 @@ def test_relative_encode_and_decode_undo_each_other():
 
 
 COMPILED_CHECK = """
+import os
 import torch
 from scalesgd.comm import fp8
+device = os.environ["CHECK_DEVICE"]
 assert fp8.kernel_mode() == "compiled", fp8.kernel_mode()
 g = torch.Generator().manual_seed(0)
 x = torch.randn(100_003, generator=g) * 10.0 ** torch.randint(-12, 12, (100_003,), generator=g)
@@ -88,6 +90,7 @@ x[:6] = torch.tensor([1e38, -1e38, -0.0, 1e-9, 2.0 ** -16, 60000.0])
 w = torch.randn(x.numel(), generator=g)
 s = torch.rand(x.numel(), generator=g) + 0.5
 eps = torch.tensor(1e-5)
+x, w, s, eps = (t.to(device) for t in (x, w, s, eps))
 compiled, eager = fp8.KERNELS.table(), fp8._EAGER
 
 
@@ -99,23 +102,24 @@ def same(name, out, *args):
     return a
 
 
-u8 = torch.zeros(x.numel(), dtype=torch.uint8)
+u8 = torch.zeros(x.numel(), dtype=torch.uint8, device=device)
 b = same("encode", u8, x, s)
-same("decode", torch.zeros(x.numel()), b, s)
+same("decode", torch.zeros(x.numel(), device=device), b, s)
 r = same("encode_relative", u8, x, w, eps, s)
-same("decode_relative", torch.zeros(x.numel()), r, w, eps, s)
-mask = torch.zeros(x.numel(), dtype=torch.bool)
+same("decode_relative", torch.zeros(x.numel(), device=device), r, w, eps, s)
+mask = torch.zeros(x.numel(), dtype=torch.bool, device=device)
 assert same("clipped", mask, x, s).any() and not same("clipped", mask, x, s).all()
 same("clipped_relative", mask, x, w, eps, s)
-c = fp8.encode(torch.randn(x.numel(), generator=g) * 3e4, s)
+c = fp8.encode(torch.randn(x.numel(), generator=g).to(device) * 3e4, s)
 same("add", b, c)
-same("sum_rows", u8, [b, c, r], torch.tensor(0.5))
+same("sum_rows", u8, [b, c, r], torch.tensor(0.5, device=device))
 print("same bytes")
 """
 
 
-def test_compiled_kernels_give_the_eager_bytes():
-    env = dict(os.environ, SCALESGD_FP8_KERNELS="auto")
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_compiled_kernels_give_the_eager_bytes(device):
+    env = dict(os.environ, SCALESGD_FP8_KERNELS="auto", CHECK_DEVICE=device)
     done = subprocess.run([sys.executable, "-c", COMPILED_CHECK], env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -56,7 +56,7 @@ def codec_hook(state: CodecHookState, bucket: dist.GradBucket) -> torch.futures.
     params = bucket.parameters()
     offsets = list(itertools.accumulate((p.numel() for p in params[:-1]), initial=0))
     view = BucketView(bucket.index(), params, offsets, flat.numel())
-    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[flat.device] if flat.is_cuda else None)
 
     def exchange() -> None:
         try:

@@ -1,15 +1,17 @@
 """DistributedOptimizer: our own gradient exchange, bucket by bucket, overlapped with back-propagation.
 
-A gradient's path: the post-accumulate-grad hook copies it into its bucket's flat buffer; when the
-bucket is full it is handed to the communication thread, which encodes it, sums it across ranks
+A gradient's path: every `.grad` is a view of its bucket's flat buffer (as DDP's
+`gradient_as_bucket_view`), so autograd accumulates straight into the bucket and the
+post-accumulate-grad hook only counts arrivals; when the bucket is full it is handed to the communication thread, which encodes it, sums it across ranks
 with the chosen allreduce algorithm and decodes the mean back into the buffer while backward goes on;
-`step()` waits for the last bucket, points every `.grad` at its averaged slice and steps the wrapped
-optimizer. Buckets are always exchanged in plan order, so every rank issues the same collectives in
+`step()` waits for the last bucket (the mean is then in every `.grad`) and steps the wrapped
+optimizer; `zero_grad()` zeroes each bucket with one fill. Buckets are always exchanged in plan order, so every rank issues the same collectives in
 the same order whatever order its gradients arrive in.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -90,14 +92,15 @@ class DistributedOptimizer:
                                  else plan_buckets(buckets, model_tensors(model)))
         self._broadcast(list(model.parameters()) + list(model.buffers()))
         self._buckets = [self._make_bucket(b, [params[i] for i in idx]) for b, idx in enumerate(self.plan.buckets)]
-        self._where = {id(p): (bucket, j) for bucket in self._buckets for j, p in enumerate(bucket.view.params)}
+        self._point_grads_at_buckets()
         self._sync = True
         self._synced = False
         self._error: BaseException | None = None
         self._closing = False
         self._stats = IterationStats()
         self._stats_lock = threading.Lock()
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad) for p in params]
+        self._hooks = [p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, bucket, j))
+                       for bucket in self._buckets for j, p in enumerate(bucket.view.params)]
         self._hooks.append(model.register_forward_pre_hook(self._before_forward))
         self._thread = threading.Thread(target=self._communicate_forever, name="scalesgd-comm", daemon=True)
         self._thread.start()
@@ -108,7 +111,11 @@ class DistributedOptimizer:
         return self.optimizer.param_groups
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
+        """Zero every bucket, one fill each; the gradients stay views of them (`set_to_none` is accepted and
+        ignored, as under DDP's `gradient_as_bucket_view`: a None gradient would be allocated anew and copied)."""
+        for bucket in self._buckets:
+            bucket.buffer.zero_()
+        self._point_grads_at_buckets()
 
     @contextmanager
     def no_sync(self):
@@ -133,10 +140,8 @@ class DistributedOptimizer:
         self.tracer.add("wait for exchange", start, start + waited, "main")
         if self._error is not None:
             raise self._error
+        self._point_grads_at_buckets()
         for bucket in self._buckets:
-            for p, grad in zip(bucket.view.params, bucket.slices):
-                if p.grad is None or p.grad.data_ptr() != grad.data_ptr():
-                    p.grad = grad
             bucket.reset()
             bucket.done.clear()
         with self._stats_lock:
@@ -175,14 +180,13 @@ class DistributedOptimizer:
             hook.remove()
 
     # ---- backward side (autograd's thread) -------------------------------------------------------
-    def _on_grad(self, p: torch.Tensor) -> None:
+    def _on_grad(self, bucket: _Bucket, j: int, p: torch.Tensor) -> None:
         self._synced = False  # a new backward: the next synchronize() has work to do
         if not self._sync:
             return
-        bucket, j = self._where[id(p)]
         if bucket.reported[j]:
             raise RuntimeError("a gradient was produced twice before step(); accumulate under no_sync()")
-        if p.grad.data_ptr() != bucket.slices[j].data_ptr():
+        if p.grad.data_ptr() != bucket.slices[j].data_ptr():  # the user set .grad to None or to a tensor
             bucket.slices[j].copy_(p.grad)
         bucket.reported[j] = True
         bucket.pending -= 1
@@ -252,6 +256,13 @@ class DistributedOptimizer:
             self._stats.bytes_sent += sent
 
     # ---- set-up ----------------------------------------------------------------------------------
+    def _point_grads_at_buckets(self) -> None:
+        """Make every parameter's `.grad` its bucket slice again where it is not (None, or set by the user)."""
+        for bucket in self._buckets:
+            for p, grad in zip(bucket.view.params, bucket.slices):
+                if p.grad is None or p.grad.data_ptr() != grad.data_ptr():
+                    p.grad = grad
+
     def _make_bucket(self, index: int, params: list[torch.Tensor]) -> _Bucket:
         dtypes = {p.dtype for p in params}
         if len(dtypes) != 1:

@@ -118,19 +118,21 @@ class _Kernels:
 
 
 def _warm(table: dict) -> None:
-    """Compile the kernels as the codec calls them (per-element scales, distinct buffers) right now."""
-    x, w = torch.linspace(-3, 3, 37), torch.linspace(1, 2, 37)
-    scale, eps = torch.full_like(x, 2.0), torch.tensor(1e-5)
-    b, r, back = torch.empty(37, dtype=torch.uint8), torch.empty(37, dtype=torch.uint8), torch.empty(37)
-    table["encode"](b, x, scale)
-    table["decode"](back, b, scale)
-    table["encode_relative"](r, x, w, eps, scale)
-    table["decode_relative"](back, r, w, eps, scale)
-    mask = torch.empty(37, dtype=torch.bool)
-    table["clipped"](mask, x, scale)
-    table["clipped_relative"](mask, x, w, eps, scale)
-    table["add"](b, r)
-    table["sum_rows"](b, [r, r.clone()], torch.tensor(0.5))
+    """Compile the kernels as the codec calls them (per-element scales, distinct buffers) right now, on the CPU
+    and on the GPU where there is one (a device the compiler cannot serve falls back to eager here, not mid-run)."""
+    for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
+        x, w = torch.linspace(-3, 3, 37, device=device), torch.linspace(1, 2, 37, device=device)
+        scale, eps = torch.full_like(x, 2.0), torch.tensor(1e-5, device=device)
+        b, r = torch.empty(37, dtype=torch.uint8, device=device), torch.empty(37, dtype=torch.uint8, device=device)
+        back, mask = torch.empty(37, device=device), torch.empty(37, dtype=torch.bool, device=device)
+        table["encode"](b, x, scale)
+        table["decode"](back, b, scale)
+        table["encode_relative"](r, x, w, eps, scale)
+        table["decode_relative"](back, r, w, eps, scale)
+        table["clipped"](mask, x, scale)
+        table["clipped_relative"](mask, x, w, eps, scale)
+        table["add"](b, r)
+        table["sum_rows"](b, [r, r.clone()], torch.tensor(0.5, device=device))
 
 
 KERNELS = _Kernels()

@@ -21,6 +21,7 @@ from scalesgd.comm.buckets import model_tensors
 from scalesgd.comm.codecs.base import BucketView, Channel
 from scalesgd.comm.codecs.topk import TopkCodec
 from scalesgd.comm.sparse import allgather_sparse, mean_of_sparse
+from scalesgd.trace import DeviceClock, synchronize
 
 
 @dataclass
@@ -70,11 +71,12 @@ def time_layers(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], loss
     """
     together = dist.is_available() and dist.is_initialized()
     params = [p for p in model.parameters() if p.requires_grad]
-    ready = [0.0] * len(params)
+    clock = DeviceClock(params[0].device)
+    ready: list = [None] * len(params)
 
     def stamp(i):
         def hook(_):
-            ready[i] = time.perf_counter()
+            ready[i] = clock.mark()
         return hook
 
     hooks = [p.register_post_accumulate_grad_hook(stamp(i)) for i, p in enumerate(params)]
@@ -84,19 +86,21 @@ def time_layers(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor], loss
         x, y = batch
         for it in range(warmup + iterations):
             model.zero_grad(set_to_none=True)
+            synchronize(params[0].device)
             if together:
                 dist.barrier(group=group)
-            start = time.perf_counter()
+            start = clock.mark()
             loss = loss_fn(model(x), y)
-            begin_backward = time.perf_counter()
+            begin_backward = clock.mark()
             loss.backward()
             if it < warmup:
                 continue
-            forwards.append(begin_backward - start)
-            order = sorted(range(len(params)), key=lambda i: ready[i])
-            t_b, last = [0.0] * len(params), begin_backward
+            forwards.append(clock.seconds(start, begin_backward))
+            at = [clock.seconds(begin_backward, ready[i]) for i in range(len(params))]
+            order = sorted(range(len(params)), key=lambda i: at[i])
+            t_b, last = [0.0] * len(params), 0.0
             for i in order:
-                t_b[i], last = ready[i] - last, ready[i]
+                t_b[i], last = at[i] - last, at[i]
             backwards.append(t_b)
     finally:
         for h in hooks:
@@ -133,8 +137,11 @@ def time_sparsify(sizes: list[int], density: float, reuse: int, repeats: int = 3
         view = BucketView(0, [], [0], d)
         per_step = []
         for step in range(reuse * repeats):
+            copy = g.clone()
+            synchronize(device)
             start = time.perf_counter()
-            codec.encode(g.clone(), view, channel)
+            codec.encode(copy, view, channel)
+            synchronize(device)
             per_step.append(time.perf_counter() - start)
         xs.append(d)
         ys.append(statistics.mean(per_step))
@@ -151,9 +158,11 @@ def time_sparse_exchange(sizes: list[int], density: float, group=None, repeats: 
         val, out = torch.randn(k, device=device), torch.empty(d, device=device)
         times = []
         for _ in range(repeats + 1):
+            synchronize(device)
             dist.barrier(group=group)
             start = time.perf_counter()
             mean_of_sparse(out, *allgather_sparse(idx, val, group)[:2])
+            synchronize(device)
             times.append(time.perf_counter() - start)
         slowest = torch.tensor(statistics.median(times[1:]), dtype=torch.float64, device=device)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)

@@ -61,7 +61,7 @@ def start_init(timeout_s: float, threads: int = 0, exchange_group: bool = False,
 
 def init(timeout_s: float, threads: int = 0, exchange_group: bool = False,
          procs_per_node: int | None = None) -> DistEnv:
-    """Create the default process group from the environment (env://), gloo on CPU or NCCL on CUDA.
+    """Create the default process group from the environment (env://): gloo, and NCCL for CUDA tensors.
 
     Also create, eagerly and warmed: with `exchange_group`, the gradient exchange's own group; with
     `procs_per_node`, the node and cross-node groups of the hierarchical exchange.
@@ -73,21 +73,25 @@ def init(timeout_s: float, threads: int = 0, exchange_group: bool = False,
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-        backend = "nccl"
     else:
         device = torch.device("cpu")
-        backend = "gloo"
     set_threads(threads)
-    dist.init_process_group(backend, rank=rank, world_size=world,
+    dist.init_process_group(backend_for(device), rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout_s))
     groups = {}
     if exchange_group:
-        groups["exchange_group"] = dist.new_group(backend=backend)
+        groups["exchange_group"] = dist.new_group()  # new groups take the default group's backends
     if procs_per_node:
-        groups["topology_groups"] = build_groups(Topology(world, rank, procs_per_node), backend)
+        groups["topology_groups"] = build_groups(Topology(world, rank, procs_per_node))
     env = DistEnv(rank, world, local_rank, local_world, device, **groups)
     warm_up(env)
     return env
+
+
+def backend_for(device: torch.device) -> str:
+    """gloo alone on CPU; with a GPU, NCCL for CUDA tensors and gloo for the CPU ones (the loop's
+    statistics, evaluation sums, the codecs' small host-side flags), so every collective runs on any device."""
+    return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
 
 
 def local_world_size(default: int) -> int:
@@ -107,13 +111,14 @@ def set_threads(threads: int = 0) -> None:
 
 def warm_up(env: DistEnv) -> None:
     """One small collective in every group at start-up, so connections exist before iteration 1."""
-    probe = torch.zeros(1, device=env.device)
-    dist.all_reduce(probe)
-    if env.exchange_group is not None:
-        dist.all_reduce(probe, group=env.exchange_group)
+    groups = [None, env.exchange_group]
     if env.topology_groups is not None:
-        dist.all_reduce(probe, group=env.topology_groups.node_group)
-        dist.all_reduce(probe, group=env.topology_groups.cross_group)
+        groups += [env.topology_groups.node_group, env.topology_groups.cross_group]
+    for device in dict.fromkeys([env.device, torch.device("cpu")]):  # each backend of a mixed group
+        probe = torch.zeros(1, device=device)
+        for group in groups:
+            if group is not None or device == env.device:
+                dist.all_reduce(probe, group=group)
 
 
 def is_peer_failure(exc: BaseException) -> bool:

@@ -108,7 +108,12 @@ def setup(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool) 
 
 def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None,
                 progress: EpochProgress) -> tuple[torch.Tensor, float]:
-    """One pass over the data; (global loss sum, correct, samples) and the seconds it took."""
+    """One pass over the data; (global loss sum, correct, samples) and the seconds it took.
+
+    Each step's loss, correct count and size stay on the device; every `sync_every` steps (and at the
+    epoch's end) one allreduce sums them across ranks and the host reads them, so no step waits for
+    the host (a non-finite loss stops the run at that read, naming its iteration).
+    """
     cfg, env, data, sampler, tracer = run.cfg, run.env, run.data, run.sampler, run.tracer
     net, opt = run.exchange.model, run.exchange.optimizer
     steps = len(sampler)
@@ -117,6 +122,8 @@ def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None,
     progress.start_epoch(epoch, steps)
     net.train()
     totals = torch.zeros(3, dtype=torch.float64)
+    window = torch.zeros(cfg.sync_every, 3, dtype=torch.float64, device=env.device)
+    pending: list[dict] = []  # the window's iterations, as the log will have them
     start = time.perf_counter()
     for i, indices in enumerate(sampler):
         t0 = time.perf_counter()
@@ -131,26 +138,44 @@ def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None,
         with tracer.span("backward"):
             global_batch_loss(loss_sum, env.world_size, sampler.global_counts(i)).backward()
         t1 = time.perf_counter()
-        step_stats = torch.stack([loss_sum.detach().double().cpu(), (logits.argmax(1) == y).sum().double().cpu(),
-                                  torch.tensor(float(len(y)), dtype=torch.float64)])
-        dist.all_reduce(step_stats)
-        step_loss = (step_stats[0] / step_stats[2]).item()
-        global_iter = (epoch - 1) * steps + i + 1
-        if not math.isfinite(step_loss):
-            raise NonFiniteLoss(f"loss became {step_loss} at epoch {epoch}, iteration {global_iter}")
+        row = window[len(pending)]
+        row[0] = loss_sum.detach()
+        row[1] = (logits.argmax(1) == y).sum()
+        row[2] = len(y)
         opt.step()
         run.scheduler.step()
         opt.zero_grad(set_to_none=True)
-        counters, notices = run.exchange.counters(), run.exchange.notices()
+        counters = run.exchange.counters()
         run.timings.append({**iteration_timing(run.exchange.stats(), t0, t1, time.perf_counter()), **counters})
-        totals += step_stats
-        if log:
-            log.write({"kind": "iter", "epoch": epoch, "iter": global_iter, "lr": lr, "loss": step_loss, **counters})
-            for notice in notices:
-                log.write({"kind": "notice", "epoch": epoch, "iter": global_iter, "text": notice})
-                progress.message(f"iteration {global_iter}: {notice}")
-        progress.advance(step_loss, lr)
+        pending.append({"kind": "iter", "epoch": epoch, "iter": (epoch - 1) * steps + i + 1, "lr": lr, **counters,
+                        "notices": run.exchange.notices()})
+        if len(pending) == cfg.sync_every or i == steps - 1:
+            totals += read_window(window[:len(pending)], pending, log, progress)
+            pending = []
     return totals, time.perf_counter() - start
+
+
+def read_window(window: torch.Tensor, records: list[dict], log: metrics.MetricsLog | None,
+                progress: EpochProgress) -> torch.Tensor:
+    """Sum the window's (loss, correct, samples) rows across ranks, log each iteration; the window's totals.
+
+    Raises NonFiniteLoss at the first iteration whose global loss is not finite.
+    """
+    dist.all_reduce(window)
+    sums = window.cpu()
+    for (loss, _, samples), record in zip(sums.tolist(), records):
+        step_loss = loss / samples
+        if not math.isfinite(step_loss):
+            raise NonFiniteLoss(f"loss became {step_loss} at epoch {record['epoch']}, iteration {record['iter']}")
+        notices = record.pop("notices")
+        if log:
+            log.write({**record, "loss": step_loss})
+            for notice in notices:
+                log.write({"kind": "notice", "epoch": record["epoch"], "iter": record["iter"], "text": notice})
+        for notice in notices:
+            progress.message(f"iteration {record['iter']}: {notice}")
+        progress.advance(step_loss, record["lr"])
+    return sums.sum(0)
 
 
 def end_epoch(run: Run, epoch: int, totals: torch.Tensor, images_per_s: float) -> dict:

@@ -1,0 +1,74 @@
+"""The CUDA path: every codec on our engine and as a DDP hook, the profiler's clock and one training epoch, on GPUs
+with NCCL beside gloo (one rank per GPU, at most two). Skipped where there is no GPU."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from scalesgd.comm.codecs import CODECS, CodecSettings
+from scalesgd.comm.exchange import ExchangeSetup, build_exchange
+from scalesgd.comm.profile import time_layers
+from scalesgd.models import build_model
+from tests.spawn_util import CUDA_BACKEND, run_workers
+
+pytestmark = pytest.mark.cuda
+
+
+def gpus() -> int:
+    return max(1, min(2, torch.cuda.device_count()))
+
+
+def mean_gradient(rank: int, world: int, engine: str, codec: str) -> torch.Tensor:
+    """One step of resnet8 on this rank's GPU through `engine` with `codec`; the averaged gradient, flat on the CPU."""
+    torch.manual_seed(0)
+    device = torch.device("cuda", rank)
+    model = build_model("resnet8", 10, 3).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the weights stay, the gradient is the result
+    exchange = build_exchange(engine, model, optimizer, ExchangeSetup(codec, CodecSettings(density=0.5)))
+    g = torch.Generator().manual_seed(rank)
+    x, y = torch.randn(8, 3, 16, 16, generator=g).to(device), torch.randint(0, 10, (8,), generator=g).to(device)
+    torch.nn.functional.cross_entropy(exchange.model(x), y).backward()
+    exchange.optimizer.step()
+    grads = [p.grad for p in model.parameters()]
+    assert all(grad.device == device for grad in grads)
+    flat = torch.cat([grad.flatten() for grad in grads]).cpu()
+    exchange.close()
+    return flat
+
+
+def every_codec(rank, world):
+    return {(engine, name): mean_gradient(rank, world, engine, name)
+            for name, entry in CODECS.items() for engine in ("scalesgd", "ddp") if entry.runs_on(engine)}
+
+
+def test_every_codec_runs_on_the_engine_and_as_a_ddp_hook():
+    ranks = run_workers(every_codec, gpus(), backend=CUDA_BACKEND)
+    reference = ranks[0][("ddp", "fp32")]
+    for case, grad in ranks[0].items():
+        engine, name = case
+        assert torch.isfinite(grad).all(), case
+        assert all(torch.equal(grad, other[case]) for other in ranks[1:]), case  # every rank has the same mean
+        if not CODECS[name].sparse and name != "powersgd":
+            cosine = torch.nn.functional.cosine_similarity(grad, reference, dim=0).item()
+            assert cosine > 0.99, (case, cosine)
+
+
+def test_the_profiler_times_gpu_work():
+    model = build_model("resnet8", 10, 3).cuda()
+    batch = (torch.randn(64, 3, 32, 32, device="cuda"), torch.randint(0, 10, (64,), device="cuda"))
+    forward, backward = time_layers(model, batch, torch.nn.functional.cross_entropy, iterations=3, warmup=1)
+    assert forward > 0 and all(t >= 0 for t in backward) and sum(backward) > 0
+
+
+@pytest.mark.parametrize("engine,codec", [("scalesgd", "fp8"), ("ddp", "fp32")])
+def test_one_training_epoch(tmp_path, engine, codec):
+    run = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "scalesgd", "train", "--workers", str(gpus()), "--epochs", "1",
+                           "--engine", engine, "--codec", codec, "--run-dir", str(run), "--quiet"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["final_test_acc"] > 0.5
