@@ -96,6 +96,7 @@ class DdpExchange(GradientExchange):
                                       bucket_cap_mb=hook.bucket_cap_mb if hook is not None else None)
         if hook is not None:
             ddp.register_comm_hook(hook.state, hook.hook)
+        self._hook = hook
         super().__init__(ddp, optimizer, self._hook_state.codec if self._hook_state is not None else None, bare=model)
 
     @staticmethod
@@ -103,8 +104,8 @@ class DdpExchange(GradientExchange):
         return codec.torch_hook is None  # our hook exchanges in its own group; PyTorch's use DDP's
 
     def close(self) -> None:
-        if self._hook_state is not None:
-            self._hook_state.close()
+        if self._hook is not None:
+            self._hook.close()
 
 
 class EngineExchange(GradientExchange):

@@ -1,18 +1,15 @@
 """PyTorch's own DDP communication hooks, as a user of DDP gets them: the baselines every speed claim is against."""
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: DDP checks a hook's `bucket` annotation, which must not be a string.
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import torch
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
 POWERSGD_RANK = 4
 POWERSGD_START_ITER = 10  # plain allreduce for the first 10 iterations, PyTorch's documented warm start
-# PowerSGD's hook issues its later allreduces from future callbacks; with several DDP buckets in
-# flight, gloo ranks can issue them in different orders ("Received data size doesn't match
-# expected size"). One bucket keeps a single chain in flight, so the baseline runs on gloo.
-POWERSGD_GLOO_BUCKET_MB = 1024
 
 
 @dataclass
@@ -22,6 +19,39 @@ class DdpHook:
     state: object
     hook: Callable
     bucket_cap_mb: float | None = None  # None: DDP's default
+
+    def close(self) -> None:
+        """Stop the thread the hook's state runs on, if it has one."""
+        if hasattr(self.state, "close"):
+            self.state.close()
+
+
+class InOrder:
+    """A hook that issues collectives from its futures' callbacks (PowerSGD: P's allreduce, then Q's), run bucket
+    after bucket on one thread. On gloo, ranks must issue a group's collectives in the same order; with several
+    buckets in flight, callbacks on gloo's threads interleave differently on each rank ("Received data size
+    doesn't match"). One bucket's whole chain before the next keeps the order and still overlaps backward."""
+
+    def __init__(self, state, hook: Callable):
+        self.state, self.hook = state, hook
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scalesgd-hook-in-order")
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=True)
+
+
+def in_order_hook(ordered: InOrder, bucket):
+    """Run `ordered.hook` on the bucket on the ordering thread, waiting for its whole chain; its result."""
+    future = torch.futures.Future()
+
+    def chain() -> None:
+        try:
+            future.set_result(ordered.hook(ordered.state, bucket).wait())
+        except BaseException as err:  # DDP re-raises it when backward waits on the future
+            future.set_exception(err)
+
+    ordered._worker.submit(chain)
+    return future
 
 
 def builtin(on_cuda: bool) -> None:
@@ -38,7 +68,9 @@ def bf16(on_cuda: bool) -> DdpHook:
 
 
 def powersgd(on_cuda: bool) -> DdpHook:
-    """PowerSGD at rank 4 after 10 plain iterations; one bucket on gloo (see POWERSGD_GLOO_BUCKET_MB)."""
+    """PowerSGD at rank 4 after 10 plain iterations, in DDP's default buckets; on gloo its chains run in order."""
     state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=POWERSGD_RANK,
                                         start_powerSGD_iter=POWERSGD_START_ITER)
-    return DdpHook(state, powerSGD_hook.powerSGD_hook, None if on_cuda else POWERSGD_GLOO_BUCKET_MB)
+    if on_cuda:
+        return DdpHook(state, powerSGD_hook.powerSGD_hook)
+    return DdpHook(InOrder(state, powerSGD_hook.powerSGD_hook), in_order_hook)

@@ -54,6 +54,7 @@ class CodecEntry:
     needs_topology: bool = False  # its sum runs in the node and cross-node groups
     buckets: str | None = None  # the bucket plan it implies (None: --buckets or the planner decides)
     sparse: bool = False  # sends (index, value) pairs
+    warm_start: int = 0  # plain (uncompressed) iterations it starts with of its own (PowerSGD's start_powerSGD_iter)
 
     def runs_on(self, engine: str) -> bool:
         return self.engines is None or engine in self.engines
@@ -87,7 +88,7 @@ CODECS.add("fp16", CodecEntry("half precision (with ddp: PyTorch's fp16_compress
 CODECS.add("bf16", CodecEntry("bfloat16 (with ddp: PyTorch's bf16_compress_hook)",
                               lambda s: CastCodec("bf16", torch.bfloat16), torch_hook=torch_hooks.bf16))
 CODECS.add("powersgd", CodecEntry("PyTorch's PowerSGD hook, rank 4", None, engines=("ddp",),
-                                  torch_hook=torch_hooks.powersgd))
+                                  torch_hook=torch_hooks.powersgd, warm_start=torch_hooks.POWERSGD_START_ITER))
 CODECS.add("fp8", CodecEntry("e5m2 relative to the weights, summed in two stages (SPEC §2)",
                              _fp8("fp8", relative=True, two_stage=True), needs_topology=True))
 CODECS.add("fp8-direct", CodecEntry("ablation: the gradient itself in e5m2",
