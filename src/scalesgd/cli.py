@@ -67,10 +67,11 @@ def _add_testbed(sub) -> None:
     p.add_argument("--bandwidth", default="1gbit", help="each node's link rate, both ways (default 1gbit)")
     p.add_argument("--latency", default="0", help="one-way delay added to each node's uplink, needs netem "
                    "(default 0)")
-    for name in ("up", "down", "status", "run"):
-        q = p if name == "up" else verbs.add_parser(name, help={"down": "remove the testbed",
-                                                                  "status": "show the testbed",
-                                                                  "run": "run a command's workers in the nodes"}[name])
+    s = verbs.add_parser("shape", help="change the running testbed's link rate in place")
+    s.add_argument("--bandwidth", required=True, help="each node's link rate, both ways (a tc rate: 300mbit)")
+    for name in ("up", "down", "status", "run", "shape"):
+        q = {"up": p, "shape": s}.get(name) or verbs.add_parser(name, help={
+            "down": "remove the testbed", "status": "show the testbed", "run": "run a command's workers in the nodes"}[name])
         q.add_argument("--prefix", default="ssgd", help="names of everything created start with this (default ssgd)")
         if name == "run":
             q.add_argument("--timeout", type=float, default=300.0, help="seconds the others get after a failure")
@@ -123,7 +124,7 @@ def sweep_command(options: dict, argv: list[str]) -> int:
 
 
 def testbed_command(options: dict) -> int:
-    """`scalesgd testbed up|down|status|run`."""
+    """`scalesgd testbed up|down|status|shape|run`."""
     try:
         if options["verb"] == "up":
             spec = testbed.TestbedSpec(options["nodes"], options["procs_per_node"], options["bandwidth"],
@@ -138,6 +139,10 @@ def testbed_command(options: dict) -> int:
             return 0
         if options["verb"] == "status":
             print(json.dumps(testbed.status(options["prefix"]) or {"up": False}, indent=2))
+            return 0
+        if options["verb"] == "shape":
+            spec = testbed.shape(options["prefix"], options["bandwidth"])
+            print(f"testbed {spec.prefix}: links now {spec.bandwidth}")
             return 0
         return testbed.run(options["prefix"], list(options["to_run"]), options["timeout"])
     except (ValueError, testbed.TestbedError) as err:

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from scalesgd.bench.train import Mode, parse_mode
+from scalesgd.bench.train_report import add_ratios, spread
 from scalesgd.cli import main
 from tests.bench.cli import bench
 
@@ -81,3 +82,23 @@ def test_the_shared_run_is_checked_as_the_train_config_it_describes(tmp_path, ca
     assert code == 2 and err == "scalesgd: error: --batch-size 9 does not divide evenly by --workers 2; use a " \
                                 "multiple of 2\n"
     assert not (tmp_path / "x").exists()
+
+
+def test_a_sweep_needs_the_testbed_and_tc_rates(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("SCALESGD_TESTBED", raising=False)
+    code = main(["bench", "train", "--bandwidths", "1gbit", "--out", str(tmp_path / "x")])
+    assert code == 2 and "--bandwidths reshape the testbed: run under `scalesgd testbed run" in capsys.readouterr().err
+    code = main(["bench", "train", "--bandwidths", "fast", "--out", str(tmp_path / "x")])
+    assert code == 2 and "--bandwidths 'fast': use tc rates such as" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_ratios_carry_their_spread_over_rounds():
+    ddp = {"mode": "ddp", "bandwidth": None, "median_iteration_s": 2.0, "round_medians_s": [2.0, 1.8, 2.2]}
+    fast = {"mode": "scalesgd-fp8", "bandwidth": None, "median_iteration_s": 1.0, "round_medians_s": [1.0, 1.2, 0.9]}
+    none = {"mode": "none", "bandwidth": None, "median_iteration_s": 0.8, "round_medians_s": [0.8, 0.8, 0.8]}
+    rows = [none, ddp, fast]
+    add_ratios(rows)
+    assert fast["ddp_ratio"] == (2.0, 1.5, 2.2 / 0.9)
+    assert fast["bound_ratio"] == (0.8, 0.8 / 1.2, 0.8 / 0.9)
+    assert spread(fast["ddp_ratio"]) == "2.00 (1.50–2.44)"

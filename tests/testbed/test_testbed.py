@@ -79,3 +79,33 @@ def test_shaping_holds_within_ten_percent_of_the_set_rate(testbed, tmp_path):
     assert abs(result["best_one_way_mbit_s"] - 500) <= 50
     assert abs(result["best_duplex_mbit_s_each_way"] - 500) <= 50  # the link is full duplex
     assert result["one_way_mbit_s"] <= 550
+
+
+def test_shape_changes_the_rate_in_place_and_a_bad_rate_is_one_line(testbed):
+    done = scalesgd("testbed", "shape", "--bandwidth", "200mbit", "--prefix", testbed)
+    assert done.returncode == 0, done.stderr
+    status = json.loads(scalesgd("testbed", "status", "--prefix", testbed).stdout)
+    assert status["spec"]["bandwidth"] == "200mbit"
+    assert all("200Mbit" in n["qdisc"] and "500Mbit" not in n["qdisc"] for n in status["nodes"])
+    bad = scalesgd("testbed", "shape", "--bandwidth", "quick", "--prefix", testbed)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--bandwidth 'quick'" in bad.stderr
+    missing = scalesgd("testbed", "shape", "--bandwidth", "1gbit", "--prefix", "nonesuch")
+    assert missing.returncode == 2 and "no testbed 'nonesuch' is up" in missing.stderr
+
+
+def test_bench_train_sweeps_link_rates_and_puts_the_rate_back(testbed, tmp_path):
+    proc = scalesgd("testbed", "run", "--prefix", testbed, "--", "scalesgd", "bench", "train", "--bandwidths",
+                    "200mbit,1gbit", "--modes", "none,ddp,scalesgd-fp16", "--model", "resnet8", "--image-size", "8",
+                    "--batch-size", "16", "--warmup", "1", "--iterations", "4", "--rounds", "2", "--out",
+                    str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((tmp_path / "train.json").read_text())["results"]
+    assert [(r["bandwidth"], r["mode"]) for r in results] == [
+        (rate, mode) for rate in ("200mbit", "1gbit") for mode in ("none", "ddp", "scalesgd-fp16")]
+    for r in results:
+        ratio, low, high = r["ddp_ratio"]
+        assert len(r["round_medians_s"]) == 2 and low <= high and ratio > 0
+    assert all(r["ddp_ratio"] == [1.0, 1.0, 1.0] for r in results if r["mode"] == "ddp")
+    assert (tmp_path / "train.png").read_bytes()[:4] == b"\x89PNG"
+    status = json.loads(scalesgd("testbed", "status", "--prefix", testbed).stdout)
+    assert status["spec"]["bandwidth"] == "500mbit" and all("500Mbit" in n["qdisc"] for n in status["nodes"])

@@ -7,17 +7,18 @@ machine or the network hits all of them alike, and the baselines (PyTorch DDP fp
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from rich.console import Console
 from torch import nn
 
-from scalesgd import checks, output
+from scalesgd import checks, testbed
+from scalesgd.bench import train_report
 from scalesgd.bench.launch import BenchLaunch
 from scalesgd.comm.codecs import CODECS
 from scalesgd.comm.exchange import GradientExchange, build_exchange
@@ -27,6 +28,7 @@ from scalesgd.models import MODELS, build_model
 from scalesgd.options import check_fields, option, words
 from scalesgd.recipe import build_sgd, initialize
 from scalesgd.runtime import process_group
+from scalesgd.testbed.spec import RATE
 from scalesgd.train import planning
 
 BATCHES = 8  # distinct synthetic batches each mode cycles through
@@ -50,12 +52,23 @@ class TrainBenchConfig(BenchLaunch):
                          "(PowerSGD's plain-allreduce iterations)", check=checks.at_least(0))
     iterations: int = option(30, "timed iterations per mode", check=checks.positive)
     rounds: int = option(5, "modes take turns this many times", check=checks.positive)
+    bandwidths: tuple[str, ...] = option((), "on the testbed (under `scalesgd testbed run`): link rates to measure "
+                                         "at in turn, e.g. 100mbit,300mbit,1gbit; rank 0 reshapes the running "
+                                         "testbed between them and restores its rate at the end", parse=words,
+                                         shown_default="the link as it is",
+                                         check=lambda rates: checks.distinct(rates) if rates else None)
 
     def validate(self) -> TrainBenchConfig:
         """Every option, then every mode as the training run it describes."""
         check_fields(self)
         self.check_launch(self.workers)
         Mode("ddp", "ddp").describe(self, self.workers).validate()  # the model, data and batch every mode shares
+        for rate in self.bandwidths:
+            if not RATE.match(rate):
+                raise UsageError(f"`bandwidths` {rate!r}: use tc rates such as 100mbit,300mbit,1gbit")
+        if self.bandwidths and not os.environ.get(testbed.PREFIX_VARIABLE):
+            raise UsageError("`bandwidths` reshape the testbed: run under "
+                             "`scalesgd testbed run -- scalesgd bench train …`")
         for text in self.modes:
             try:
                 mode = parse_mode(text)
@@ -136,14 +149,22 @@ class Runner:
     compute: list[float]
     stats: list
     planned: dict | None = None
+    rounds: list[int] = field(default_factory=list)  # the round of each timed iteration
+
+    def clear(self) -> None:
+        """Forget what was timed (a new link rate)."""
+        for kept in (self.times, self.compute, self.stats, self.rounds):
+            kept.clear()
 
 
 def run(cfg: TrainBenchConfig, command: str) -> int:
-    """Measure on this rank (all ranks take part); rank 0 writes the results."""
+    """Measure on this rank (all ranks take part), at each link rate asked for; rank 0 writes the results."""
     modes = [parse_mode(m) for m in cfg.modes]
     hierarchical = any(m.describe(cfg, cfg.workers).needs_topology for m in modes if m.engine != "none")
     env = process_group.init(cfg.timeout, cfg.threads,
                              procs_per_node=cfg.node_size(cfg.workers) if hierarchical else None)
+    prefix = os.environ.get(testbed.PREFIX_VARIABLE, "")
+    original = testbed_rate(prefix) if cfg.bandwidths and env.is_main else None
     try:
         per_rank = cfg.batch_size // env.world_size
         g = torch.Generator().manual_seed(1000 + env.rank)
@@ -153,25 +174,55 @@ def run(cfg: TrainBenchConfig, command: str) -> int:
                     torch.randint(0, cfg.classes, (per_rank,), generator=g).to(env.device))
                    for _ in range(BATCHES)]
         runners = [build_runner(cfg, mode, env, batches[0]) for mode in modes]
-        for runner in runners:
-            for i in range(runner.mode.warm_start + cfg.warmup):
+        for runner in runners:  # past each mode's own warm start once, whatever the rate
+            for i in range(runner.mode.warm_start):
                 iteration(runner, *batches[i % BATCHES], record=False)
-        per_round = max(1, cfg.iterations // cfg.rounds)
-        for _ in range(cfg.rounds):
-            for runner in runners:
+        results = []
+        for rate in cfg.bandwidths or (None,):
+            if rate is not None:
                 dist.barrier()
-                for i in range(per_round):
-                    iteration(runner, *batches[i % BATCHES], record=True)
-        results = [summarize(cfg, runner, env) for runner in runners]
+                if env.is_main:
+                    testbed.shape(prefix, rate)
+                dist.barrier()
+            measure(cfg, runners, batches)
+            results += [{**summarize(cfg, runner, env), "bandwidth": rate} for runner in runners]
         if env.is_main:
-            report(cfg, env.world_size, results, command)
+            train_report.write(Path(cfg.out), f"{cfg.model}, {env.world_size} workers, global batch "
+                               f"{cfg.batch_size}", cfg.bandwidths,
+                               {"world_size": env.world_size, "config": cfg.to_dict(), "results": results},
+                               command)
         for runner in runners:
             if runner.exchange is not None:
                 runner.exchange.close()
         process_group.finish()
         return 0
     finally:
+        if original is not None:
+            testbed.shape(prefix, original)
         process_group.close()
+
+
+def testbed_rate(prefix: str) -> str:
+    """The running testbed's link rate, to put back after a sweep."""
+    spec = testbed.read_state(prefix)
+    if spec is None:
+        raise testbed.TestbedError(f"no testbed {prefix!r} is up")
+    return spec.bandwidth
+
+
+def measure(cfg: TrainBenchConfig, runners: list[Runner], batches) -> None:
+    """`warmup` untimed iterations per mode, then the modes take turns for `rounds` rounds."""
+    for runner in runners:
+        runner.clear()
+        for i in range(cfg.warmup):
+            iteration(runner, *batches[i % BATCHES], record=False)
+    per_round = max(1, cfg.iterations // cfg.rounds)
+    for r in range(cfg.rounds):
+        for runner in runners:
+            dist.barrier()
+            for i in range(per_round):
+                iteration(runner, *batches[i % BATCHES], record=True)
+                runner.rounds.append(r)
 
 
 def build_runner(cfg: TrainBenchConfig, mode: Mode, env, batch) -> Runner:
@@ -209,13 +260,17 @@ def iteration(runner: Runner, x: torch.Tensor, y: torch.Tensor, record: bool) ->
 
 
 def summarize(cfg: TrainBenchConfig, runner: Runner, env) -> dict:
-    """Median over iterations of the slowest rank's time; the breakdown as this mode measured it."""
+    """Median over iterations of the slowest rank's time, and per round; the breakdown as this mode measured it."""
     slowest = torch.tensor(runner.times, dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     median = statistics.median(slowest.tolist())
+    per_round: dict[int, list[float]] = {}
+    for r, t in zip(runner.rounds, slowest.tolist()):
+        per_round.setdefault(r, []).append(t)
     row = {"mode": runner.mode.name, "median_iteration_s": median, "images_per_s": cfg.batch_size / median,
+           "round_medians_s": [statistics.median(times) for times in per_round.values()],
            "mean_compute_s": statistics.fmean(runner.compute), "iterations": len(runner.times),
-           "untimed_iterations": runner.mode.warm_start + cfg.warmup}
+           "untimed_iterations": runner.mode.warm_start + cfg.warmup}  # before the first rate
     if runner.stats:
         for key in ("codec_s", "comm_s", "exposed_s", "overlapped_s", "bytes_sent"):
             row[f"mean_{key}"] = statistics.fmean(getattr(s, key) for s in runner.stats)
@@ -228,40 +283,3 @@ def summarize(cfg: TrainBenchConfig, runner: Runner, env) -> dict:
         grad_bytes = sum(p.numel() for p in runner.net.parameters()) * (4 if runner.mode.codec == "fp32" else 2)
         row["mean_bytes_sent"] = 2 * (env.world_size - 1) / env.world_size * grad_bytes  # gloo ring estimate
     return row
-
-
-def report(cfg: TrainBenchConfig, world: int, results: list[dict], command: str) -> None:
-    """Table with each mode's time and its ratio to DDP fp32, JSON, Markdown and the PNG."""
-    ddp = next((r["median_iteration_s"] for r in results if r["mode"] == "ddp"), None)
-    columns = ["mode", "median ms", "images/s", "ddp ÷ mode", "compute ms", "exposed comm ms",
-               "overlapped comm ms", "MB sent / iter", "planned: groups, predicted ÷ measured"]
-    rows = [[r["mode"], f"{1e3 * r['median_iteration_s']:.1f}", f"{r['images_per_s']:.0f}",
-             f"{ddp / r['median_iteration_s']:.2f}" if ddp else "",
-             f"{1e3 * r['mean_compute_s']:.1f}",
-             f"{1e3 * r['mean_exposed_s']:.1f}" if "mean_exposed_s" in r else "",
-             f"{1e3 * r['mean_overlapped_s']:.1f}" if "mean_overlapped_s" in r else "",
-             f"{r['mean_bytes_sent'] / 1e6:.2f}" if "mean_bytes_sent" in r else "",
-             f"{r['planned_groups']}, {r['predicted_s'] / r['measured_exchange_end_s']:.2f}"
-             if "predicted_s" in r else ""]
-            for r in results]
-    out = Path(cfg.out)
-    output.write(out, "train", {"world_size": world, "config": cfg.to_dict(), "results": results},
-                 columns, rows, command)
-    plot(out / "train.png", world, cfg, results)
-    Console().print(output.rich_table(f"{cfg.model}, {world} workers, global batch {cfg.batch_size}",
-                                      columns, rows))
-    Console().print(f"written to {out}/train.{{json,md,png}}", highlight=False)
-
-
-def plot(path: Path, world: int, cfg: TrainBenchConfig, results: list[dict]) -> None:
-    plt = output.pyplot()
-
-    fig, ax = plt.subplots(figsize=(8, 0.45 * len(results) + 1.5))
-    names = [r["mode"] for r in results][::-1]
-    ax.barh(names, [1e3 * r["median_iteration_s"] for r in results][::-1], color="tab:blue")
-    ax.set_xlabel("median iteration time (ms)")
-    ax.set_title(f"{cfg.model}, {world} workers, global batch {cfg.batch_size}")
-    ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

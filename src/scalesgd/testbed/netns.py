@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -83,14 +84,33 @@ def _build(spec: TestbedSpec) -> None:
         sh("ip", "-n", node, "addr", "add", f"{spec.address(i)}/24", "dev", DEVICE)
         sh("ip", "-n", node, "link", "set", DEVICE, "up")
         sh("ip", "-n", node, "link", "set", "lo", "up")
-        # Upload: (delay, then) rate on the node's side; download: rate on the switch's side.
-        rate = ["tbf", "rate", spec.bandwidth, "burst", BURST, "latency", TBF_LATENCY]
         if spec.delayed:
             _tc_netem(node, spec.latency)
-            sh("tc", "-n", node, "qdisc", "add", "dev", DEVICE, "parent", "1:", "handle", "2:", *rate)
-        else:
-            sh("tc", "-n", node, "qdisc", "add", "dev", DEVICE, "root", *rate)
-        sh("tc", "-n", sw, "qdisc", "add", "dev", port, "root", *rate)
+        _shape_node(spec, i, "add")
+
+
+def _shape_node(spec: TestbedSpec, i: int, verb: str) -> None:
+    """Upload: (delay, then) rate on the node's side; download: rate on the switch's side."""
+    rate = ["tbf", "rate", spec.bandwidth, "burst", BURST, "latency", TBF_LATENCY]
+    where = ["parent", "1:", "handle", "2:"] if spec.delayed else ["root"]
+    sh("tc", "-n", spec.node(i), "qdisc", verb, "dev", DEVICE, *where, *rate)
+    sh("tc", "-n", spec.switch, "qdisc", verb, "dev", spec.switch_port(i), "root", *rate)
+
+
+def shape(prefix: str, bandwidth: str) -> TestbedSpec:
+    """Change the running testbed's link rate in place (its workers keep their connections); the new spec."""
+    check_host()
+    spec = read_state(prefix)
+    if spec is None:
+        raise TestbedError(f"no testbed {prefix!r} is up; start one with `scalesgd testbed up --prefix {prefix}`")
+    try:
+        spec = dataclasses.replace(spec, bandwidth=bandwidth).validate()
+    except ValueError as err:
+        raise TestbedError(str(err)) from None
+    for i in range(spec.nodes):
+        _shape_node(spec, i, "change")
+    state_file(prefix).write_text(json.dumps(spec.to_dict()))
+    return spec
 
 
 def _tc_netem(node: str, latency: str) -> None:

@@ -9,6 +9,7 @@ from scalesgd.runtime import launcher
 from scalesgd.testbed.netns import DEVICE, TestbedError, check_host, read_state
 
 MASTER_PORT = 29500  # each node has its own network stack: no clash with the host's ports
+PREFIX_VARIABLE = "SCALESGD_TESTBED"  # set in every worker: the testbed it runs on (a sweep reshapes it)
 
 
 def resolve(command: list[str]) -> list[str]:
@@ -36,6 +37,7 @@ def run(prefix: str, command: list[str], timeout_s: float) -> int:
                 rank = node * spec.procs_per_node + local
                 env = launcher.worker_env(rank, spec.world_size, spec.address(0), MASTER_PORT, local_rank=local,
                                           local_world=spec.procs_per_node, node=node, ifname=DEVICE)
+                env[PREFIX_VARIABLE] = prefix
                 procs.append(subprocess.Popen(["ip", "netns", "exec", spec.node(node), *argv], env=env,
                                               stdout=None if rank == 0 else subprocess.DEVNULL))
         return launcher.supervise(procs, timeout_s)

@@ -1,0 +1,107 @@
+"""`scalesgd bench train`'s results: ratios against DDP fp32 and the compute-only bound with their spread over
+rounds, the table, and the plot (bars at one link rate, lines against the rate in a sweep)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from rich.console import Console
+
+from scalesgd import output
+
+RATE_PARTS = re.compile(r"^(\d+(?:\.\d+)?)([a-z]+)$")
+MBIT_PER_UNIT = {"bit": 1e-6, "kbit": 1e-3, "mbit": 1.0, "gbit": 1e3, "bps": 8e-6, "kbps": 8e-3, "mbps": 8.0,
+                 "gbps": 8e3}
+
+
+def ratio_spread(baseline: dict, row: dict) -> tuple[float, float, float]:
+    """baseline ÷ mode: over the whole run (median of medians) and its min and max over rounds, where round r of
+    both is the same minute of the machine."""
+    ratios = [b / m for b, m in zip(baseline["round_medians_s"], row["round_medians_s"])]
+    return baseline["median_iteration_s"] / row["median_iteration_s"], min(ratios), max(ratios)
+
+
+def add_ratios(results: list[dict]) -> None:
+    """Each row's DDP fp32 ÷ mode and, where the run has it, none ÷ mode (how far from the compute-only bound),
+    with their spread over rounds, against the baseline measured at the same link rate."""
+    for baseline_mode, key in (("ddp", "ddp_ratio"), ("none", "bound_ratio")):
+        baselines = {r["bandwidth"]: r for r in results if r["mode"] == baseline_mode}
+        for row in results:
+            if row["bandwidth"] in baselines:
+                row[key] = ratio_spread(baselines[row["bandwidth"]], row)
+
+
+def spread(ratio: tuple[float, float, float] | None) -> str:
+    return f"{ratio[0]:.2f} ({ratio[1]:.2f}–{ratio[2]:.2f})" if ratio else ""
+
+
+def write(out: Path, title: str, rates: tuple[str, ...], record: dict, command: str) -> None:
+    """Table with each mode's time and its ratio to DDP fp32 (spread over rounds), JSON, Markdown and the PNG."""
+    results = record["results"]
+    add_ratios(results)
+    columns = ["link", "mode", "median ms", "images/s", "ddp ÷ mode (rounds min–max)", "none ÷ mode", "compute ms",
+               "exposed comm ms", "overlapped comm ms", "MB sent / iter", "planned: groups, predicted ÷ measured"]
+    rows = [[r["bandwidth"] or "as is", r["mode"], f"{1e3 * r['median_iteration_s']:.1f}",
+             f"{r['images_per_s']:.0f}", spread(r.get("ddp_ratio")), spread(r.get("bound_ratio")),
+             f"{1e3 * r['mean_compute_s']:.1f}",
+             f"{1e3 * r['mean_exposed_s']:.1f}" if "mean_exposed_s" in r else "",
+             f"{1e3 * r['mean_overlapped_s']:.1f}" if "mean_overlapped_s" in r else "",
+             f"{r['mean_bytes_sent'] / 1e6:.2f}" if "mean_bytes_sent" in r else "",
+             f"{r['planned_groups']}, {r['predicted_s'] / r['measured_exchange_end_s']:.2f}"
+             if "predicted_s" in r else ""]
+            for r in results]
+    output.write(out, "train", record, columns, rows, command)
+    if rates:
+        plot_rates(out / "train.png", title, rates, results)
+    else:
+        plot(out / "train.png", title, results)
+    Console().print(output.rich_table(title, columns, rows))
+    Console().print(f"written to {out}/train.{{json,md,png}}", highlight=False)
+
+
+def plot(path: Path, title: str, results: list[dict]) -> None:
+    plt = output.pyplot()
+
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(results) + 1.5))
+    names = [r["mode"] for r in results][::-1]
+    ax.barh(names, [1e3 * r["median_iteration_s"] for r in results][::-1], color="tab:blue")
+    ax.set_xlabel("median iteration time (ms)")
+    ax.set_title(title)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def mbit_s(rate: str) -> float:
+    """A tc rate (300mbit, 1gbit, 125mbps: tc's bps are bytes per second) in Mbit/s."""
+    number, unit = RATE_PARTS.match(rate).groups()
+    return float(number) * MBIT_PER_UNIT[unit]
+
+
+def plot_rates(path: Path, title: str, rates: tuple[str, ...], results: list[dict]) -> None:
+    """Iteration time against link rate, one line per mode, bars spanning the round medians; `none` (the
+    compute-only bound) dashed."""
+    plt = output.pyplot()
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    xs = [mbit_s(rate) for rate in rates]
+    for mode in dict.fromkeys(r["mode"] for r in results):
+        rows = [next(r for r in results if r["mode"] == mode and r["bandwidth"] == rate) for rate in rates]
+        ys = [1e3 * r["median_iteration_s"] for r in rows]
+        low = [y - 1e3 * min(r["round_medians_s"]) for y, r in zip(ys, rows)]
+        high = [1e3 * max(r["round_medians_s"]) - y for y, r in zip(ys, rows)]
+        style = dict(linestyle="--", color="black") if mode == "none" else {}
+        ax.errorbar(xs, ys, yerr=[low, high], marker="o", capsize=3,
+                    label="none (compute-only bound)" if mode == "none" else mode, **style)
+    ax.set_xscale("log")
+    ax.set_xticks(xs, rates)
+    ax.set_xlabel("link rate (each node, both ways)")
+    ax.set_ylabel("median iteration time (ms); bars: round medians min–max")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
