@@ -266,7 +266,7 @@ class TrainConfig:
         for name, problem in self.codec_settings().problems().items():
             raise UsageError(f"`{name}` {getattr(self, name)}: {problem}")
         dgc = [f.name for f in fields(self) if f.name in ("momentum_correction", "density_warmup", "local_clip")
-               and getattr(self, f.name) != f.default]
+               and getattr(self, f.name) and getattr(self, f.name) != f.default]  # on, and not as by default
         if dgc and not self.codec_entry.sparse:
             sparse = ", ".join(name for name, entry in CODECS.items() if entry.sparse)
             raise UsageError(f"`{dgc[0]}` applies to the sparse codecs ({sparse}, with `engine` scalesgd); "
