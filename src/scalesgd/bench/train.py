@@ -107,7 +107,7 @@ class Mode:
                            codec=self.codec, algorithm=self.algorithm,
                            buckets="size:1" if self.planner != NO_PLANNER else self.buckets,
                            density=self.density, planner=self.planner, procs_per_node=bench.procs_per_node,
-                           compress_after="0")  # the bench times the compressed exchange from its first step
+                           compress_after="0", density_warmup=0)  # timed compressed from its first step
 
 
 def parse_mode(text: str) -> Mode:
