@@ -20,6 +20,7 @@ from scalesgd.comm.codecs.dense_first import DenseFirst
 from scalesgd.comm.codecs.fp8 import Fp8Codec
 from scalesgd.comm.codecs.fp8_range import Fp8Options
 from scalesgd.comm.codecs.topk import DgcOptions, TopkCodec
+from scalesgd.comm.codecs.topk_nodes import NodeTopkCodec
 from scalesgd.comm.torch_hooks import DdpHook
 from scalesgd.registry import Registry
 
@@ -61,8 +62,9 @@ class CodecEntry:
 
     @property
     def plannable(self) -> bool:
-        """Whether the planner may merge layers into this codec's groups: sparse, with no bucket rule of its own."""
-        return self.sparse and self.buckets is None
+        """Whether the planner may merge layers into this codec's groups: sparse over all ranks (its timing model),
+        with no bucket rule of its own."""
+        return self.sparse and self.buckets is None and not self.needs_topology
 
 
 CODECS: Registry[CodecEntry] = Registry("codec")
@@ -101,8 +103,12 @@ CODECS.add("topk", CodecEntry("DLGS: per-group top-k with residuals, thresholds 
 CODECS.add("topk-global", CodecEntry("one exact top-k over all gradients each step",
                                      lambda s: TopkCodec("topk-global", s.density, 1, s.dgc), engines=("scalesgd",),
                                      buckets="single", sparse=True))
+CODECS.add("topk-nodes", CodecEntry("top-k across nodes only: summed densely inside each node, each local rank's "
+                                    "shard sparsified between nodes", lambda s: NodeTopkCodec(
+                                        "topk-nodes", s.density, s.topk_reuse, s.dgc),
+                                    engines=("scalesgd",), needs_topology=True, sparse=True))
 CODECS.add("lags", CodecEntry("an exact top-k per layer each step", lambda s: TopkCodec("lags", s.density, 1, s.dgc),
                               engines=("scalesgd",), buckets="layer", sparse=True))
 
 __all__ = ["CODECS", "BucketView", "Channel", "Codec", "CodecEntry", "CodecSettings", "DdpHook", "DenseFirst",
-           "DgcOptions", "Fp8Codec", "Fp8Options", "TopkCodec", "make_codec"]
+           "DgcOptions", "Fp8Codec", "Fp8Options", "NodeTopkCodec", "TopkCodec", "make_codec"]
