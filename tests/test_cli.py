@@ -59,7 +59,7 @@ BAD = [
     (("--density-warmup", "-1"), "--density-warmup -1: must be >= 0"),
     (("--local-clip", "-1"), "--local-clip -1.0: must be a finite number >= 0"),
     (("--codec", "fp8", "--momentum-correction"), "--momentum-correction applies to the sparse codecs (topk, "
-                                                  "topk-global, lags, with --engine scalesgd); got --codec fp8"),
+                                                  "topk-global, topk-nodes, lags, with --engine scalesgd); got --codec fp8"),
     (("--engine", "scalesgd", "--codec", "topk", "--density-warmup", "2", "--codec", "fp16"),
      "--density-warmup applies to the sparse codecs"),
     (("--engine", "scalesgd", "--codec", "topk", "--momentum-correction", "--optimizer", "lars"),
