@@ -3,16 +3,13 @@ rounds, the table, and the plot (bars at one link rate, lines against the rate i
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from rich.console import Console
 
 from scalesgd import output
+from scalesgd.testbed.spec import mbit_s
 
-RATE_PARTS = re.compile(r"^(\d+(?:\.\d+)?)([a-z]+)$")
-MBIT_PER_UNIT = {"bit": 1e-6, "kbit": 1e-3, "mbit": 1.0, "gbit": 1e3, "bps": 8e-6, "kbps": 8e-3, "mbps": 8.0,
-                 "gbps": 8e3}
 
 
 def ratio_spread(baseline: dict, row: dict) -> tuple[float, float, float]:
@@ -72,12 +69,6 @@ def plot(path: Path, title: str, results: list[dict]) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def mbit_s(rate: str) -> float:
-    """A tc rate (300mbit, 1gbit, 125mbps: tc's bps are bytes per second) in Mbit/s."""
-    number, unit = RATE_PARTS.match(rate).groups()
-    return float(number) * MBIT_PER_UNIT[unit]
 
 
 def plot_rates(path: Path, title: str, rates: tuple[str, ...], results: list[dict]) -> None:

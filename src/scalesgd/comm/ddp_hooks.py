@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from scalesgd.comm.codecs import BucketView, Channel, Codec, CodecSettings, make_codec
 from scalesgd.comm.topology import Topology
+from scalesgd.comm.torch_hooks import on_thread
 
 
 class CodecHookState:
@@ -56,14 +57,9 @@ def codec_hook(state: CodecHookState, bucket: dist.GradBucket) -> torch.futures.
     params = bucket.parameters()
     offsets = list(itertools.accumulate((p.numel() for p in params[:-1]), initial=0))
     view = BucketView(bucket.index(), params, offsets, flat.numel())
-    future: torch.futures.Future[torch.Tensor] = torch.futures.Future(devices=[flat.device] if flat.is_cuda else None)
 
-    def exchange() -> None:
-        try:
-            state.codec.exchange(flat, view, state.channel)
-            future.set_result(flat)
-        except BaseException as err:  # DDP re-raises it when backward waits on the future
-            future.set_exception(err)
+    def exchange() -> torch.Tensor:
+        state.codec.exchange(flat, view, state.channel)
+        return flat
 
-    state._worker.submit(exchange)
-    return future
+    return on_thread(state._worker, exchange, flat.device)

@@ -40,18 +40,25 @@ class InOrder:
         self._worker.shutdown(wait=True)
 
 
-def in_order_hook(ordered: InOrder, bucket):
-    """Run `ordered.hook` on the bucket on the ordering thread, waiting for its whole chain; its result."""
-    future = torch.futures.Future()
+def on_thread(worker: ThreadPoolExecutor, work: Callable[[], torch.Tensor],
+              device: torch.device | None = None) -> torch.futures.Future:
+    """A DDP hook's future for `work()` run on `worker` (one thread: buckets in the order DDP hands them over);
+    an error in it is raised where backward waits on the future."""
+    future = torch.futures.Future(devices=[device] if device is not None and device.type == "cuda" else None)
 
-    def chain() -> None:
+    def run() -> None:
         try:
-            future.set_result(ordered.hook(ordered.state, bucket).wait())
+            future.set_result(work())
         except BaseException as err:  # DDP re-raises it when backward waits on the future
             future.set_exception(err)
 
-    ordered._worker.submit(chain)
+    worker.submit(run)
     return future
+
+
+def in_order_hook(ordered: InOrder, bucket):
+    """Run `ordered.hook` on the bucket on the ordering thread, waiting for its whole chain; its result."""
+    return on_thread(ordered._worker, lambda: ordered.hook(ordered.state, bucket).wait())
 
 
 def builtin(on_cuda: bool) -> None:

@@ -111,14 +111,13 @@ def set_threads(threads: int = 0) -> None:
 
 def warm_up(env: DistEnv) -> None:
     """One small collective in every group at start-up, so connections exist before iteration 1."""
-    groups = [None, env.exchange_group]
+    groups = [None] + [g for g in (env.exchange_group,) if g is not None]  # None: the default group
     if env.topology_groups is not None:
         groups += [env.topology_groups.node_group, env.topology_groups.cross_group]
     for device in dict.fromkeys([env.device, torch.device("cpu")]):  # each backend of a mixed group
         probe = torch.zeros(1, device=device)
         for group in groups:
-            if group is not None or device == env.device:
-                dist.all_reduce(probe, group=group)
+            dist.all_reduce(probe, group=group)
 
 
 def is_peer_failure(exc: BaseException) -> bool:

@@ -26,6 +26,7 @@ class NodeTopkCodec(TopkCodec):
 
     needs_topology = True
     encode_in_backward = False  # the node sum is a collective
+    cross_node_bytes = 0  # what the last bucket's sparse step sent between nodes
 
     def encode(self, flat: torch.Tensor, bucket: BucketView, channel: Channel) -> torch.Tensor:
         groups = channel.topology
