@@ -15,7 +15,10 @@ def test_bench_allreduce_writes_json_markdown_and_png_for_every_algorithm(tmp_pa
     assert record["world_size"] == 2 and record["machine"]["torch"]
     points = {(r["algorithm"], r["numel"]) for r in record["results"]}
     assert points == {(a, n) for a in ("ring", "halving_doubling", "hierarchical", "native") for n in (0, 5, 1024)}
-    assert all(r["correct"] and r["median_s"] > 0 for r in record["results"])
+    assert all(r["correct"] and 0 < r["min_s"] <= r["median_s"] <= r["max_s"] for r in record["results"])
+    for r in record["results"]:  # the speed-up over native, per repetition, with its spread
+        assert r["speedup"]["min"] <= r["speedup"]["median"] <= r["speedup"]["max"]
+    assert all(r["speedup"]["median"] == 1.0 for r in record["results"] if r["algorithm"] == "native")
     ring_1k = next(r for r in record["results"] if r["algorithm"] == "ring" and r["numel"] == 1024)
     assert ring_1k["bytes"] == 4096 and ring_1k["bytes_sent"] == 4096  # 2·(p−1)/p of the vector
     markdown = (out / "allreduce.md").read_text()

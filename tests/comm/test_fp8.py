@@ -96,9 +96,10 @@ compiled, eager = fp8.KERNELS.table(), fp8._EAGER
 
 def same(name, out, *args):
     a, b = out.clone(), out.clone()
-    compiled[name](a, *args)
-    eager[name](b, *args)
+    stats_a, stats_b = compiled[name](a, *args), eager[name](b, *args)
     assert torch.equal(a, b), name
+    if stats_a is not None:  # the encoders' max and flush count, from the same pass
+        assert all(torch.equal(p.float(), q.float()) for p, q in zip(stats_a, stats_b)), (name, stats_a, stats_b)
     return a
 
 
@@ -124,6 +125,25 @@ def test_compiled_kernels_give_the_eager_bytes(device):
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "same bytes" in done.stdout
+
+
+def test_encoding_reports_the_largest_value_and_exactly_the_values_flushed_to_zero():
+    tiny = 2.0 ** -17
+    above = torch.nextafter(torch.tensor(tiny), torch.tensor(1.0)).item()  # the next float32: rounds up to 2^-16
+    x = torch.tensor([tiny, -tiny, above, 2.0 ** -16, 0.0, 1e-30, -3.0, 7e4], dtype=torch.float32)
+    out = torch.empty(x.numel(), dtype=torch.uint8)
+    top, flushed = fp8.encode_stats(x, out, 1.0)
+    assert torch.equal(out, torch_bytes(x))
+    assert top == 7e4  # above 57344: something saturated
+    assert flushed == int((((out & fp8.MAGNITUDE) == 0) & (x != 0)).sum()) == 3  # ±2^-17 and 1e-30
+    w = torch.full_like(x, 3.0)
+    top, flushed = fp8.encode_stats(x, out, 2.0, w, 1.0)  # relative: x/(|w|+1)·2 = x/2
+    assert torch.equal(out, torch_bytes(x / 2)) and top == 3.5e4 and flushed == 5
+    x[1] = math.nan
+    assert math.isnan(fp8.encode_stats(x, out, 1.0)[0])
+    x[1] = -math.inf
+    assert fp8.encode_stats(x, out, 1.0)[0] == math.inf
+    assert fp8.encode(torch.empty(0)).numel() == 0
 
 
 def test_an_unknown_kernel_mode_is_named():

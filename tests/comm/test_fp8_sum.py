@@ -1,8 +1,10 @@
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from scalesgd.comm import fp8
-from scalesgd.comm.fp8_sum import flat_sum, two_stage_sum
+from scalesgd.comm.fp8_sum import first_sum_ranks, flat_sum, two_stage_sum
 from scalesgd.comm.topology import Topology
 from tests.spawn_util import run_workers
 
@@ -20,7 +22,7 @@ def sums(rank, world, procs_per_node, two_stage):
     out = {}
     for n in LENGTHS:
         x = rank_values(rank, n)
-        spread = procs_per_node if two_stage else world
+        spread = first_sum_ranks(groups) if two_stage else world
         scale = 50.0 / spread  # |x| < 500: every partial sum stays below 57344
         h = fp8.encode(x, scale)
         if two_stage:
@@ -50,6 +52,11 @@ def test_sums_saturate_instead_of_overflowing():
     results = run_workers(_saturate, 4)
     for out in results:
         assert out.tolist() == [57344.0, -57344.0]
+
+
+def test_the_first_sum_adds_a_node_s_ranks_or_all_when_they_are_alone():
+    assert first_sum_ranks(SimpleNamespace(topology=Topology(8, 0, 4))) == 4
+    assert first_sum_ranks(SimpleNamespace(topology=Topology(6, 0, 1))) == 6
 
 
 def _saturate(rank, world):

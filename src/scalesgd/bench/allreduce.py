@@ -127,21 +127,31 @@ def measure_size(cfg: AllreduceBenchConfig, env, numel: int, exchanges: dict) ->
     dist.all_reduce(flags)
     nbytes, p = numel * base.element_size(), env.world_size
     results = []
+    native = slowest[cfg.algorithms.index("native")] if "native" in cfg.algorithms else None
     for row, algorithm in enumerate(cfg.algorithms):
-        seconds = statistics.median(slowest[row].tolist())
-        results.append({"algorithm": algorithm, "numel": numel, "bytes": nbytes, "median_s": seconds,
-                        "bus_gbps": 2 * (p - 1) / p * nbytes / seconds / 1e9 if seconds > 0 else 0.0,
-                        "bytes_sent": sent[algorithm], "correct": flags[row].item() == 0})
+        mine = slowest[row].tolist()
+        seconds = statistics.median(mine)
+        result = {"algorithm": algorithm, "numel": numel, "bytes": nbytes, "median_s": seconds,
+                  "min_s": min(mine), "max_s": max(mine),
+                  "bus_gbps": 2 * (p - 1) / p * nbytes / seconds / 1e9 if seconds > 0 else 0.0,
+                  "bytes_sent": sent[algorithm], "correct": flags[row].item() == 0}
+        if native is not None and min(mine) > 0:  # per repetition (they take turns): the speed-up's spread
+            ratios = (native / slowest[row]).tolist()
+            result["speedup"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+        results.append(result)
     return results
 
 
 def report(cfg: AllreduceBenchConfig, world: int, results: list[dict], command: str) -> None:
     """Table with each algorithm's time and its ratio to `native`, JSON, Markdown and the PNG."""
     native = {r["numel"]: r["median_s"] for r in results if r["algorithm"] == "native"}
-    columns = ["elements", "bytes", "algorithm", "median ms", "bus GB/s", "× native", "correct"]
+    columns = ["elements", "bytes", "algorithm", "median ms", "min–max ms", "bus GB/s", "× native",
+               "native ÷ this (min–max)", "correct"]
     rows = [[f"{r['numel']:,}", _human(r["bytes"]), r["algorithm"], f"{1e3 * r['median_s']:.3f}",
-             f"{r['bus_gbps']:.3f}", f"{r['median_s'] / native[r['numel']]:.2f}" if r["numel"] in native else "",
-             "yes" if r["correct"] else "NO"] for r in results]
+             f"{1e3 * r['min_s']:.1f}–{1e3 * r['max_s']:.1f}", f"{r['bus_gbps']:.3f}",
+             f"{r['median_s'] / native[r['numel']]:.2f}" if r["numel"] in native else "",
+             (f"{r['speedup']['median']:.2f} ({r['speedup']['min']:.2f}–{r['speedup']['max']:.2f})"
+              if "speedup" in r else ""), "yes" if r["correct"] else "NO"] for r in results]
     out = Path(cfg.out)
     output.write(out, "allreduce", {"world_size": world, "config": cfg.to_dict(), "results": results},
                  columns, rows, command)

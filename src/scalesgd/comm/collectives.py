@@ -8,7 +8,7 @@ of bytes this rank sent.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 
 import torch
@@ -83,37 +83,64 @@ def chunks_of(flat: torch.Tensor, parts: int) -> list[torch.Tensor]:
     return [flat[a:b] for a, b in chunk_bounds(flat.numel(), parts)]
 
 
-def send_recv(group, send: torch.Tensor | None = None, dst: int | None = None,
-              recv: torch.Tensor | None = None, src: int | None = None) -> int:
-    """One step with group ranks `dst`/`src`: post the receive and the send together, wait for both.
+Steps = Generator[list, None, int]
+"""A collective as steps: it yields the works it posted, is resumed once they are done, returns bytes sent.
+
+Written once as steps, a collective runs blocking (`run_steps`) or interleaved with others (`comm.pipeline`),
+which is how encoding, transfers and decoding of different pieces of a bucket overlap.
+"""
+
+
+def post(group, send: torch.Tensor | None = None, dst: int | None = None,
+         recv: torch.Tensor | None = None, src: int | None = None, tag: int = 0) -> tuple[list, int]:
+    """Post a receive and a send with group ranks `src`/`dst` together; return their works and the bytes sent.
 
     Empty tensors are skipped; both sides of a message compute the same size, so a skipped send
     always meets a skipped receive and nobody waits for a message that never comes. CUDA tensors (NCCL)
     need the pair batched (separate calls can deadlock a ring); on gloo the process group's own send/recv
     are used, as the `dist.isend` wrappers cost a fixed Python overhead per step that dominates
-    small messages.
+    small messages. `tag` keeps messages of pieces in flight at once apart (gloo; NCCL keeps order).
     """
     pg = dist.group.WORLD if group is None else group
     recv = recv if recv is not None and recv.numel() else None
     send = send if send is not None and send.numel() else None
     if (send if send is not None else recv) is not None and (send if send is not None else recv).is_cuda:
-        ops = ([dist.P2POp(dist.irecv, recv, dist.get_global_rank(pg, src), pg)] if recv is not None else []) + \
-              ([dist.P2POp(dist.isend, send, dist.get_global_rank(pg, dst), pg)] if send is not None else [])
+        ops = ([dist.P2POp(dist.irecv, recv, dist.get_global_rank(pg, src), pg, tag)] if recv is not None else []) + \
+              ([dist.P2POp(dist.isend, send, dist.get_global_rank(pg, dst), pg, tag)] if send is not None else [])
         works = dist.batch_isend_irecv(ops) if ops else []
     else:
-        works = ([pg.recv([recv], src, 0)] if recv is not None else []) + \
-                ([pg.send([send], dst, 0)] if send is not None else [])
+        works = ([pg.recv([recv], src, tag)] if recv is not None else []) + \
+                ([pg.send([send], dst, tag)] if send is not None else [])
+    return works, send.numel() * send.element_size() if send is not None else 0
+
+
+def run_steps(steps: Steps) -> int:
+    """Run a collective's steps one after another, waiting for each step's works; return its bytes sent."""
+    try:
+        works = next(steps)
+        while True:
+            for work in works:
+                work.wait()
+            works = steps.send(None)
+    except StopIteration as done:
+        return done.value
+
+
+def send_recv(group, send: torch.Tensor | None = None, dst: int | None = None,
+              recv: torch.Tensor | None = None, src: int | None = None) -> int:
+    """One blocking step: `post` the pair, wait for both; returns the bytes sent."""
+    works, sent = post(group, send, dst, recv, src)
     for work in works:
         work.wait()
-    return send.numel() * send.element_size() if send is not None else 0
+    return sent
 
 
 def _add_into(into: torch.Tensor, incoming: torch.Tensor) -> None:
     into.add_(incoming)
 
 
-def ring_reduce_scatter(chunks: list[torch.Tensor], rank: int, peers: list[int], group,
-                        buf: torch.Tensor, combine=_add_into) -> int:
+def ring_reduce_scatter_steps(chunks: list[torch.Tensor], rank: int, peers: list[int], group,
+                              buf: torch.Tensor, combine=_add_into, tag: int = 0) -> Steps:
     """p−1 ring steps after which this rank's chunk `chunks[rank]` holds the sum over the ring.
 
     `combine(into, incoming)` adds a received chunk in place (the fp8 sum passes its saturating add).
@@ -124,22 +151,27 @@ def ring_reduce_scatter(chunks: list[torch.Tensor], rank: int, peers: list[int],
     for step in range(p - 1):
         out, into = chunks[(rank - step - 1) % p], chunks[(rank - step - 2) % p]
         incoming = buf[:into.numel()]
-        sent += send_recv(group, out, right, incoming, left)
+        works, n = post(group, out, right, incoming, left, tag)
+        yield works
+        sent += n
         combine(into, incoming)
     return sent
 
 
-def ring_allgather(chunks: list[torch.Tensor], rank: int, peers: list[int], group) -> int:
+def ring_allgather_steps(chunks: list[torch.Tensor], rank: int, peers: list[int], group, tag: int = 0) -> Steps:
     """p−1 ring steps that pass every rank's chunk `chunks[rank]` to all others, received in place."""
     p = len(chunks)
     right, left = peers[(rank + 1) % p], peers[(rank - 1) % p]
     sent = 0
     for step in range(p - 1):
-        sent += send_recv(group, chunks[(rank - step) % p], right, chunks[(rank - step - 1) % p], left)
+        works, n = post(group, chunks[(rank - step) % p], right, chunks[(rank - step - 1) % p], left, tag)
+        yield works
+        sent += n
     return sent
 
 
-def ring_allreduce(flat: torch.Tensor, group, buf: torch.Tensor | None = None, combine=_add_into) -> int:
+def ring_allreduce_steps(flat: torch.Tensor, group, buf: torch.Tensor | None = None, combine=_add_into,
+                         tag: int = 0) -> Steps:
     """Reduce-scatter then allgather around the ring of `group`: 2(p−1) steps of n/p elements."""
     rank, peers = ring_members(group)
     p = len(peers)
@@ -148,8 +180,23 @@ def ring_allreduce(flat: torch.Tensor, group, buf: torch.Tensor | None = None, c
     chunks = chunks_of(flat, p)
     if buf is None:
         buf = flat.new_empty(chunks[0].numel())  # the first chunk is the longest: one buffer per call
-    return (ring_reduce_scatter(chunks, rank, peers, group, buf, combine)
-            + ring_allgather(chunks, rank, peers, group))
+    sent = yield from ring_reduce_scatter_steps(chunks, rank, peers, group, buf, combine, tag)
+    return sent + (yield from ring_allgather_steps(chunks, rank, peers, group, tag))
+
+
+def ring_reduce_scatter(chunks, rank, peers, group, buf, combine=_add_into) -> int:
+    """Blocking `ring_reduce_scatter_steps`."""
+    return run_steps(ring_reduce_scatter_steps(chunks, rank, peers, group, buf, combine))
+
+
+def ring_allgather(chunks, rank, peers, group) -> int:
+    """Blocking `ring_allgather_steps`."""
+    return run_steps(ring_allgather_steps(chunks, rank, peers, group))
+
+
+def ring_allreduce(flat: torch.Tensor, group, buf: torch.Tensor | None = None, combine=_add_into) -> int:
+    """Blocking `ring_allreduce_steps`."""
+    return run_steps(ring_allreduce_steps(flat, group, buf, combine))
 
 
 # --- halving/doubling (Rabenseifner) ---------------------------------------------------------------

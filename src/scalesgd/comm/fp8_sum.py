@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from scalesgd.comm import fp8
-from scalesgd.comm.collectives import ring_allgather, ring_allreduce, ring_members, send_recv
+from scalesgd.comm.collectives import (Steps, post, ring_allgather_steps, ring_allreduce_steps, ring_members,
+                                      run_steps)
 from scalesgd.comm.topology import TopologyGroups
 
 
@@ -24,7 +25,22 @@ def flat_sum(h: torch.Tensor, group=None, scratch: torch.Tensor | None = None) -
 
     `scratch`: at least ⌈len(h) / ranks⌉ bytes to receive into (allocated when None).
     """
-    return ring_allreduce(h, group, buf=scratch, combine=saturating_add_into)
+    return run_steps(flat_sum_steps(h, group, scratch))
+
+
+def flat_sum_steps(h: torch.Tensor, group=None, scratch: torch.Tensor | None = None, tag: int = 0) -> Steps:
+    """`flat_sum` as steps (see `collectives.Steps`)."""
+    return ring_allreduce_steps(h, group, buf=scratch, combine=saturating_add_into, tag=tag)
+
+
+def first_sum_ranks(groups: TopologyGroups) -> int:
+    """How many ranks' values the two-stage sum adds before it first rounds: encode with 57344 ÷ this.
+
+    The P′ ranks of a node; with one rank per node the node stage is skipped, so the ÷nodes it would apply
+    folds into the encoding (one rounding fewer, and one pass over the bucket saved) and this is every rank.
+    """
+    local = groups.topology.procs_per_node
+    return local if local > 1 else groups.topology.num_nodes
 
 
 def scratch_size(n: int, groups: TopologyGroups) -> int:
@@ -41,9 +57,16 @@ def two_stage_sum(h: torch.Tensor, groups: TopologyGroups, scratch: torch.Tensor
        encodes once.
     2. That part is ring-allreduced with the ranks of equal local rank on the other nodes.
     3. The parts are allgathered in the node.
-    Scaled as the seed does (÷P′ before encoding, ÷nodes here), the result is the mean over ranks.
+    Scaled as the seed does (÷P′ before encoding, ÷nodes here), the result is the mean over ranks; with
+    one rank per node step 1 is skipped and the input must be scaled ÷nodes (see `first_sum_ranks`).
     `scratch`: at least `scratch_size(len(h), groups)` bytes to work in (allocated when None).
     """
+    return run_steps(two_stage_steps(h, groups, scratch))
+
+
+def two_stage_steps(h: torch.Tensor, groups: TopologyGroups, scratch: torch.Tensor | None = None,
+                    tag: int = 0) -> Steps:
+    """`two_stage_sum` as steps (see `collectives.Steps`)."""
     node_rank, node_peers = ring_members(groups.node_group)
     local = len(node_peers)
     n = h.numel()
@@ -53,15 +76,18 @@ def two_stage_sum(h: torch.Tensor, groups: TopologyGroups, scratch: torch.Tensor
     if scratch is None:
         scratch = h.new_empty(scratch_size(n, groups))
     received = scratch[:width * local].view(local, width)  # row j: our part as local rank j encoded it
-    received[node_rank] = parts[node_rank]
     sent = 0
-    for step in range(1, local):
-        dst, src = (node_rank + step) % local, (node_rank - step) % local
-        sent += send_recv(groups.node_group, parts[dst], node_peers[dst], received[src], node_peers[src])
-    fp8.sum_rows(received, 1.0 / groups.topology.num_nodes, out=parts[node_rank])
-    sent += ring_allreduce(parts[node_rank], groups.cross_group, buf=scratch[width * local:],
-                           combine=saturating_add_into)
-    sent += ring_allgather(list(parts), node_rank, node_peers, groups.node_group)
+    if local > 1:  # alone in its node, a rank's bytes were scaled for the cross-node sum already
+        received[node_rank] = parts[node_rank]
+        for step in range(1, local):
+            dst, src = (node_rank + step) % local, (node_rank - step) % local
+            works, nbytes = post(groups.node_group, parts[dst], node_peers[dst], received[src], node_peers[src], tag)
+            yield works
+            sent += nbytes
+        fp8.sum_rows(received, 1.0 / groups.topology.num_nodes, out=parts[node_rank])
+    sent += yield from ring_allreduce_steps(parts[node_rank], groups.cross_group, buf=scratch[width * local:],
+                                            combine=saturating_add_into, tag=tag)
+    sent += yield from ring_allgather_steps(list(parts), node_rank, node_peers, groups.node_group, tag)
     if padded is not h:
         h.copy_(padded[:n])
     return sent

@@ -54,10 +54,15 @@ def state_round_trip(rank, world):
     gen = torch.Generator().manual_seed(5)
     grads = [torch.randn(3050, generator=gen) * (1 + i) for i in range(5)]
     for g in grads[:3]:
-        first.encode(g.clone(), view, channel)
+        first.exchange(g.clone(), view, channel)
     second.load_state_dict(first.state_dict())
-    return [torch.equal(first.encode(g.clone(), view, channel), second.encode(g.clone(), view, channel))
-            for g in grads[3:]], [t["step"] for t in first.state_dict()["tensors"].values()]
+    same = []
+    for g in grads[3:]:
+        a, b = g.clone(), g.clone()
+        first.exchange(a, view, channel)
+        second.exchange(b, view, channel)
+        same.append(torch.equal(a, b) and not torch.equal(a, g))  # fp8 rounded it, both alike
+    return same, [t["step"] for t in first.state_dict()["tensors"].values()]
 
 
 def test_codec_state_restores_ranges_step_and_sampling():

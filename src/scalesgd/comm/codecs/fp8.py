@@ -1,6 +1,10 @@
 """fp8 (e5m2) exchange as SPEC §2: relative data, a per-tensor quantile range, a two-stage sum; with the
 guardrails a user needs: ranges that are never stale zeros, headroom, non-finite gradients kept visible,
-saturation counted, and a tensor whose saturation stays high sent dense."""
+saturation counted, and a tensor whose saturation stays high sent dense.
+
+A bucket travels in pieces of `segment` elements, pipelined: while some pieces are on the wire, this process
+encodes the next and decodes the summed ones, so the arithmetic hides behind the transfers (the seed's 3.21×
+over fp32 needs it: run one after another, encode, sum and decode cost more than the bytes they save)."""
 
 from __future__ import annotations
 
@@ -12,8 +16,14 @@ import torch.distributed as dist
 from scalesgd.comm import fp8
 from scalesgd.comm.codecs.base import BucketView, Channel, Codec
 from scalesgd.comm.codecs.fp8_range import Fp8Options, TensorRange, sample_quantiles
-from scalesgd.comm.fp8_sum import flat_sum, scratch_size, two_stage_sum
+from scalesgd.comm.fp8_sum import first_sum_ranks, flat_sum_steps, scratch_size, two_stage_steps
+from scalesgd.comm.pipeline import run_pipelined
 from scalesgd.comm.topology import TopologyGroups
+
+
+SEGMENT = 1 << 22  # elements per pipelined piece: 4 MB of fp8, ~34 ms at 1 Gbit/s; a few compiled calls each
+DEPTH = 3  # pieces in flight: the link carries two while this process encodes, adds or decodes a third
+TAGS = 1024  # message tags cycled through by the pieces (far more than are ever in flight)
 
 
 class Fp8Codec(Codec):
@@ -32,14 +42,21 @@ class Fp8Codec(Codec):
     Range state belongs to parameter tensors, not buckets, so it survives any regrouping (DDP
     rebuilds its buckets after the first iteration, also after a resume); tensors are numbered as
     `Codec.key` says.
+
+    `encode` fixes the scales; `communicate` encodes, sums and decodes the bucket `segment` elements at a
+    time with up to `depth` pieces in flight, writing the mean into the buffer `encode` was given; `decode`
+    applies the flags.
     """
 
     def __init__(self, name: str = "fp8", relative: bool = True, two_stage: bool = True,
-                 options: Fp8Options = Fp8Options(), seed: int = 0):
+                 options: Fp8Options = Fp8Options(), seed: int = 0, segment: int = SEGMENT, depth: int = DEPTH):
         if options.problems():
             raise ValueError("; ".join(f"fp8 {name} {getattr(options, name)}: {problem}"
                                        for name, problem in options.problems().items()))
+        if segment < 1 or depth < 1:
+            raise ValueError(f"fp8 segment {segment} and depth {depth}: give at least 1 each")
         self.name, self.relative, self.two_stage, self.options = name, relative, two_stage, options
+        self.segment, self.depth = segment, depth
         self.needs_topology = two_stage
         self._tensors: dict[int, TensorRange] = {}
         self._scales: dict[int, tuple] = {}  # bucket → (ranges, unit, send)
@@ -48,10 +65,13 @@ class Fp8Codec(Codec):
         self._scratch: dict[int, torch.Tensor] = {}
         self._lengths: dict[int, int] = {}
         self._dense: dict[int, bool] = {}  # bucket → exchanged dense this step
+        self._pending: dict[int, tuple] = {}  # bucket → (gradient, weights, encode scale) until communicated
         self._eps = torch.tensor(options.eps)
         self._rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         self._seed = seed
-        self._counts = torch.zeros(3, dtype=torch.float64)  # elements, saturated, flushed to zero
+        self._elements = 0
+        self._saturated = 0
+        self._flushed: torch.Tensor | None = None  # on the gradients' device: read when the counters are
         self._notices: list[tuple[torch.Tensor, str]] = []
         fp8.kernel_mode()  # compile now, not inside the first exchange
 
@@ -69,23 +89,46 @@ class Fp8Codec(Codec):
         for r in ranges:
             r.step += 1
         send = self._scale(bucket, ranges, flat.device, channel)[2]
-        n = flat.numel()
-        wire = self._wire(bucket.index, n, flat.device, channel, len(ranges))
-        if w is None:
-            fp8.encode(flat, send, out=wire[:n])
-        else:
-            fp8.encode_relative(flat, w, self._eps, send, out=wire[:n])
-        wire[n] = torch.where(torch.isfinite(flat).all(), 0, fp8.ONE_CODE)
-        self._flag_saturation(flat, w, send, wire, bucket)
-        return wire
+        self._pending[bucket.index] = (flat, w, send)
+        return self._wire(bucket.index, flat.numel(), flat.device, channel, len(ranges))
 
     def communicate(self, wire: torch.Tensor, bucket: BucketView, channel: Channel) -> int:
         if self._dense[bucket.index]:
             return channel.allreduce(wire)
-        scratch = self._scratch[bucket.index]
-        if self.two_stage:
-            return two_stage_sum(wire, _groups(channel), scratch)
-        return flat_sum(wire, channel.group, scratch)
+        flat, w, send = self._pending.pop(bucket.index)
+        unit = self._scales[bucket.index][2]
+        n, index = flat.numel(), bucket.index
+        flushed = torch.zeros((), dtype=torch.int64, device=flat.device)
+        clipped = [0] * len(bucket.params)  # per tensor
+        nonfinite = [False]
+
+        def piece(i: int, a: int, b: int):
+            stop = min(b, n)
+            if a < stop:
+                most, zeroed = fp8.encode_stats(flat[a:stop], wire[a:stop], send[a:stop],
+                                                None if w is None else w[a:stop], self._eps)
+                flushed.add_(zeroed)
+                if not most.item() <= fp8.MAX:  # something clipped or is not finite: look closer (rare)
+                    nonfinite[0] |= self._tally(flat, w, send, bucket, a, stop, clipped)
+            if a <= n < b:  # the data ends here: every piece is encoded, the flags can be written
+                self._saturated += self._write_flags(wire, n, bucket, clipped, nonfinite[0])
+            slot = self._scratch[index][i % self.depth]
+            if self.two_stage:
+                sent = yield from two_stage_steps(wire[a:b], _groups(channel), slot, tag=1 + i % TAGS)
+            else:
+                sent = yield from flat_sum_steps(wire[a:b], channel.group, slot, tag=1 + i % TAGS)
+            if a < stop:
+                if w is None:
+                    fp8.decode(wire[a:stop], unit[a:stop], out=flat[a:stop])
+                else:
+                    fp8.decode_relative(wire[a:stop], w[a:stop], self._eps, unit[a:stop], out=flat[a:stop])
+            return sent
+
+        bounds = self._segments(wire.numel(), channel)
+        sent = run_pipelined((piece(i, a, b) for i, (a, b) in enumerate(bounds)), self.depth)
+        self._elements += n
+        self._flushed = flushed if self._flushed is None else self._flushed + flushed
+        return sent
 
     def decode(self, wire: torch.Tensor, bucket: BucketView, out: torch.Tensor, channel: Channel) -> None:
         if self._dense[bucket.index]:
@@ -93,11 +136,7 @@ class Fp8Codec(Codec):
                 out.copy_(wire)
             return
         n = out.numel()
-        ranges, unit = self._scales[bucket.index][1:3]
-        if self.relative:
-            fp8.decode_relative(wire[:n], self._weights[bucket.index], self._eps, unit, out=out)
-        else:
-            fp8.decode(wire[:n], unit, out=out)
+        ranges = self._scales[bucket.index][1]
         flags = wire[n:n + 1 + len(ranges)].tolist()  # the same bytes on every rank after the sum
         if flags[0]:
             out.fill_(math.nan)  # some rank's gradient was not finite: every rank sees it
@@ -110,27 +149,30 @@ class Fp8Codec(Codec):
                                              f"dense from its step {r.step + 1}"))
 
     # ---- guardrails ------------------------------------------------------------------------------
-    def _flag_saturation(self, flat: torch.Tensor, w: torch.Tensor | None, send: torch.Tensor, wire: torch.Tensor,
-                         bucket: BucketView) -> None:
-        """Count saturated (clipped) and flushed-to-zero elements; raise each tensor's flag byte when it clips
-        more than the limit beyond the 1 − Q that its quantile lets through by design."""
-        n = flat.numel()
-        saturated = fp8.clipped(flat, send, w, self._eps).to(torch.float32)
-        flushed = (((wire[:n] & fp8.MAGNITUDE) == 0) & (flat != 0)).sum()
-        sizes = [p.numel() for p in bucket.params]
-        per_tensor = torch.segment_reduce(saturated, "sum", lengths=torch.tensor(sizes, device=flat.device))
-        fraction = per_tensor / torch.tensor(sizes, dtype=torch.float32, device=flat.device)
-        limit = self.options.saturation_limit
-        hot = fraction > limit + 1 - self.options.quantile if limit > 0 else torch.zeros_like(fraction, dtype=torch.bool)
-        wire[n + 1:n + 1 + len(sizes)] = torch.where(hot, fp8.ONE_CODE, 0).to(torch.uint8)
-        self._counts += torch.stack([torch.tensor(float(n)), saturated.sum().double().cpu(),
-                                     flushed.double().cpu()])
+    def _tally(self, flat: torch.Tensor, w: torch.Tensor | None, send: torch.Tensor, bucket: BucketView,
+               a: int, stop: int, clipped: list[int]) -> bool:
+        """Add each tensor's elements in [a, stop) that clipped to `clipped`; return whether one was not finite.
+        Runs before the piece is decoded over its gradient, and only for a piece whose max says it must."""
+        for j, (start, size) in enumerate(zip(bucket.offsets, (p.numel() for p in bucket.params))):
+            lo, hi = max(a, start), min(stop, start + size)
+            if lo < hi:
+                clipped[j] += int(fp8.clipped(flat[lo:hi], send[lo:hi], None if w is None else w[lo:hi],
+                                              self._eps).sum())
+        return not bool(torch.isfinite(flat[a:stop]).all())  # an inf from scaling a finite value only saturates
+
+    def _write_flags(self, wire: torch.Tensor, n: int, bucket: BucketView, clipped: list[int], nonfinite: bool) -> int:
+        """Write the non-finite byte, then each tensor's saturation byte: raised when it clips more than the limit
+        beyond the 1 − Q that its quantile lets through by design; return the elements saturated."""
+        limit, allowed = self.options.saturation_limit, self.options.saturation_limit + 1 - self.options.quantile
+        flags = [nonfinite] + [limit > 0 and count > allowed * p.numel() for count, p in zip(clipped, bucket.params)]
+        wire[n:n + len(flags)] = torch.tensor(flags, dtype=torch.uint8) * fp8.ONE_CODE
+        return sum(clipped)
 
     def counters(self) -> dict[str, float]:
-        elements, saturated, flushed = self._counts.tolist()
-        self._counts.zero_()
-        if not elements:
+        if not self._elements:
             return {}
+        elements, saturated, flushed = self._elements, self._saturated, int(self._flushed)
+        self._elements, self._saturated, self._flushed = 0, 0, None
         return {"fp8_saturated": saturated / elements, "fp8_flushed": flushed / elements}
 
     def pop_notices(self) -> list[tuple[torch.Tensor, str]]:
@@ -144,17 +186,21 @@ class Fp8Codec(Codec):
         length = n + 1 + tensors
         wire = self._wires.get(index)
         if wire is None or self._lengths[index] != length:
-            if self.two_stage:
-                groups = _groups(channel)
-                local = groups.topology.procs_per_node
-                wire = torch.zeros(-(-length // local) * local, dtype=torch.uint8, device=device)
-                self._scratch[index] = torch.empty(scratch_size(length, groups), dtype=torch.uint8, device=device)
-            else:
-                wire = torch.zeros(length, dtype=torch.uint8, device=device)
-                self._scratch[index] = torch.empty(-(-length // channel.world_size), dtype=torch.uint8,
-                                                   device=device)
+            local = _groups(channel).topology.procs_per_node if self.two_stage else 1
+            wire = torch.zeros(-(-length // local) * local, dtype=torch.uint8, device=device)
+            piece = max(b - a for a, b in self._segments(wire.numel(), channel))
+            size = scratch_size(piece, _groups(channel)) if self.two_stage else -(-piece // channel.world_size)
+            slots = min(self.depth, len(self._segments(wire.numel(), channel)))
+            self._scratch[index] = list(torch.empty(slots, size, dtype=torch.uint8, device=device))
             self._wires[index], self._lengths[index] = wire, length
         return wire
+
+    def _segments(self, length: int, channel: Channel) -> list[tuple[int, int]]:
+        """The pieces a wire of `length` bytes travels in: `segment` long (a multiple of the node's ranks, so the
+        two-stage sum pads none), the last one shorter."""
+        local = _groups(channel).topology.procs_per_node if self.two_stage else 1
+        step = -(-self.segment // local) * local
+        return [(a, min(a + step, length)) for a in range(0, length, step)]
 
     def _measure(self, g: torch.Tensor, w: torch.Tensor | None, bucket: BucketView, keys: list[int],
                  positions: list[int], channel: Channel) -> None:
@@ -183,7 +229,7 @@ class Fp8Codec(Codec):
         signature = (device, *((id(r), r.q) for r in ranges))
         cached = self._scales.get(bucket.index)
         if cached is None or cached[0] != signature:
-            spread = _groups(channel).topology.procs_per_node if self.two_stage else channel.world_size
+            spread = first_sum_ranks(_groups(channel)) if self.two_stage else channel.world_size
             sizes = torch.tensor([p.numel() for p in bucket.params], device=device)
             top = torch.tensor([self.options.headroom * r.q for r in ranges], device=device)
             unit = torch.repeat_interleave(fp8.MAX / top, sizes)

@@ -1,0 +1,45 @@
+"""Several collectives in flight at once, so one piece's arithmetic runs while others' bytes are on the wire.
+
+A bucket cut into pieces becomes one job per piece: encode it, sum it (its collective's steps), decode it.
+The driver keeps up to `depth` jobs started and always resumes the job whose posted step is the oldest,
+so the link always has the steps posted after it to carry while this process adds, encodes or decodes.
+Every rank runs the same jobs with the same policy, which depends on nothing measured, so each pair of
+peers posts its messages in the same order; tags keep the pieces apart.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from scalesgd.comm.collectives import Steps
+
+
+def run_pipelined(jobs: Iterable[Steps], depth: int = 2) -> int:
+    """Run `jobs` (step generators) with up to `depth` started at once; return the total bytes sent."""
+    if depth < 1:
+        raise ValueError(f"pipeline depth {depth}: give at least 1")
+    pending = iter(jobs)
+    posted: deque = deque()  # (job, the works it waits for), in the order they were posted
+    sent = 0
+    while True:
+        job = next(pending, None) if len(posted) < depth else None
+        if job is not None:
+            sent += _advance(job, posted, first=True)
+            continue
+        if not posted:
+            return sent
+        job, works = posted.popleft()
+        for work in works:
+            work.wait()
+        sent += _advance(job, posted)
+
+
+def _advance(job: Steps, posted: deque, first: bool = False) -> int:
+    """Run `job` to its next posted step (queued last in `posted`) or to its end (returning its bytes)."""
+    try:
+        works = next(job) if first else job.send(None)
+    except StopIteration as done:
+        return done.value or 0
+    posted.append((job, works))
+    return 0
