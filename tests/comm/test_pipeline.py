@@ -87,3 +87,24 @@ def test_an_exchange_in_pieces_gives_the_whole_exchange_s_mean_on_every_rank(wor
         if name == "fp8" and world // procs_per_node <= 2:  # rings of two nodes: sums do not depend on the cut
             assert torch.equal(g, whole), key
 
+
+
+def apart(rank, world):
+    """The three steps called apart, decoding into a buffer other than the one encoded: the same mean."""
+    groups = Topology(world, rank, 1).groups()
+    channel = Channel(dist.group.WORLD, world, "ring", groups)
+    params = [torch.randn(3000, generator=torch.Generator().manual_seed(1)) + 2]
+    view = BucketView(0, params, [0], 3000)
+    grad = torch.randn(3000, generator=torch.Generator().manual_seed(20 + rank))
+    whole, first = make_codec("fp8", CodecSettings()), make_codec("fp8", CodecSettings())
+    g = grad.clone()
+    whole.exchange(g, view, channel)
+    wire = first.encode(grad.clone(), view, channel)
+    first.communicate(wire, view, channel)
+    out = torch.full((3000,), 7.0)
+    first.decode(wire, view, out, channel)
+    return torch.equal(out, g)
+
+
+def test_decoding_into_another_buffer_gives_the_same_mean():
+    assert run_workers(apart, 2) == [True, True]

@@ -66,6 +66,7 @@ class Fp8Codec(Codec):
         self._lengths: dict[int, int] = {}
         self._dense: dict[int, bool] = {}  # bucket → exchanged dense this step
         self._pending: dict[int, tuple] = {}  # bucket → (gradient, weights, encode scale) until communicated
+        self._means: dict[int, torch.Tensor] = {}  # bucket → the buffer `communicate` decoded into
         self._eps = torch.tensor(options.eps)
         self._rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         self._seed = seed
@@ -128,6 +129,7 @@ class Fp8Codec(Codec):
         sent = run_pipelined((piece(i, a, b) for i, (a, b) in enumerate(bounds)), self.depth)
         self._elements += n
         self._flushed = flushed if self._flushed is None else self._flushed + flushed
+        self._means[index] = flat  # decoded in place: it holds the mean now
         return sent
 
     def decode(self, wire: torch.Tensor, bucket: BucketView, out: torch.Tensor, channel: Channel) -> None:
@@ -135,6 +137,9 @@ class Fp8Codec(Codec):
             if wire.data_ptr() != out.data_ptr():
                 out.copy_(wire)
             return
+        mean = self._means.pop(bucket.index)
+        if mean.data_ptr() != out.data_ptr():
+            out.copy_(mean)
         n = out.numel()
         ranges = self._scales[bucket.index][1]
         flags = wire[n:n + 1 + len(ranges)].tolist()  # the same bytes on every rank after the sum
