@@ -65,6 +65,8 @@ def test_bench_train_measures_every_mode_against_ddp(tmp_path):
     assert ours["mean_bytes_sent"] == 78_042 * 4  # ring on 2 ranks sends 2(p−1)/p of the gradient
     assert results["scalesgd-fp16-hierarchical-size:0.01"]["mean_bytes_sent"] == 78_042 * 2
     assert "mean_exposed_s" in ours and "mean_exposed_s" not in results["ddp"]
+    assert all(r["mean_cpu_s"] > 0 for r in results.values())  # CPU of all the process's threads
+    assert 0 < ours["mean_thread_cpu_s"] < ours["mean_cpu_s"]  # the communication thread's share
     assert "| ddp-powersgd |" in (out / "train.md").read_text()
     assert (out / "train.png").read_bytes()[:4] == b"\x89PNG"
 

@@ -150,10 +150,11 @@ class Runner:
     stats: list
     planned: dict | None = None
     rounds: list[int] = field(default_factory=list)  # the round of each timed iteration
+    cpu: list[float] = field(default_factory=list)  # CPU seconds this process used (all its threads)
 
     def clear(self) -> None:
         """Forget what was timed (a new link rate)."""
-        for kept in (self.times, self.compute, self.stats, self.rounds):
+        for kept in (self.times, self.compute, self.stats, self.rounds, self.cpu):
             kept.clear()
 
 
@@ -245,7 +246,7 @@ def build_runner(cfg: TrainBenchConfig, mode: Mode, env, batch) -> Runner:
 
 def iteration(runner: Runner, x: torch.Tensor, y: torch.Tensor, record: bool) -> None:
     """Forward, backward, exchange and step, timed on this rank."""
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     nn.functional.cross_entropy(runner.net(x), y).backward()
     backward_end = time.perf_counter()
     runner.opt.step()
@@ -255,6 +256,7 @@ def iteration(runner: Runner, x: torch.Tensor, y: torch.Tensor, record: bool) ->
     if record:
         runner.times.append(end - start)
         runner.compute.append(backward_end - start)
+        runner.cpu.append(time.process_time() - cpu)
         if stats is not None:
             runner.stats.append(stats)
 
@@ -269,10 +271,11 @@ def summarize(cfg: TrainBenchConfig, runner: Runner, env) -> dict:
         per_round.setdefault(r, []).append(t)
     row = {"mode": runner.mode.name, "median_iteration_s": median, "images_per_s": cfg.batch_size / median,
            "round_medians_s": [statistics.median(times) for times in per_round.values()],
-           "mean_compute_s": statistics.fmean(runner.compute), "iterations": len(runner.times),
+           "mean_compute_s": statistics.fmean(runner.compute), "mean_cpu_s": statistics.fmean(runner.cpu),
+           "iterations": len(runner.times),
            "untimed_iterations": runner.mode.warm_start + cfg.warmup}  # before the first rate
     if runner.stats:
-        for key in ("codec_s", "comm_s", "exposed_s", "overlapped_s", "bytes_sent"):
+        for key in ("codec_s", "comm_s", "exposed_s", "overlapped_s", "bytes_sent", "thread_cpu_s"):
             row[f"mean_{key}"] = statistics.fmean(getattr(s, key) for s in runner.stats)
     if runner.planned:  # the timing model's forward + backward + exchange, against what happened
         done = torch.tensor([c + s.exposed_s for c, s in zip(runner.compute, runner.stats)], dtype=torch.float64)

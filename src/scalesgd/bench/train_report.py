@@ -38,10 +38,12 @@ def write(out: Path, title: str, rates: tuple[str, ...], record: dict, command: 
     results = record["results"]
     add_ratios(results)
     columns = ["link", "mode", "median ms", "images/s", "ddp ÷ mode (rounds min–max)", "none ÷ mode", "compute ms",
-               "exposed comm ms", "overlapped comm ms", "MB sent / iter", "planned: groups, predicted ÷ measured"]
+               "CPU ms (comm thread)", "exposed comm ms", "overlapped comm ms", "MB sent / iter",
+               "planned: groups, predicted ÷ measured"]
     rows = [[r["bandwidth"] or "as is", r["mode"], f"{1e3 * r['median_iteration_s']:.1f}",
              f"{r['images_per_s']:.0f}", spread(r.get("ddp_ratio")), spread(r.get("bound_ratio")),
              f"{1e3 * r['mean_compute_s']:.1f}",
+             f"{1e3 * r['mean_cpu_s']:.0f}" + (f" ({1e3 * r['mean_thread_cpu_s']:.0f})" if "mean_thread_cpu_s" in r else ""),
              f"{1e3 * r['mean_exposed_s']:.1f}" if "mean_exposed_s" in r else "",
              f"{1e3 * r['mean_overlapped_s']:.1f}" if "mean_overlapped_s" in r else "",
              f"{r['mean_bytes_sent'] / 1e6:.2f}" if "mean_bytes_sent" in r else "",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -35,6 +36,7 @@ class IterationStats:
     comm_s: float = 0.0
     exposed_s: float = 0.0
     bytes_sent: int = 0
+    thread_cpu_s: float = 0.0  # CPU the communication thread used: taken from compute where cores are shared
 
     @property
     def overlapped_s(self) -> float:
@@ -236,6 +238,7 @@ class DistributedOptimizer:
 
     def _exchange_bucket(self, bucket: _Bucket) -> None:
         channel, view = self.channel, bucket.view
+        cpu = time.thread_time()
         if bucket.wire is None:
             start = now_us()
             wire = self.codec.encode(bucket.buffer, view, channel)
@@ -254,6 +257,7 @@ class DistributedOptimizer:
             self._stats.codec_s += ((encoded[1] - encoded[0] if encoded else 0) + end - sent_at) / 1e6
             self._stats.comm_s += (sent_at - begin) / 1e6
             self._stats.bytes_sent += sent
+            self._stats.thread_cpu_s += time.thread_time() - cpu
 
     # ---- set-up ----------------------------------------------------------------------------------
     def _point_grads_at_buckets(self) -> None:
