@@ -8,12 +8,13 @@ of bytes this rank sent.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from scalesgd.comm.pipeline import Steps, run_steps
 from scalesgd.comm.topology import Topology, TopologyGroups
 from scalesgd.registry import Registry
 
@@ -83,14 +84,6 @@ def chunks_of(flat: torch.Tensor, parts: int) -> list[torch.Tensor]:
     return [flat[a:b] for a, b in chunk_bounds(flat.numel(), parts)]
 
 
-Steps = Generator[list, None, int]
-"""A collective as steps: it yields the works it posted, is resumed once they are done, returns bytes sent.
-
-Written once as steps, a collective runs blocking (`run_steps`) or interleaved with others (`comm.pipeline`),
-which is how encoding, transfers and decoding of different pieces of a bucket overlap.
-"""
-
-
 def post(group, send: torch.Tensor | None = None, dst: int | None = None,
          recv: torch.Tensor | None = None, src: int | None = None, tag: int = 0) -> tuple[list, int]:
     """Post a receive and a send with group ranks `src`/`dst` together; return their works and the bytes sent.
@@ -112,18 +105,6 @@ def post(group, send: torch.Tensor | None = None, dst: int | None = None,
         works = ([pg.recv([recv], src, tag)] if recv is not None else []) + \
                 ([pg.send([send], dst, tag)] if send is not None else [])
     return works, send.numel() * send.element_size() if send is not None else 0
-
-
-def run_steps(steps: Steps) -> int:
-    """Run a collective's steps one after another, waiting for each step's works; return its bytes sent."""
-    try:
-        works = next(steps)
-        while True:
-            for work in works:
-                work.wait()
-            works = steps.send(None)
-    except StopIteration as done:
-        return done.value
 
 
 def send_recv(group, send: torch.Tensor | None = None, dst: int | None = None,

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from scalesgd.comm import fp8
-from scalesgd.comm.collectives import (Steps, post, ring_allgather_steps, ring_allreduce_steps, ring_members,
-                                      run_steps)
+from scalesgd.comm.collectives import post, ring_allgather_steps, ring_allreduce_steps, ring_members
+from scalesgd.comm.pipeline import Steps, run_steps
 from scalesgd.comm.topology import TopologyGroups
 
 
@@ -29,7 +29,7 @@ def flat_sum(h: torch.Tensor, group=None, scratch: torch.Tensor | None = None) -
 
 
 def flat_sum_steps(h: torch.Tensor, group=None, scratch: torch.Tensor | None = None, tag: int = 0) -> Steps:
-    """`flat_sum` as steps (see `collectives.Steps`)."""
+    """`flat_sum` as steps (see `pipeline.Steps`)."""
     return ring_allreduce_steps(h, group, buf=scratch, combine=saturating_add_into, tag=tag)
 
 
@@ -45,8 +45,14 @@ def first_sum_ranks(groups: TopologyGroups) -> int:
 
 def scratch_size(n: int, groups: TopologyGroups) -> int:
     """Bytes of scratch `two_stage_sum` needs for n elements (pass it to avoid allocating each call)."""
-    width = -(-n // groups.topology.procs_per_node)
-    return width * groups.topology.procs_per_node + width
+    local = groups.topology.procs_per_node
+    width = -(-n // local)
+    return _node_rows(width, local) + width
+
+
+def _node_rows(width: int, local: int) -> int:
+    """Scratch for the node stage's received rows: P′ of `width` bytes, none when it is skipped (P′ = 1)."""
+    return width * local if local > 1 else 0
 
 
 def two_stage_sum(h: torch.Tensor, groups: TopologyGroups, scratch: torch.Tensor | None = None) -> int:
@@ -66,7 +72,7 @@ def two_stage_sum(h: torch.Tensor, groups: TopologyGroups, scratch: torch.Tensor
 
 def two_stage_steps(h: torch.Tensor, groups: TopologyGroups, scratch: torch.Tensor | None = None,
                     tag: int = 0) -> Steps:
-    """`two_stage_sum` as steps (see `collectives.Steps`)."""
+    """`two_stage_sum` as steps (see `pipeline.Steps`)."""
     node_rank, node_peers = ring_members(groups.node_group)
     local = len(node_peers)
     n = h.numel()
@@ -75,9 +81,10 @@ def two_stage_steps(h: torch.Tensor, groups: TopologyGroups, scratch: torch.Tens
     parts = padded.view(local, width)
     if scratch is None:
         scratch = h.new_empty(scratch_size(n, groups))
-    received = scratch[:width * local].view(local, width)  # row j: our part as local rank j encoded it
+    rows = _node_rows(width, local)
     sent = 0
     if local > 1:  # alone in its node, a rank's bytes were scaled for the cross-node sum already
+        received = scratch[:rows].view(local, width)  # row j: our part as local rank j encoded it
         received[node_rank] = parts[node_rank]
         for step in range(1, local):
             dst, src = (node_rank + step) % local, (node_rank - step) % local
@@ -85,7 +92,7 @@ def two_stage_steps(h: torch.Tensor, groups: TopologyGroups, scratch: torch.Tens
             yield works
             sent += nbytes
         fp8.sum_rows(received, 1.0 / groups.topology.num_nodes, out=parts[node_rank])
-    sent += yield from ring_allreduce_steps(parts[node_rank], groups.cross_group, buf=scratch[width * local:],
+    sent += yield from ring_allreduce_steps(parts[node_rank], groups.cross_group, buf=scratch[rows:],
                                             combine=saturating_add_into, tag=tag)
     sent += yield from ring_allgather_steps(list(parts), node_rank, node_peers, groups.node_group, tag)
     if padded is not h:

@@ -10,9 +10,14 @@ peers posts its messages in the same order; tags keep the pieces apart.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Generator, Iterable
 
-from scalesgd.comm.collectives import Steps
+Steps = Generator[list, None, int]
+"""A collective as steps: it yields the works it posted, is resumed once they are done, returns bytes sent.
+
+Written once as steps (`comm.collectives`), a collective runs blocking (`run_steps`) or interleaved with others
+(`run_pipelined`), which is how encoding, transfers and decoding of different pieces of a bucket overlap.
+"""
 
 
 def run_pipelined(jobs: Iterable[Steps], depth: int = 2) -> int:
@@ -43,3 +48,8 @@ def _advance(job: Steps, posted: deque, first: bool = False) -> int:
         return done.value or 0
     posted.append((job, works))
     return 0
+
+
+def run_steps(steps: Steps) -> int:
+    """Run one collective's steps one after another; return its bytes sent."""
+    return run_pipelined([steps], depth=1)

@@ -14,6 +14,8 @@ def mbit_s(rate: str) -> float:
     """A tc rate (300mbit, 1gbit, 125mbps) in Mbit/s."""
     number, unit = RATE.match(rate).groups()
     return float(number) * MBIT_PER_UNIT[unit]
+
+
 DELAY = re.compile(r"^(0|\d+(\.\d+)?(us|ms|s))$")
 SUBNET = "10.213.{index}"  # a /24 inside namespaces this testbed creates, never a real network
 

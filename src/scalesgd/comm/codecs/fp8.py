@@ -62,10 +62,10 @@ class Fp8Codec(Codec):
         self._scales: dict[int, tuple] = {}  # bucket → (ranges, unit, send)
         self._weights: dict[int, torch.Tensor] = {}
         self._wires: dict[int, torch.Tensor] = {}
-        self._scratch: dict[int, torch.Tensor] = {}
+        self._scratch: dict[int, list[torch.Tensor]] = {}  # bucket → a sum's scratch per piece in flight
         self._lengths: dict[int, int] = {}
         self._dense: dict[int, bool] = {}  # bucket → exchanged dense this step
-        self._pending: dict[int, tuple] = {}  # bucket → (gradient, weights, encode scale) until communicated
+        self._pending: dict[int, tuple] = {}  # bucket → (gradient, weights, decode and encode scales) until sent
         self._means: dict[int, torch.Tensor] = {}  # bucket → the buffer `communicate` decoded into
         self._eps = torch.tensor(options.eps)
         self._rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
@@ -89,15 +89,14 @@ class Fp8Codec(Codec):
             self._measure(flat, w, bucket, [keys[j] for j in due], due, channel)
         for r in ranges:
             r.step += 1
-        send = self._scale(bucket, ranges, flat.device, channel)[2]
-        self._pending[bucket.index] = (flat, w, send)
+        unit, send = self._scale(bucket, ranges, flat.device, channel)[1:]
+        self._pending[bucket.index] = (flat, w, unit, send)
         return self._wire(bucket.index, flat.numel(), flat.device, channel, len(ranges))
 
     def communicate(self, wire: torch.Tensor, bucket: BucketView, channel: Channel) -> int:
         if self._dense[bucket.index]:
             return channel.allreduce(wire)
-        flat, w, send = self._pending.pop(bucket.index)
-        unit = self._scales[bucket.index][2]
+        flat, w, unit, send = self._pending.pop(bucket.index)
         n, index = flat.numel(), bucket.index
         flushed = torch.zeros((), dtype=torch.int64, device=flat.device)
         clipped = [0] * len(bucket.params)  # per tensor
@@ -193,9 +192,10 @@ class Fp8Codec(Codec):
         if wire is None or self._lengths[index] != length:
             local = _groups(channel).topology.procs_per_node if self.two_stage else 1
             wire = torch.zeros(-(-length // local) * local, dtype=torch.uint8, device=device)
-            piece = max(b - a for a, b in self._segments(wire.numel(), channel))
+            pieces = self._segments(wire.numel(), channel)
+            piece = max(b - a for a, b in pieces)
             size = scratch_size(piece, _groups(channel)) if self.two_stage else -(-piece // channel.world_size)
-            slots = min(self.depth, len(self._segments(wire.numel(), channel)))
+            slots = min(self.depth, len(pieces))
             self._scratch[index] = list(torch.empty(slots, size, dtype=torch.uint8, device=device))
             self._wires[index], self._lengths[index] = wire, length
         return wire
