@@ -15,10 +15,11 @@ LAYERS = {
     "models": 2, "data": 2, "optim": 2,
     "recipe": 3, "comm": 3,
     "config": 4, "runtime": 4,
-    "train": 5, "testbed": 5,
-    "bench": 6,
-    "cli": 7,
-    "__main__": 8, "__init__": 8,
+    "sim": 5,
+    "train": 6, "testbed": 6,
+    "bench": 7,
+    "cli": 8,
+    "__main__": 9, "__init__": 9,
 }
 
 

@@ -16,13 +16,15 @@ from rich.console import Console
 
 from scalesgd import testbed
 from scalesgd.bench import BENCHES
-from scalesgd.bench.launch import in_process, on_workers
+from scalesgd.bench.launch import command_line, in_process, on_workers
 from scalesgd.comm.buckets import model_tensors, plan_buckets
 from scalesgd.config import TrainConfig
 from scalesgd.errors import EXIT_USAGE, UsageError, as_flags
 from scalesgd.models import MODELS, build_model
 from scalesgd.options import OptionParser, add_options, given, require_choice
 from scalesgd.runtime import process_group
+from scalesgd.sim import command as simulate
+from scalesgd.sim.command import SimulateConfig
 from scalesgd.train import checkpoint, planning, rundir, sweep, worker
 
 
@@ -54,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
                        "`scalesgd train`, one after another; options after -- go to every run. Finished runs "
                        "are kept and a cut-short run resumed when the same command runs again.")
     add_options(p, sweep.SweepConfig)
+    p = sub.add_parser("simulate", help="predict iteration time and scaling of each exchange on any cluster",
+                       description="Predict iteration time, exposed exchange, images/s and scaling efficiency for "
+                       "worker counts and exchange modes, from a compute profile measured here (or a model's "
+                       "iteration time on another device) and a cluster's links; --validate checks the model "
+                       "against a `bench train` run, --preset rebuilds a seed's cluster.")
+    add_options(p, SimulateConfig)
     _add_testbed(sub)
     return parser
 
@@ -173,6 +181,8 @@ def _run(argv: list[str] | None) -> int:
             return testbed_command(options)
         if command == "sweep":
             return sweep_command(options, argv)
+        if command == "simulate":
+            return simulate.run(SimulateConfig(**options).validate(), command_line(argv))
         return bench_command(options.pop("bench"), options, argv)
     except UsageError as err:
         print(f"scalesgd: error: {as_flags(str(err))}", file=sys.stderr)

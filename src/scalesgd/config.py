@@ -21,7 +21,7 @@ from scalesgd.data import DATASETS, DataError
 from scalesgd.errors import UsageError
 from scalesgd.models import MODELS
 from scalesgd.optim import OPTIMIZERS
-from scalesgd.options import check_fields, floats_of, option, parse, require_choice, runtime_fields
+from scalesgd.options import check_fields, floats_of, option, parse, require_choice, runtime_fields, words
 from scalesgd.recipe.scaling import SCALING_RULES, scaled_lr
 from scalesgd.recipe.schedule import SCHEDULES, WARMUPS, LrFactor, default_milestones
 from scalesgd.trace import Tracer
@@ -29,6 +29,8 @@ from scalesgd.trace import Tracer
 MIN_PER_WORKER = 2  # BatchNorm needs more than one sample per worker
 DENSITY_WARMUP_EPOCHS = 4  # DGC's: the sparse codecs' density reaches its target over the first 4 epochs
 NO_PLANNER = "none"
+EXCHANGES = ("manual", "auto")
+AUTO_CODECS = ("fp32", "fp16", "bf16", "fp8")  # the dense codecs: sparse ones change what is learned, so only on request
 
 WORKERS, DATA, RECIPE, OUTPUT = "workers", "data and model", "large-minibatch recipe", "output"
 
@@ -136,6 +138,13 @@ class TrainConfig:
                                  "−0.25 points instead of −4.25); 0: off", group=WORKERS, check=checks.at_least(0))
     local_clip: float = option(0.0, "sparse codecs: each tensor's local gradient clipped to this norm ÷ √workers "
                                "before it accumulates (DGC); 0: off", group=WORKERS, check=checks.finite_non_negative)
+    exchange: str = option("manual", "auto: at start-up measure the compute, the link and each codec on this process "
+                           "group, simulate every codec of --auto-codecs with every bucket plan, and use the fastest "
+                           "(engine scalesgd); manual: --codec and --buckets as given", choices=EXCHANGES,
+                           group=WORKERS)
+    auto_codecs: tuple[str, ...] = option(AUTO_CODECS, "the codecs --exchange auto chooses among (sparse ones only "
+                                          "when listed)", parse=words, group=WORKERS, choices=CODECS,
+                                          check=checks.distinct)
     planner: str = option(NO_PLANNER, "sparse codecs: merge layers into groups from a measured timing model, "
                           "greedily (dlgs) or exactly (optimal); none: --buckets decides",
                           choices=lambda: (NO_PLANNER, *PLANNERS), group=WORKERS)
@@ -165,9 +174,11 @@ class TrainConfig:
 
     @property
     def needs_topology(self) -> bool:
-        """Whether workers build the node / cross-node groups (hierarchical allreduce, two-stage fp8)."""
+        """Whether workers build the node / cross-node groups (hierarchical allreduce, two-stage fp8, and any codec
+        --exchange auto may choose)."""
+        codecs = self.auto_codecs if self.exchange == "auto" else (self.codec,)
         return (ALGORITHMS[self.algorithm].needs_topology and self.engine == "scalesgd"
-                or self.codec_entry.needs_topology)
+                or any(CODECS[c].needs_topology for c in codecs))
 
     @property
     def own_exchange_group(self) -> bool:
@@ -257,6 +268,16 @@ class TrainConfig:
         return self
 
     def _check_exchange(self) -> None:
+        if self.exchange == "auto":
+            if self.engine != "scalesgd":
+                raise UsageError(f"`exchange` auto chooses the scalesgd engine's codec and buckets; got `engine` "
+                                 f"{self.engine} (add `engine` scalesgd)")
+            if self.planner != NO_PLANNER:
+                raise UsageError(f"`planner` {self.planner}: with `exchange` auto the buckets are auto's choice")
+            for codec in self.auto_codecs:
+                if not (CODECS[codec].simulated and CODECS[codec].runs_on("scalesgd")):
+                    known = (name for name, entry in CODECS.items() if entry.simulated and entry.runs_on("scalesgd"))
+                    raise UsageError(f"`auto_codecs` {codec}: auto chooses among {', '.join(known)}")
         runs_here = [name for name, entry in CODECS.items() if entry.runs_on(self.engine)]
         require_choice("codec", self.codec, runs_here, f" (with `engine` {self.engine})")
         if self.planner != NO_PLANNER and not (self.codec_entry.plannable and self.engine == "scalesgd"):

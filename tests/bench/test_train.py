@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from scalesgd.bench.train import Mode, parse_mode
+from scalesgd.sim.modes import Mode, parse_mode
 from scalesgd.bench.train_report import add_ratios, spread
 from scalesgd.cli import main
 from tests.bench.cli import bench
@@ -34,7 +34,7 @@ def test_codec_names_with_dashes_densities_and_planners_parse():
 
 def test_sparse_modes_report_their_plan_and_prediction(tmp_path):
     out = tmp_path / "bench"
-    modes = "ddp,scalesgd-topk@0.1-ring-planner:optimal,scalesgd-topk-global@0.01,scalesgd-lags@0.1"
+    modes = "ddp,scalesgd-topk@0.1-ring-planner:optimal,scalesgd-topk-global@0.01,scalesgd-lags@0.1,auto-fp32+fp16"
     proc = bench("train", "--workers", "2", "--model", "resnet8", "--image-size", "8", "--batch-size", "16",
                  "--modes", modes, "--warmup", "2", "--iterations", "2", "--rounds", "1", "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -45,6 +45,12 @@ def test_sparse_modes_report_their_plan_and_prediction(tmp_path):
     # its (count, non-finite flag) pair, 16 bytes
     assert results["scalesgd-topk-global@0.01"]["mean_bytes_sent"] == 781 * 8 + 16
     assert "predicted_s" not in results["scalesgd-lags@0.1"]
+    auto = results["auto-fp32+fp16"]
+    assert auto["auto_choice"].split()[0] in ("fp32", "fp16") and auto["predicted_s"] > 0
+    record = json.loads((out / "train.json").read_text())  # what `scalesgd simulate --validate` reads
+    assert record["topology"] == {"nodes": 1, "procs_per_node": 2}
+    assert record["links"][0]["intra"]["bytes_per_s"] > 0 and record["links"][0]["inter"] is None
+    assert len(record["layers"]["t_b"]) == len(record["layers"]["sizes"]) and record["layers"]["t_f"] > 0
 
 
 def test_bench_train_measures_every_mode_against_ddp(tmp_path):
@@ -104,3 +110,11 @@ def test_ratios_carry_their_spread_over_rounds():
     assert fast["ddp_ratio"] == (2.0, 1.5, 2.2 / 0.9)
     assert fast["bound_ratio"] == (0.8, 0.8 / 1.2, 0.8 / 0.9)
     assert spread(fast["ddp_ratio"]) == "2.00 (1.50–2.44)"
+
+
+def test_auto_modes_parse_with_their_candidates():
+    assert parse_mode("auto").auto_codecs == ("fp32", "fp16", "bf16", "fp8")
+    mode = parse_mode("auto-fp16+topk@0.01")
+    assert (mode.engine, mode.auto_codecs, mode.density) == ("auto", ("fp16", "topk"), 0.01)
+    with pytest.raises(ValueError, match="codec 'fp7' is not known"):
+        parse_mode("auto-fp16+fp7")

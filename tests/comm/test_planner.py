@@ -4,7 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scalesgd.comm.planner import check_grouping, iteration_time, plan_dlgs, plan_optimal
+from scalesgd.comm.planner import plan_dlgs, plan_optimal
+from scalesgd.comm.timing import check_grouping, iteration_time
 
 T_F, T_B, SIZES = 1.0, [1.0, 2.0, 3.0], [10, 20, 30]
 

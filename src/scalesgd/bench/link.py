@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,10 +12,9 @@ from rich.console import Console
 
 from scalesgd import checks, output
 from scalesgd.bench.launch import BenchLaunch
+from scalesgd.comm.link import PINGS, both_ways, round_trip
 from scalesgd.options import check_fields, option
 from scalesgd.runtime import process_group
-
-PINGS = 20
 
 
 @dataclass
@@ -50,8 +48,8 @@ def run(cfg: LinkBenchConfig, command: str) -> int:
             dist.barrier()
             if me is not None:
                 rtt.append(_ping(me, other, tick))
-                one_way.append(_one_way(me, other, payload, inbox, tick))
-                duplex.append(_duplex(other, payload, inbox))
+                one_way.append(round_trip(me == 0, other, payload, inbox, tick))  # acknowledged by one element
+                duplex.append(both_ways(other, payload, inbox))
         if env.rank == 0:
             r, o, d = statistics.median(rtt), statistics.median(one_way), statistics.median(duplex)
             bits = payload.numel() * 4 * 8
@@ -74,30 +72,4 @@ def run(cfg: LinkBenchConfig, command: str) -> int:
 
 def _ping(me: int, other: int, tick: torch.Tensor) -> float:
     """Median round trip of a one-element message."""
-    return statistics.median(_round_trip(me, other, tick, tick, tick) for _ in range(PINGS))
-
-
-def _one_way(me: int, other: int, payload: torch.Tensor, inbox: torch.Tensor, tick: torch.Tensor) -> float:
-    """Rank 0 sends the payload, the peer acknowledges with one element: seconds until the ack."""
-    return _round_trip(me, other, payload, inbox, tick)
-
-
-def _round_trip(me: int, other: int, send: torch.Tensor, into: torch.Tensor, reply: torch.Tensor) -> float:
-    """Rank 0 sends `send` and waits for `reply`; the peer receives into `into` and answers."""
-    start = time.perf_counter()
-    if me == 0:
-        dist.send(send, other)
-        dist.recv(reply, other)
-    else:
-        dist.recv(into, other)
-        dist.send(reply, other)
-    return time.perf_counter() - start
-
-
-def _duplex(other: int, payload: torch.Tensor, inbox: torch.Tensor) -> float:
-    """Both send the payload at once (paired isend/irecv): seconds until both directions are done."""
-    start = time.perf_counter()
-    works = [dist.irecv(inbox, other), dist.isend(payload, other)]
-    for work in works:
-        work.wait()
-    return time.perf_counter() - start
+    return statistics.median(round_trip(me == 0, other, tick, tick, tick) for _ in range(PINGS))

@@ -20,20 +20,21 @@ from torch import nn
 from scalesgd import checks, testbed
 from scalesgd.bench import train_report
 from scalesgd.bench.launch import BenchLaunch
+from scalesgd.comm import link, profile
+from scalesgd.comm.buckets import model_tensors
 from scalesgd.comm.codecs import CODECS
 from scalesgd.comm.exchange import GradientExchange, build_exchange
-from scalesgd.config import NO_PLANNER, TrainConfig
+from scalesgd.config import AUTO_CODECS, NO_PLANNER, TrainConfig
 from scalesgd.errors import UsageError
 from scalesgd.models import MODELS, build_model
 from scalesgd.options import check_fields, option, words
 from scalesgd.recipe import build_sgd, initialize
 from scalesgd.runtime import process_group
+from scalesgd.sim.modes import MODES_HELP, Mode, parse_mode
 from scalesgd.testbed.spec import RATE
-from scalesgd.train import planning
+from scalesgd.train import auto_exchange, planning
 
 BATCHES = 8  # distinct synthetic batches each mode cycles through
-MODES_HELP = ("comma-separated: none (no exchange: the compute-only bound), ddp[-CODEC], "
-              "scalesgd[-CODEC[@DENSITY][-ALGORITHM[-BUCKETS]]]")
 
 
 @dataclass
@@ -62,7 +63,7 @@ class TrainBenchConfig(BenchLaunch):
         """Every option, then every mode as the training run it describes."""
         check_fields(self)
         self.check_launch(self.workers)
-        Mode("ddp", "ddp").describe(self, self.workers).validate()  # the model, data and batch every mode shares
+        describe(Mode("ddp", "ddp"), self, self.workers).validate()  # the model, data and batch every mode shares
         for rate in self.bandwidths:
             if not RATE.match(rate):
                 raise UsageError(f"`bandwidths` {rate!r}: use tc rates such as 100mbit,300mbit,1gbit")
@@ -73,68 +74,24 @@ class TrainBenchConfig(BenchLaunch):
             try:
                 mode = parse_mode(text)
                 if mode.engine != "none":
-                    mode.describe(self, self.workers).validate()
+                    describe(mode, self, self.workers).validate()
             except (ValueError, UsageError) as err:
                 raise UsageError(f"`modes` {text}: {err}") from None
         return self
 
 
-@dataclass(frozen=True)
-class Mode:
-    """One way to exchange gradients: `none` (no exchange: the compute-only bound), DDP or scalesgd."""
-
-    name: str
-    engine: str
-    codec: str = "fp32"
-    algorithm: str = "ring"
-    buckets: str = "size:1"
-    density: float = 0.1
-
-    @property
-    def warm_start(self) -> int:
-        """Iterations this mode exchanges uncompressed before its codec starts, which no timing may include."""
-        return CODECS[self.codec].warm_start if self.engine != "none" else 0
-
-    @property
-    def planner(self) -> str:
-        return self.buckets.split(":", 1)[1] if self.buckets.startswith("planner:") else NO_PLANNER
-
-    def describe(self, bench: TrainBenchConfig, world: int) -> TrainConfig:
-        """The training run this mode stands for: the bench's model and synthetic batches, this exchange."""
-        return TrainConfig(workers=world, dataset="synthetic", samples=BATCHES * bench.batch_size,
-                           image_size=bench.image_size, classes=bench.classes, model=bench.model,
-                           batch_size=bench.batch_size, base_batch=bench.batch_size, engine=self.engine,
-                           codec=self.codec, algorithm=self.algorithm,
-                           buckets="size:1" if self.planner != NO_PLANNER else self.buckets,
-                           density=self.density, planner=self.planner, procs_per_node=bench.procs_per_node,
-                           compress_after="0", density_warmup=0)  # timed compressed from its first step
-
-
-def parse_mode(text: str) -> Mode:
-    """`none`, `ddp[-CODEC]` or `scalesgd[-CODEC[@DENSITY][-ALGORITHM[-BUCKETS]]]`; ValueError otherwise.
-
-    BUCKETS may be `planner:dlgs` or `planner:optimal` (profiled and planned at start-up).
-    """
-    engine, _, rest = text.partition("-")
-    if engine == "none" and not rest:
-        return Mode(text, "none")
-    if engine == "ddp":
-        return Mode(text, "ddp", rest or "fp32")
-    if engine == "scalesgd":
-        # codec names may hold dashes (fp8-direct, topk-global): take the longest that fits
-        fits = [c for c in CODECS if rest == c or rest.startswith((c + "-", c + "@"))]
-        codec = max(fits, key=len) if fits else (rest.split("-", 1)[0] or "fp32")
-        tail, density = rest[len(codec):], ""
-        if tail.startswith("@"):
-            density, _, tail = tail[1:].partition("-")
-        algorithm, _, buckets = tail.lstrip("-").partition("-")
-        try:
-            return Mode(text, "scalesgd", codec, algorithm or "ring", buckets or "size:1",
-                        float(density) if density else 0.1)
-        except ValueError:
-            raise ValueError(f"mode {text!r}: density {density!r} is not a number") from None
-    raise ValueError(f"mode {text!r} is not known; use none, ddp[-CODEC] or "
-                     "scalesgd[-CODEC[@DENSITY][-ALGORITHM[-BUCKETS]]]")
+def describe(mode: Mode, bench: TrainBenchConfig, world: int) -> TrainConfig:
+    """The training run a mode stands for: the bench's model and synthetic batches, this exchange."""
+    auto = mode.engine == "auto"
+    return TrainConfig(workers=world, dataset="synthetic", samples=BATCHES * bench.batch_size,
+                       image_size=bench.image_size, classes=bench.classes, model=bench.model,
+                       batch_size=bench.batch_size, base_batch=bench.batch_size,
+                       engine="scalesgd" if auto else mode.engine, codec="fp32" if auto else mode.codec,
+                       exchange="auto" if auto else "manual", auto_codecs=mode.auto_codecs or AUTO_CODECS,
+                       algorithm=mode.algorithm,
+                       buckets="size:1" if mode.planner != NO_PLANNER else mode.buckets,
+                       density=mode.density, planner=mode.planner, procs_per_node=bench.procs_per_node,
+                       compress_after="0", density_warmup=0)  # timed compressed from its first step
 
 
 @dataclass
@@ -149,6 +106,7 @@ class Runner:
     compute: list[float]
     stats: list
     planned: dict | None = None
+    auto: dict | None = None  # an `auto` mode's decision
     rounds: list[int] = field(default_factory=list)  # the round of each timed iteration
     cpu: list[float] = field(default_factory=list)  # CPU seconds this process used (all its threads)
 
@@ -161,7 +119,7 @@ class Runner:
 def run(cfg: TrainBenchConfig, command: str) -> int:
     """Measure on this rank (all ranks take part), at each link rate asked for; rank 0 writes the results."""
     modes = [parse_mode(m) for m in cfg.modes]
-    hierarchical = any(m.describe(cfg, cfg.workers).needs_topology for m in modes if m.engine != "none")
+    hierarchical = any(describe(m, cfg, cfg.workers).needs_topology for m in modes if m.engine != "none")
     env = process_group.init(cfg.timeout, cfg.threads,
                              procs_per_node=cfg.node_size(cfg.workers) if hierarchical else None)
     prefix = os.environ.get(testbed.PREFIX_VARIABLE, "")
@@ -174,24 +132,33 @@ def run(cfg: TrainBenchConfig, command: str) -> int:
         batches = [(torch.randn(per_rank, cfg.channels, cfg.image_size, cfg.image_size, generator=g).to(env.device),
                     torch.randint(0, cfg.classes, (per_rank,), generator=g).to(env.device))
                    for _ in range(BATCHES)]
+        layers = layer_profile(cfg, env, batches[0])  # what `scalesgd simulate` needs of the compute
         runners = [build_runner(cfg, mode, env, batches[0]) for mode in modes]
         for runner in runners:  # past each mode's own warm start once, whatever the rate
             for i in range(runner.mode.warm_start):
                 iteration(runner, *batches[i % BATCHES], record=False)
-        results = []
+        results, links = [], []
+        node_size = cfg.node_size(env.world_size)
         for rate in cfg.bandwidths or (None,):
             if rate is not None:
                 dist.barrier()
                 if env.is_main:
                     testbed.shape(prefix, rate)
                 dist.barrier()
+            measured = link.measure_topology(env.world_size, node_size)
+            links.append({"bandwidth": rate} | {k: v.to_dict() if v else None for k, v in measured.items()})
+            for i, runner in enumerate(runners):
+                if runner.mode.engine == "auto" and rate is not None:  # decide again on this link
+                    runner.exchange.close()
+                    runners[i] = build_runner(cfg, runner.mode, env, batches[0])
             measure(cfg, runners, batches)
             results += [{**summarize(cfg, runner, env), "bandwidth": rate} for runner in runners]
         if env.is_main:
             train_report.write(Path(cfg.out), f"{cfg.model}, {env.world_size} workers, global batch "
                                f"{cfg.batch_size}", cfg.bandwidths,
-                               {"world_size": env.world_size, "config": cfg.to_dict(), "results": results},
-                               command)
+                               {"world_size": env.world_size, "config": cfg.to_dict(), "results": results,
+                                "topology": {"nodes": env.world_size // node_size, "procs_per_node": node_size},
+                                "links": links, "layers": layers}, command)
         for runner in runners:
             if runner.exchange is not None:
                 runner.exchange.close()
@@ -201,6 +168,16 @@ def run(cfg: TrainBenchConfig, command: str) -> int:
         if original is not None:
             testbed.shape(prefix, original)
         process_group.close()
+
+
+def layer_profile(cfg: TrainBenchConfig, env, batch) -> dict:
+    """Forward and per-tensor backward times of the slowest rank, all ranks computing at once (collective)."""
+    torch.manual_seed(0)
+    model = initialize(build_model(cfg.model, cfg.classes, cfg.channels)).to(env.device)
+    t_f, t_b = profile.slowest_rank(*profile.time_layers(model, batch, nn.functional.cross_entropy),
+                                    device=env.device)
+    tensors = model_tensors(model)
+    return {"names": [t.name for t in tensors], "sizes": [t.numel for t in tensors], "t_f": t_f, "t_b": t_b}
 
 
 def testbed_rate(prefix: str) -> str:
@@ -233,15 +210,18 @@ def build_runner(cfg: TrainBenchConfig, mode: Mode, env, batch) -> Runner:
     optimizer = build_sgd(model, 0.01, 0.9, False, 1e-4)
     if mode.engine == "none":
         return Runner(mode, None, model, optimizer, [], [], [])
-    train_cfg = mode.describe(cfg, env.world_size)
+    train_cfg = describe(mode, cfg, env.world_size)
     group = dist.new_group() if train_cfg.own_exchange_group else None  # each mode exchanges in a group of its own
     env_for_mode = replace(env, exchange_group=group)
-    plan, planned = None, None
-    if mode.planner != NO_PLANNER:
+    plan, planned, auto = None, None, None
+    if mode.engine == "auto":  # decided on the link as it is now: rebuilt at each rate
+        train_cfg, plan, auto = auto_exchange.choose(train_cfg, model, batch, nn.functional.cross_entropy,
+                                                     env_for_mode, None, False, quiet=True)
+    elif mode.planner != NO_PLANNER:
         plan, planned = planning.plan_exchange(train_cfg, model, batch, nn.functional.cross_entropy, env_for_mode)
     exchange = build_exchange(train_cfg.engine, model, optimizer,
                               train_cfg.exchange_setup(group, env.topology_groups, plan=plan))
-    return Runner(mode, exchange, exchange.model, exchange.optimizer, [], [], [], planned)
+    return Runner(mode, exchange, exchange.model, exchange.optimizer, [], [], [], planned, auto)
 
 
 def iteration(runner: Runner, x: torch.Tensor, y: torch.Tensor, record: bool) -> None:
@@ -277,6 +257,9 @@ def summarize(cfg: TrainBenchConfig, runner: Runner, env) -> dict:
     if runner.stats:
         for key in ("codec_s", "comm_s", "exposed_s", "overlapped_s", "bytes_sent", "thread_cpu_s"):
             row[f"mean_{key}"] = statistics.fmean(getattr(s, key) for s in runner.stats)
+    if runner.auto:
+        row.update(auto_choice=f"{runner.auto['codec']} {runner.auto['buckets']}",
+                   predicted_s=runner.auto["predicted_s"], auto=runner.auto)
     if runner.planned:  # the timing model's forward + backward + exchange, against what happened
         done = torch.tensor([c + s.exposed_s for c, s in zip(runner.compute, runner.stats)], dtype=torch.float64)
         dist.all_reduce(done, op=dist.ReduceOp.MAX)

@@ -39,7 +39,7 @@ def write(out: Path, title: str, rates: tuple[str, ...], record: dict, command: 
     add_ratios(results)
     columns = ["link", "mode", "median ms", "images/s", "ddp ÷ mode (rounds min–max)", "none ÷ mode", "compute ms",
                "CPU ms (comm thread)", "exposed comm ms", "overlapped comm ms", "MB sent / iter",
-               "planned: groups, predicted ÷ measured"]
+               "planned groups or auto's choice, predicted ÷ measured"]
     rows = [[r["bandwidth"] or "as is", r["mode"], f"{1e3 * r['median_iteration_s']:.1f}",
              f"{r['images_per_s']:.0f}", spread(r.get("ddp_ratio")), spread(r.get("bound_ratio")),
              f"{1e3 * r['mean_compute_s']:.1f}",
@@ -47,8 +47,7 @@ def write(out: Path, title: str, rates: tuple[str, ...], record: dict, command: 
              f"{1e3 * r['mean_exposed_s']:.1f}" if "mean_exposed_s" in r else "",
              f"{1e3 * r['mean_overlapped_s']:.1f}" if "mean_overlapped_s" in r else "",
              f"{r['mean_bytes_sent'] / 1e6:.2f}" if "mean_bytes_sent" in r else "",
-             f"{r['planned_groups']}, {r['predicted_s'] / r['measured_exchange_end_s']:.2f}"
-             if "predicted_s" in r else ""]
+             _prediction(r)]
             for r in results]
     output.write(out, "train", record, columns, rows, command)
     if rates:
@@ -57,6 +56,15 @@ def write(out: Path, title: str, rates: tuple[str, ...], record: dict, command: 
         plot(out / "train.png", title, results)
     Console().print(output.rich_table(title, columns, rows))
     Console().print(f"written to {out}/train.{{json,md,png}}", highlight=False)
+
+
+def _prediction(r: dict) -> str:
+    """The planner's groups or auto's choice, and the model's iteration against the measured one."""
+    if "auto_choice" in r:
+        return f"{r['auto_choice']}, {r['predicted_s'] / r['median_iteration_s']:.2f}"
+    if "planned_groups" in r:
+        return f"{r['planned_groups']}, {r['predicted_s'] / r['measured_exchange_end_s']:.2f}"
+    return ""
 
 
 def plot(path: Path, title: str, results: list[dict]) -> None:

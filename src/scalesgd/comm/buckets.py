@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
-from scalesgd.comm.planner import check_grouping
+from scalesgd.comm.timing import check_grouping
 
 MB = 1 << 20
 PLAN_KINDS = ("size:MB", "growing[:FIRST_MB[:FACTOR]]", "layer", "single")
@@ -97,6 +97,16 @@ def plan_buckets(spec: str, tensors: list[TensorInfo]) -> BucketPlan:
             targets = _geometric(first * MB, factor)
         buckets = _fill(order, tensors, targets)
     return BucketPlan(spec, tuple(tensors), tuple(tuple(b) for b in buckets))
+
+
+def ddp_buckets(tensors: list[TensorInfo], cap_mb: float = 25.0, first_mb: float = 1.0) -> BucketPlan:
+    """The buckets PyTorch DDP builds: the first (nearest the output) closes at `first_mb`, the others at `cap_mb`."""
+    def targets():
+        yield first_mb * MB
+        yield from _constant(cap_mb * MB)
+
+    order = list(range(len(tensors)))[::-1]
+    return BucketPlan(f"ddp:{cap_mb:g}", tuple(tensors), tuple(tuple(b) for b in _fill(order, tensors, targets())))
 
 
 def plan_from_groups(groups: list[list[int]], tensors: list[TensorInfo], spec: str) -> BucketPlan:

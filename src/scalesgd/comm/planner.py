@@ -1,45 +1,15 @@
-"""Which layers travel together (SPEC §3): DLGS's timing model, its greedy merge, and the exact optimum.
+"""Which layers travel together (SPEC §3): DLGS's greedy merge and the exact optimum, under `comm.timing`'s model.
 
-Layers are indexed 0 … L−1 in forward order; backward runs from L−1 down to 0. A grouping lists
-groups in backward order, each a list of consecutive layer indices, e.g. `[[5, 4], [3], [2, 1, 0]]`.
-A group is sparsified and sent as one message: its backward time and size are the sums of its
-layers', its sparsification and communication times are functions of that size.
+A group is sparsified (or encoded) and sent as one message: its backward time and size are the sums
+of its layers', its sparsification and communication times are functions of that size.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from scalesgd.comm.timing import Grouping, TimeOfSize, iteration_time
 from scalesgd.registry import Registry
-
-Grouping = list[list[int]]
-TimeOfSize = Callable[[int], float]
-
-
-def check_grouping(groups: Sequence[Sequence[int]], layers: int) -> None:
-    """ValueError unless `groups` covers L−1 … 0 once, in backward order, each group consecutive."""
-    flat = [i for g in groups for i in g]
-    if flat != list(range(layers - 1, -1, -1)) or any(not g for g in groups):
-        raise ValueError(f"a grouping must list layers {layers - 1} … 0 once each in backward order, "
-                         f"in non-empty groups; got {[list(g) for g in groups]}")
-
-
-def iteration_time(groups: Sequence[Sequence[int]], t_f: float, t_b: Sequence[float], sizes: Sequence[int],
-                   comm_time: TimeOfSize, sparsify_time: TimeOfSize) -> float:
-    """t_iter of SPEC §3 for this grouping.
-
-    Backward of a group starts when the previous group's sparsification ends (τ_b), its
-    sparsification when its backward ends (τ_s); its communication starts once it is sparsified and
-    the previous group's communication is done (τ_c). t_iter is the end of the last communication.
-    """
-    check_grouping(groups, len(t_b))
-    ready, comm_end = t_f, 0.0
-    for group in groups:
-        size = sum(sizes[i] for i in group)
-        sparsified = ready + sum(t_b[i] for i in group) + sparsify_time(size)
-        comm_end = max(sparsified, comm_end) + comm_time(size)
-        ready = sparsified
-    return comm_end
 
 
 def plan_dlgs(t_f: float, t_b: Sequence[float], sizes: Sequence[int], comm_time: TimeOfSize,

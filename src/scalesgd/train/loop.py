@@ -22,7 +22,7 @@ from scalesgd.models import build_model
 from scalesgd.recipe import build_optimizer, build_scheduler, global_batch_loss, initialize, use_ghost_batch
 from scalesgd.runtime.process_group import DistEnv, sync_buffers
 from scalesgd.trace import Tracer, write_chrome_trace
-from scalesgd.train import checkpoint, metrics, planning, report
+from scalesgd.train import auto_exchange, checkpoint, metrics, planning, report
 from scalesgd.train.checkpoint import Progress
 from scalesgd.train.progress import EpochProgress
 from scalesgd.train.rundir import BUCKETS_NAME, METRICS_NAME, write_json
@@ -46,6 +46,7 @@ class Run:
     criterion: nn.Module
     tracer: Tracer
     planned: dict  # the planner's predictions, if it chose the buckets
+    auto: dict  # --exchange auto's decision and predictions, if it chose the exchange
     timings: list[dict] = field(default_factory=list)  # one per iteration
 
 
@@ -94,16 +95,19 @@ def setup(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool) 
     scheduler = build_scheduler(optimizer, cfg.lr_schedule(len(sampler)).factor)
     criterion = nn.CrossEntropyLoss(reduction="sum", label_smoothing=cfg.label_smoothing)
     tracer = Tracer(False)
-    plan, planned = None, {}
-    if cfg.planner != NO_PLANNER:
+    plan, planned, auto = None, {}, {}
+    if cfg.planner != NO_PLANNER or cfg.exchange == "auto":
         first = torch.arange(min(cfg.per_worker_batch, len(data.train.y)))  # a fixed batch: no RNG drawn
         batch = (data.train.x[first].to(env.device), data.train.y[first].to(env.device))
-        plan, planned = planning.plan_exchange(cfg, model, batch, criterion, env, run_dir, resume)
+        if cfg.exchange == "auto":
+            cfg, plan, auto = auto_exchange.choose(cfg, model, batch, criterion, env, run_dir, resume, cfg.quiet)
+        else:
+            plan, planned = planning.plan_exchange(cfg, model, batch, criterion, env, run_dir, resume)
     exchange = build_exchange(cfg.engine, model, optimizer,
                               cfg.exchange_setup(env.exchange_group, env.topology_groups, tracer, plan, len(sampler)))
     if env.is_main and exchange.plan is not None:
         write_json(run_dir / BUCKETS_NAME, exchange.plan.to_dict())
-    return Run(cfg, run_dir, env, data, model, exchange, scheduler, sampler, criterion, tracer, planned)
+    return Run(cfg, run_dir, env, data, model, exchange, scheduler, sampler, criterion, tracer, planned, auto)
 
 
 def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None,
@@ -221,6 +225,8 @@ def finish(run: Run, done: Progress, record: dict, images_per_s: list[float], pr
     if run.planned:
         measured = [t["compute_s"] + t["exposed_comm_s"] for t in timed]
         summary["planner"] = {**run.planned, "measured_iteration_s": statistics.median(measured)}
+    if run.auto:  # predicted against measured: the step is in both
+        summary["auto"] = {**run.auto, "measured_iteration_s": summary["iteration"].get("median_iteration_s")}
     if run.env.is_main:
         report.write_summary(run.run_dir, summary)
         report.plot_report(run.run_dir)

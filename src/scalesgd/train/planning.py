@@ -10,7 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from scalesgd.comm.buckets import BucketPlan, model_tensors, plan_from_groups
-from scalesgd.comm.planner import PLANNERS, iteration_time
+from scalesgd.comm.planner import PLANNERS
+from scalesgd.comm.timing import iteration_time
 from scalesgd.comm.profile import Profile, profile_model
 from scalesgd.config import TrainConfig
 from scalesgd.errors import UsageError

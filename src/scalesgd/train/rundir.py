@@ -16,6 +16,7 @@ SUMMARY_NAME = "summary.json"
 REPORT_NAME = "report.png"
 PROFILE_NAME = "profile.json"
 BUCKETS_NAME = "buckets.json"
+AUTO_NAME = "auto.json"
 
 
 def default_run_dir() -> Path:

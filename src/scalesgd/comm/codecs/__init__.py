@@ -56,9 +56,15 @@ class CodecEntry:
     buckets: str | None = None  # the bucket plan it implies (None: --buckets or the planner decides)
     sparse: bool = False  # sends (index, value) pairs
     warm_start: int = 0  # plain (uncompressed) iterations it starts with of its own (PowerSGD's start_powerSGD_iter)
+    wire_bytes: float | None = None  # a dense codec's bytes per element on the wire (what the simulator costs)
 
     def runs_on(self, engine: str) -> bool:
         return self.engines is None or engine in self.engines
+
+    @property
+    def simulated(self) -> bool:
+        """Whether `scalesgd simulate` has a cost model for it: a dense codec of known width, or a sparse one."""
+        return self.wire_bytes is not None or self.sparse
 
     @property
     def plannable(self) -> bool:
@@ -84,19 +90,21 @@ def _fp8(name: str, relative: bool, two_stage: bool) -> Callable[[CodecSettings]
     return lambda s: Fp8Codec(name, relative=relative, two_stage=two_stage, options=s.fp8, seed=s.seed)
 
 
-CODECS.add("fp32", CodecEntry("uncompressed", lambda s: CastCodec("fp32", None), torch_hook=torch_hooks.builtin))
+CODECS.add("fp32", CodecEntry("uncompressed", lambda s: CastCodec("fp32", None), torch_hook=torch_hooks.builtin,
+                              wire_bytes=4))
 CODECS.add("fp16", CodecEntry("half precision (with ddp: PyTorch's fp16_compress_hook)",
-                              lambda s: CastCodec("fp16", torch.float16), torch_hook=torch_hooks.fp16))
+                              lambda s: CastCodec("fp16", torch.float16), torch_hook=torch_hooks.fp16, wire_bytes=2))
 CODECS.add("bf16", CodecEntry("bfloat16 (with ddp: PyTorch's bf16_compress_hook)",
-                              lambda s: CastCodec("bf16", torch.bfloat16), torch_hook=torch_hooks.bf16))
+                              lambda s: CastCodec("bf16", torch.bfloat16), torch_hook=torch_hooks.bf16, wire_bytes=2))
 CODECS.add("powersgd", CodecEntry("PyTorch's PowerSGD hook, rank 4", None, engines=("ddp",),
                                   torch_hook=torch_hooks.powersgd, warm_start=torch_hooks.POWERSGD_START_ITER))
 CODECS.add("fp8", CodecEntry("e5m2 relative to the weights, summed in two stages (SPEC §2)",
-                             _fp8("fp8", relative=True, two_stage=True), needs_topology=True))
+                             _fp8("fp8", relative=True, two_stage=True), needs_topology=True, wire_bytes=1))
 CODECS.add("fp8-direct", CodecEntry("ablation: the gradient itself in e5m2",
-                                    _fp8("fp8-direct", relative=False, two_stage=True), needs_topology=True))
+                                    _fp8("fp8-direct", relative=False, two_stage=True), needs_topology=True,
+                                    wire_bytes=1))
 CODECS.add("fp8-flat", CodecEntry("ablation: one fp8 ring over all ranks", _fp8("fp8-flat", relative=True,
-                                                                                 two_stage=False)))
+                                                                                 two_stage=False), wire_bytes=1))
 CODECS.add("topk", CodecEntry("DLGS: per-group top-k with residuals, thresholds reused (SPEC §3)",
                               lambda s: TopkCodec("topk", s.density, s.topk_reuse, s.dgc), engines=("scalesgd",),
                               sparse=True))

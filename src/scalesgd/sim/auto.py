@@ -1,0 +1,188 @@
+"""`--exchange auto`: measure this run's compute, link and codecs on the real process group, simulate every
+candidate exchange (codec × bucket plan), and pick the fastest (collective: every rank calls `decide`)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, replace
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from scalesgd.comm import link, profile
+from scalesgd.comm.profile import fit_line
+from scalesgd.comm.buckets import model_tensors
+from scalesgd.comm.codecs import CODECS, BucketView, Channel, CodecSettings, make_codec
+from scalesgd.sim.compute import ComputeProfile, from_layers
+from scalesgd.sim.exchange import Costs, grouping, predict, wire_time
+from scalesgd.sim.modes import Mode
+from scalesgd.sim.network import Cluster
+
+PLANS = ("size:1", "size:4", "size:25", "planner:optimal")
+PROBE_SIZES = (1 << 12, 1 << 22)  # the buckets each candidate codec exchanges for real: 16 KB and 16 MB of fp32
+PROBE_REPEATS = 2
+HANDOFF_ELEMENTS, HANDOFF_BUCKETS = 1024, 16  # small buckets exchanged while backward runs
+RESOLUTION = 0.03  # predictions closer than this are a tie (the testbed's runs move ±10 %)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The exchange auto chose, and every candidate's predicted iteration."""
+
+    codec: str
+    buckets: str
+    groups: list[list[int]]  # the chosen plan's layer groups (backward order)
+    predicted_s: float
+    table: list[dict]  # {"codec", "buckets", "iteration_s", "exposed_comm_s"} for every candidate
+
+    def to_dict(self) -> dict:
+        return {"codec": self.codec, "buckets": self.buckets, "groups": self.groups,
+                "predicted_s": self.predicted_s, "candidates": self.table}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Decision:
+        return cls(d["codec"], d["buckets"], d["groups"], d["predicted_s"], d["candidates"])
+
+
+def decide(model: nn.Module, batch, loss_fn, codecs: tuple[str, ...], settings: CodecSettings, algorithm: str,
+           group, topology, procs_per_node: int, batch_per_worker: int) -> Decision:
+    """Profile, measure, simulate, choose (collective); rank 0's choice is every rank's."""
+    device = next(model.parameters()).device
+    t_f, t_b = profile.slowest_rank(*profile.time_layers(model, batch, loss_fn, group=group), group=group,
+                                    device=device)
+    tensors = model_tensors(model)
+    layers = {"names": [t.name for t in tensors], "sizes": [t.numel for t in tensors], "t_f": t_f, "t_b": t_b}
+    compute = from_layers(layers, 0.0, batch_per_worker)
+    world = dist.get_world_size(group)
+    links = link.measure_topology(world, procs_per_node, group=group)
+    inter, intra = links["inter"], links["intra"]
+    cluster = Cluster(world // procs_per_node, procs_per_node, inter or intra, intra or inter)
+    channel = Channel(group, world, algorithm, topology)
+    handoff = contended_bucket_cost(model, batch, loss_fn, channel, cluster)
+    costs = {}
+    for codec in codecs:
+        measured = probe(codec, settings, channel, cluster, compute, device)
+        costs[codec] = replace(measured, channel_s_per_bucket=max(measured.channel_s_per_bucket, handoff))
+    decision = None
+    if dist.get_rank() == 0:
+        table = []
+        for codec in codecs:
+            plans = (CODECS[codec].buckets,) if CODECS[codec].buckets else PLANS
+            for plan in plans:
+                mode = Mode(f"scalesgd-{codec}", "scalesgd", codec, algorithm, plan, settings.density)
+                p = predict(mode, compute, cluster, costs[codec])
+                groups = grouping(mode, compute, costs[codec].channel(mode, cluster), costs[codec].inline)
+                table.append({"codec": codec, "buckets": plan, "iteration_s": p.iteration_s,
+                              "exposed_comm_s": p.exposed_comm_s, "groups": groups})
+        best = choose(table)
+        decision = Decision(best["codec"], best["buckets"], best["groups"], best["iteration_s"],
+                            [{k: v for k, v in row.items() if k != "groups"} | {"buckets_n": len(row["groups"])}
+                             for row in table])
+    box = [decision]
+    dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+    return box[0]
+
+
+def choose(table: list[dict]) -> dict:
+    """The candidate with the fewest buckets among those predicted within `RESOLUTION` of the fastest.
+
+    Predictions closer than the model's resolution are a tie; fewer buckets then win, as each bucket
+    costs the engine a hand-over the model prices only roughly.
+    """
+    fastest = min(row["iteration_s"] for row in table)
+    tied = [row for row in table if row["iteration_s"] <= fastest * (1 + RESOLUTION)]
+    return min(tied, key=lambda row: (len(row["groups"]), row["iteration_s"]))
+
+
+def contended_bucket_cost(model: nn.Module, batch, loss_fn, channel: Channel, cluster: Cluster) -> float:
+    """What one more bucket costs the channel while backward computes beside it, beyond its wire (collective).
+
+    The engine's communication thread wakes once per bucket; where compute holds the cores, each wake-up
+    waits for them. Small fp32 buckets are exchanged on a thread while this thread runs forward and backward,
+    as in training; the model's state (BN statistics) is put back after.
+    """
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    x, y = batch
+    bucket = torch.randn(HANDOFF_ELEMENTS, device=x.device)
+    took: list[float] = []
+
+    def exchange() -> None:
+        start = time.perf_counter()
+        for _ in range(HANDOFF_BUCKETS):
+            channel.allreduce(bucket.clone())
+        took.append(time.perf_counter() - start)
+
+    dist.barrier(group=channel.group)
+    worker = threading.Thread(target=exchange, name="scalesgd-auto-probe")
+    worker.start()
+    loss_fn(model(x), y).backward()
+    while worker.is_alive():  # compute for as long as the exchanges take
+        loss_fn(model(x), y).backward()
+    worker.join()
+    model.zero_grad(set_to_none=True)
+    model.load_state_dict(state)
+    wire = wire_time(Mode("fp32", "scalesgd", "fp32", channel.algorithm), HANDOFF_ELEMENTS, cluster)
+    per_bucket = torch.tensor([max(took[0] / HANDOFF_BUCKETS - wire, 0.0)], dtype=torch.float64)
+    dist.all_reduce(per_bucket, op=dist.ReduceOp.MAX, group=channel.group)
+    return per_bucket.item()
+
+
+def probe(codec_name: str, settings: CodecSettings, channel: Channel, cluster: Cluster, compute: ComputeProfile,
+          device) -> Costs:
+    """Buckets of two sizes exchanged for real with `codec_name`: what a bucket costs beyond the modelled wire, as a
+    fixed part and a part per element, and the CPU the whole model's exchange would take (the slowest rank's;
+    collective)."""
+    mode = Mode(codec_name, "scalesgd", codec_name, channel.algorithm, "single", settings.density)
+    sizes = sorted({max(1, min(n, compute.numel)) for n in PROBE_SIZES})
+    beyond, inline, cpu = [], 0.0, 0.0
+    for numel in sizes:
+        took_inline, took, took_cpu = _exchange_for_real(codec_name, settings, channel, numel, device)
+        beyond.append(max(took - took_inline - wire_time(mode, numel, cluster), 0.0))
+        inline, cpu = took_inline / numel, took_cpu / numel  # the largest bucket's, per element
+    per_bucket, per_element = fit_line(sizes, beyond) if len(sizes) > 1 else (0.0, beyond[0] / sizes[0])
+    return Costs(per_element, inline, cpu * compute.numel, per_bucket)
+
+
+def _exchange_for_real(codec_name: str, settings: CodecSettings, channel: Channel, numel: int,
+                       device) -> tuple[float, float, float]:
+    """Seconds on backward's path, in all, and of process CPU for one bucket (slowest rank's, collective).
+
+    Each repeat starts from a fresh codec: the same gradient fed twice would double a sparse codec's residual
+    and send many times its density. A codec that reuses its threshold computes the exact top-k on one step
+    in `reuse`: that share of the selection is taken out of the times.
+    """
+    weight = torch.randn(numel, device=device)
+    gradient = torch.randn(numel, device=device) * 1e-3
+    view = BucketView(0, [weight], [0], numel)
+    inline = total = cpu = 0.0
+    for repeat in range(PROBE_REPEATS + 1):  # the first warms the codec up (kernels, scales)
+        codec = make_codec(codec_name, settings)
+        codec.bind([weight])
+        flat = gradient.clone()
+        dist.barrier(group=channel.group)
+        start, cpu_start = time.perf_counter(), time.process_time()
+        wire = codec.encode(flat, view, channel)
+        encoded = time.perf_counter()
+        codec.communicate(wire, view, channel)
+        codec.decode(wire, view, flat, channel)
+        end, cpu_end = time.perf_counter(), time.process_time()
+        saved = _reused_share(codec, gradient)
+        if repeat:
+            inline += (encoded - start - saved) if codec.encode_in_backward else 0.0
+            total += end - start - saved
+            cpu += cpu_end - cpu_start - saved
+    measured = torch.tensor([inline, total, cpu], dtype=torch.float64) / PROBE_REPEATS
+    dist.all_reduce(measured, op=dist.ReduceOp.MAX, group=channel.group)
+    return tuple(max(t, 0.0) for t in measured.tolist())
+
+
+def _reused_share(codec, gradient: torch.Tensor) -> float:
+    """The exact top-k's time a codec reusing its threshold for `reuse` steps saves on average per step."""
+    reuse = getattr(codec, "reuse", 1)
+    if reuse <= 1:
+        return 0.0
+    start = time.perf_counter()
+    torch.topk(gradient.abs(), codec.k(gradient.numel()), sorted=False)
+    return (time.perf_counter() - start) * (reuse - 1) / reuse

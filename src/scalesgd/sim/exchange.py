@@ -1,0 +1,128 @@
+"""One mode's predicted iteration on a cluster: its buckets, what each costs on the wire and in the codec,
+and the compute its work displaces where it shares the cores, all through `comm.timing`'s one model."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from scalesgd.comm.buckets import TensorInfo, ddp_buckets, plan_buckets
+from scalesgd.comm.codecs import CODECS
+from scalesgd.comm.planner import PLANNERS
+from scalesgd.comm.timing import Timeline, timeline
+from scalesgd.sim import network
+from scalesgd.sim.compute import ComputeProfile
+from scalesgd.sim.modes import Mode
+
+FIXED_POINT_ROUNDS = 6  # displaced compute ↔ overlap: converges in a few
+
+
+@dataclass(frozen=True)
+class Costs:
+    """What a mode costs besides the wire: measured by a calibration, or assumed for another device."""
+
+    channel_s_per_element: float = 0.0  # codec work on the exchange's channel (encode, decode, sums)
+    inline_s_per_element: float = 0.0  # work on backward's own path (top-k selection)
+    exchange_cpu_s: float = 0.0  # CPU per iteration the exchange takes where it shares cores with compute
+    channel_s_per_bucket: float = 0.0  # a bucket's fixed cost beyond the wire's α (handing it over, codec calls)
+    density_scale: float = 1.0  # a sparse codec's entries sent ÷ its nominal ⌈ρ·n⌉ (threshold reuse drifts)
+
+    def to_dict(self) -> dict:
+        return {"channel_s_per_element": self.channel_s_per_element,
+                "inline_s_per_element": self.inline_s_per_element, "exchange_cpu_s": self.exchange_cpu_s,
+                "channel_s_per_bucket": self.channel_s_per_bucket, "density_scale": self.density_scale}
+
+    def channel(self, mode: Mode, cluster: network.Cluster):
+        """Seconds on the channel for a bucket of n elements: the wire, then the codec's own work."""
+        return lambda n: (wire_time(mode, n, cluster, self.density_scale) + self.channel_s_per_bucket
+                          + self.channel_s_per_element * n) if n else 0.0
+
+    def inline(self, n: int) -> float:
+        """Seconds on backward's path for a bucket of n elements."""
+        return self.inline_s_per_element * n
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A mode's predicted iteration (seconds) and where its time went."""
+
+    mode: str
+    iteration_s: float
+    exposed_comm_s: float
+    compute_s: float  # forward and backward, the displaced share included
+    channel_busy_s: float
+
+    def to_dict(self) -> dict:
+        return {"mode": self.mode, "iteration_s": self.iteration_s, "exposed_comm_s": self.exposed_comm_s,
+                "compute_s": self.compute_s, "channel_busy_s": self.channel_busy_s}
+
+
+def check_modelled(mode: Mode) -> None:
+    """ValueError naming the modes the simulator knows, unless it knows `mode`."""
+    if mode.engine == "none":
+        return
+    if mode.codec not in CODECS or not CODECS[mode.codec].simulated:
+        raise ValueError(f"mode {mode.name!r}: codec {mode.codec!r} has no cost model; the simulator knows "
+                         f"{', '.join(c for c, e in CODECS.items() if e.simulated)}")
+    if mode.engine == "ddp" and mode.codec not in ("fp32", "fp16", "bf16"):
+        raise ValueError(f"mode {mode.name!r}: under ddp the simulator knows fp32, fp16 and bf16")
+
+
+def wire_time(mode: Mode, numel: int, cluster: network.Cluster, density_scale: float = 1.0) -> float:
+    """Seconds one bucket of `numel` gradients spends on the wire (α–β, as our collectives step); a sparse
+    codec sends `density_scale` times its nominal entries."""
+    if mode.engine == "none" or cluster.workers == 1 or numel == 0:
+        return 0.0
+    entry = CODECS[mode.codec]
+    if entry.sparse:
+        density = min(mode.density * density_scale, 1.0)
+        if entry.needs_topology:  # topk-nodes: dense in the node, sparse across nodes
+            return network.node_sparse(numel, density, cluster)
+        return network.sparse_allgather(math.ceil(density * numel), cluster.workers, cluster.ring_link)
+    nbytes = numel * entry.wire_bytes
+    if entry.needs_topology:  # fp8's two-stage sum: in the node, across nodes, back
+        return network.hierarchical(nbytes, cluster)
+    return network.dense_allreduce(nbytes, "native" if mode.engine == "ddp" else mode.algorithm, cluster)
+
+
+def nominal_sparse_bytes(mode: Mode, profile: ComputeProfile, workers: int) -> float:
+    """Bytes a rank sends per iteration at the nominal density: ⌈ρ·n⌉ entries per bucket to each other rank."""
+    groups = grouping(mode, profile, lambda n: 0.0, lambda n: 0.0)
+    entries = sum(math.ceil(mode.density * sum(profile.sizes[i] for i in g)) for g in groups)
+    return (workers - 1) * entries * network.SPARSE_ENTRY_BYTES
+
+
+def grouping(mode: Mode, profile: ComputeProfile, channel, inline) -> list[list[int]]:
+    """The mode's buckets as layer groups (backward order): DDP's, the codec's own rule, a plan, or the planner's."""
+    tensors = [TensorInfo(n, s) for n, s in zip(profile.names, profile.sizes)]
+    if mode.engine == "ddp":
+        return [list(b) for b in ddp_buckets(tensors).buckets]
+    spec = CODECS[mode.codec].buckets or mode.buckets
+    if spec.startswith("planner:"):
+        return PLANNERS[spec.split(":", 1)[1]](profile.t_f, list(profile.t_b), list(profile.sizes), channel, inline)
+    return [list(b) for b in plan_buckets(spec, tensors).buckets]
+
+
+def predict(mode: Mode, profile: ComputeProfile, cluster: network.Cluster, costs: Costs = Costs()) -> Prediction:
+    """The mode's iteration: buckets ready as backward produces them, one channel in plan order, then the step.
+
+    Where the exchange shares cores with compute, the part of its CPU (`costs.exchange_cpu_s`) spent
+    while backward still runs slows backward by as much; that overlap depends on the slowed backward,
+    so the two are solved together (a fixed point).
+    """
+    if mode.engine == "none" or cluster.workers == 1:
+        return Prediction(mode.name, profile.iteration_s, 0.0, profile.compute_s, 0.0)
+
+    channel, inline = costs.channel(mode, cluster), costs.inline
+    groups = grouping(mode, profile, channel, inline)
+    backward = sum(profile.t_b)
+    displaced, line = 0.0, None
+    for _ in range(FIXED_POINT_ROUNDS):
+        scale = 1 + displaced / backward if backward > 0 else 1.0
+        line = timeline(groups, profile.t_f, [t * scale for t in profile.t_b], profile.sizes, channel, inline)
+        displaced = costs.exchange_cpu_s * (line.overlapped / line.busy if line.busy > 0 else 0.0)
+    return _prediction(mode, profile, line)
+
+
+def _prediction(mode: Mode, profile: ComputeProfile, line: Timeline) -> Prediction:
+    return Prediction(mode.name, line.end + profile.t_step, line.exposed, line.backward_end, line.busy)

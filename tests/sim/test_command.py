@@ -1,0 +1,99 @@
+"""`scalesgd simulate` as a user runs it: JSON rows, files, validation, presets, and bad input in one line."""
+
+import json
+
+import pytest
+
+from scalesgd.cli import main
+from tests.sim.test_calibrate import write_record
+
+
+@pytest.fixture(autouse=True)
+def in_tmp(tmp_path, monkeypatch):
+    """Runs without --out write under runs/ in the working directory: keep that in the test's own."""
+    monkeypatch.chdir(tmp_path)
+
+
+def simulate(capsys, *argv):
+    code = main(["simulate", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_named_model_on_a_described_cluster_prints_rows(capsys, tmp_path):
+    code, out, _ = simulate(capsys, "--model", "resnet20", "--image-size", "32", "--classes", "10",
+                            "--iteration-time", "0.05", "--workers", "2,8", "--procs-per-node", "2",
+                            "--inter-bandwidth", "1gbit", "--modes", "ddp,scalesgd-fp8", "--json",
+                            "--out", str(tmp_path / "sim"))
+    assert code == 0
+    rows = json.loads(out)["rows"]
+    assert [(r["workers"], r["mode"]) for r in rows] == [(2, "ddp"), (2, "scalesgd-fp8"), (8, "ddp"),
+                                                         (8, "scalesgd-fp8")]
+    for r in rows:
+        assert set(r) == {"workers", "mode", "iteration_s", "exposed_comm_s", "images_per_s", "scaling_efficiency"}
+        assert r["images_per_s"] == pytest.approx(r["workers"] * 32 / r["iteration_s"])
+        assert 0 < r["scaling_efficiency"] <= 1
+    for suffix in ("json", "md", "png"):
+        assert (tmp_path / "sim" / f"simulate.{suffix}").stat().st_size > 0
+
+
+def test_bandwidth_sweep_names_where_fp8_stops_paying(capsys):
+    code, out, _ = simulate(capsys, "--model", "vgg16", "--image-size", "32", "--classes", "10",
+                            "--iteration-time", "0.7", "--workers", "2", "--procs-per-node", "1",
+                            "--inter-bandwidth", "1gbit", "--modes", "scalesgd-fp32,scalesgd-fp8", "--json")
+    assert code == 0
+    sweep = json.loads(out)["bandwidth"]
+    fp32, fp8 = sweep["iteration_s"]["scalesgd-fp32"], sweep["iteration_s"]["scalesgd-fp8"]
+    assert fp8[0] < fp32[0]  # at 10 Mbit/s fewer bytes win
+    assert sweep["crossover_bytes_s"]["scalesgd-fp8"] == "beyond"  # and with free codecs never lose
+
+
+def test_validate_prints_points_from_a_bench_record(capsys, tmp_path):
+    bench = write_record(tmp_path / "bench")
+    code, out, _ = simulate(capsys, "--validate", str(bench), "--calibration", str(bench), "--json")
+    assert code == 0
+    points = json.loads(out)["points"]
+    assert {p["mode"] for p in points} == {"ddp", "scalesgd-fp16"} and len(points) == 6
+    assert all(set(p) >= {"mode", "measured_s", "predicted_s", "error"} for p in points)
+
+
+def test_a_preset_prints_its_headline(capsys, tmp_path):
+    code, out, _ = simulate(capsys, "--preset", "oyama", "--json")
+    assert code == 0
+    assert json.loads(out)["headline"]["published"] == 3.21
+    assert len(list((tmp_path / "runs").glob("simulate-*/simulate.png"))) == 1  # the default --out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("--model", "alexnet", "--iteration-time", "1"), "--model 'alexnet' is not known"),
+    (("--model", "resnet20"), "--iteration-time 0.0: with --model give the seconds"),
+    (("--model", "resnet20", "--iteration-time", "1", "--inter-bandwidth", "-5gbit"),
+     "--inter-bandwidth -5gbit: use a rate such as 100mbit"),
+    (("--model", "resnet20", "--iteration-time", "1", "--inter-latency", "soon"), "--inter-latency soon: use a time"),
+    (("--model", "resnet20", "--iteration-time", "1", "--workers", "12", "--procs-per-node", "8"),
+     "--workers 12: every count must be a positive multiple of --procs-per-node 8"),
+    (("--model", "resnet20", "--iteration-time", "1", "--modes", "ddp-powersgd"), "--modes ddp-powersgd: mode"),
+    (("--profile", "/nonexistent"), "--profile /nonexistent: not a directory"),
+    (("--validate", "/tmp"), "/tmp is not a `scalesgd bench train` output directory"),
+    ((), "give exactly one of --profile, --model"),
+    (("--preset", "google"), "--preset 'google' is not known"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
+    code, _, err = simulate(capsys, *argv)
+    assert code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_a_profile_directory_without_a_profile_is_refused(capsys, tmp_path):
+    code, _, err = simulate(capsys, "--profile", str(tmp_path))
+    assert code == 2 and "holds neither a `bench train` train.json nor" in err
+
+
+def test_links_fitted_from_a_bench_allreduce_record(capsys, tmp_path):
+    """Ring times made from α = 1 ms and 100 MB/s on 4 ranks give those back."""
+    rows = [{"algorithm": "ring", "bytes": b, "median_s": 6 * 1e-3 + 1.5 * b / 1e8} for b in (1 << 20, 1 << 24)]
+    (tmp_path / "allreduce.json").write_text(json.dumps({"world_size": 4, "results": rows}))
+    code, out, _ = simulate(capsys, "--model", "resnet20", "--iteration-time", "0.1", "--workers", "4",
+                            "--procs-per-node", "1", "--link", str(tmp_path), "--json")
+    assert code == 0
+    inter = json.loads(out)["cluster"]["inter"]
+    assert inter["alpha_s"] == pytest.approx(1e-3) and inter["bytes_per_s"] == pytest.approx(1e8)
