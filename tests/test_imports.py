@@ -10,7 +10,7 @@ PACKAGE = Path(scalesgd.__file__).parent
 
 # Each top-level part of the package and its layer: a module imports only from lower layers or its own part.
 LAYERS = {
-    "errors": 0, "registry": 0, "checks": 0, "trace": 0, "output": 0,
+    "errors": 0, "registry": 0, "checks": 0, "trace": 0, "output": 0, "units": 0,
     "options": 1,
     "models": 2, "data": 2, "optim": 2,
     "recipe": 3, "comm": 3,

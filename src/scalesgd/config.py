@@ -244,6 +244,8 @@ class TrainConfig:
         d = dict(d)
         if d.get("milestones") is not None:
             d["milestones"] = tuple(float(m) for m in d["milestones"])
+        if d.get("auto_codecs") is not None:  # a list in JSON
+            d["auto_codecs"] = tuple(d["auto_codecs"])
         return cls(**d)
 
     @classmethod

@@ -67,7 +67,7 @@ def test_a_preset_prints_its_headline(capsys, tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (("--model", "alexnet", "--iteration-time", "1"), "--model 'alexnet' is not known"),
     (("--model", "resnet20"), "--iteration-time 0.0: with --model give the seconds"),
-    (("--model", "resnet20", "--iteration-time", "1", "--inter-bandwidth", "-5gbit"),
+    (("--model", "resnet20", "--iteration-time", "1", "--inter-bandwidth=-5gbit"),
      "--inter-bandwidth -5gbit: use a rate such as 100mbit"),
     (("--model", "resnet20", "--iteration-time", "1", "--inter-latency", "soon"), "--inter-latency soon: use a time"),
     (("--model", "resnet20", "--iteration-time", "1", "--workers", "12", "--procs-per-node", "8"),

@@ -31,7 +31,7 @@ from scalesgd.options import check_fields, option, words
 from scalesgd.recipe import build_sgd, initialize
 from scalesgd.runtime import process_group
 from scalesgd.sim.modes import MODES_HELP, Mode, parse_mode
-from scalesgd.testbed.spec import RATE
+from scalesgd.units import RATE
 from scalesgd.train import auto_exchange, planning
 
 BATCHES = 8  # distinct synthetic batches each mode cycles through

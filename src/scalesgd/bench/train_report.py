@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 
 from scalesgd import output
-from scalesgd.testbed.spec import mbit_s
+from scalesgd.units import mbit_s
 
 
 

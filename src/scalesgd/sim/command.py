@@ -22,7 +22,7 @@ from scalesgd.sim.calibrate import BenchRecord, Calibration, NotABenchDir, valid
 from scalesgd.sim.exchange import check_modelled
 from scalesgd.sim.modes import parse_mode
 from scalesgd.sim.network import Cluster
-from scalesgd.testbed.spec import RATE, mbit_s
+from scalesgd.units import RATE, mbit_s
 
 DEFAULT_MODES = ("ddp", "ddp-fp16", "scalesgd-fp16", "scalesgd-fp8", "scalesgd-topk@0.01")
 LATENCY_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
