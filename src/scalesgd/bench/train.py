@@ -21,7 +21,6 @@ from scalesgd import checks, testbed
 from scalesgd.bench import train_report
 from scalesgd.bench.launch import BenchLaunch
 from scalesgd.comm import link, profile
-from scalesgd.comm.buckets import model_tensors
 from scalesgd.comm.codecs import CODECS
 from scalesgd.comm.exchange import GradientExchange, build_exchange
 from scalesgd.config import AUTO_CODECS, NO_PLANNER, TrainConfig
@@ -174,10 +173,7 @@ def layer_profile(cfg: TrainBenchConfig, env, batch) -> dict:
     """Forward and per-tensor backward times of the slowest rank, all ranks computing at once (collective)."""
     torch.manual_seed(0)
     model = initialize(build_model(cfg.model, cfg.classes, cfg.channels)).to(env.device)
-    t_f, t_b = profile.slowest_rank(*profile.time_layers(model, batch, nn.functional.cross_entropy),
-                                    device=env.device)
-    tensors = model_tensors(model)
-    return {"names": [t.name for t in tensors], "sizes": [t.numel for t in tensors], "t_f": t_f, "t_b": t_b}
+    return profile.layer_profile(model, batch, nn.functional.cross_entropy)
 
 
 def testbed_rate(prefix: str) -> str:

@@ -126,6 +126,15 @@ def slowest_rank(t_f: float, t_b: list[float], group=None,
     return slowest[0].item(), slowest[1:].tolist()
 
 
+def layer_profile(model: nn.Module, batch, loss_fn, group=None) -> dict:
+    """The slowest rank's forward and per-tensor backward times with each tensor's name and size (collective):
+    what `scalesgd simulate` reads as a compute profile."""
+    device = next(model.parameters()).device
+    t_f, t_b = slowest_rank(*time_layers(model, batch, loss_fn, group=group), group=group, device=device)
+    tensors = model_tensors(model)
+    return {"names": [t.name for t in tensors], "sizes": [t.numel for t in tensors], "t_f": t_f, "t_b": t_b}
+
+
 def time_sparsify(sizes: list[int], density: float, reuse: int, repeats: int = 3,
                   device: torch.device | str = "cpu") -> tuple[float, float]:
     """Fit the top-k codec's encode time (one recompute per `reuse` steps) against bucket size."""
@@ -173,13 +182,12 @@ def time_sparse_exchange(sizes: list[int], density: float, group=None, repeats: 
 
 def profile_model(model: nn.Module, batch, loss_fn, density: float, reuse: int, group=None) -> Profile:
     """Everything the planner needs for `model`, measured now on this rank and `group` (collective)."""
-    tensors = model_tensors(model)
     device = next(model.parameters()).device
-    t_f, t_b = slowest_rank(*time_layers(model, batch, loss_fn, group=group), group=group, device=device)
-    total = sum(t.numel for t in tensors)
+    layers = layer_profile(model, batch, loss_fn, group)
+    total = sum(layers["sizes"])
     grid = sorted({max(1, min(total, d)) for d in (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22)})
     sparsify = time_sparsify(grid, density, reuse, device=device)
     comm = time_sparse_exchange(grid, density, group, device=device)
     world = dist.get_world_size(group) if dist.is_initialized() else 1
-    return Profile([t.name for t in tensors], [t.numel for t in tensors], t_f, t_b, comm, sparsify, density,
+    return Profile(layers["names"], layers["sizes"], layers["t_f"], layers["t_b"], comm, sparsify, density,
                    reuse, world)

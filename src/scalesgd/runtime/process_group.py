@@ -127,10 +127,10 @@ def is_peer_failure(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(p in str(exc).lower() for p in PEER_FAILURE_PATTERNS)
 
 
-def broadcast_object(obj, src: int = 0):
-    """Rank `src`'s Python object on every rank."""
+def broadcast_object(obj, src: int = 0, group=None):
+    """The Python object of `group`'s rank `src` on every rank of `group` (default: the whole world)."""
     box = [obj]
-    dist.broadcast_object_list(box, src=src)
+    dist.broadcast_object_list(box, src=dist.get_global_rank(group, src) if group is not None else src, group=group)
     return box[0]
 
 

@@ -13,10 +13,10 @@ from torch import nn
 
 from scalesgd.comm import link, profile
 from scalesgd.comm.profile import fit_line
-from scalesgd.comm.buckets import model_tensors
+from scalesgd.runtime.process_group import broadcast_object
 from scalesgd.comm.codecs import CODECS, BucketView, Channel, CodecSettings, make_codec
 from scalesgd.sim.compute import ComputeProfile, from_layers
-from scalesgd.sim.exchange import Costs, grouping, predict, wire_time
+from scalesgd.sim.exchange import Costs, predict, wire_time
 from scalesgd.sim.modes import Mode
 from scalesgd.sim.network import Cluster
 
@@ -50,11 +50,7 @@ def decide(model: nn.Module, batch, loss_fn, codecs: tuple[str, ...], settings: 
            group, topology, procs_per_node: int, batch_per_worker: int) -> Decision:
     """Profile, measure, simulate, choose (collective); rank 0's choice is every rank's."""
     device = next(model.parameters()).device
-    t_f, t_b = profile.slowest_rank(*profile.time_layers(model, batch, loss_fn, group=group), group=group,
-                                    device=device)
-    tensors = model_tensors(model)
-    layers = {"names": [t.name for t in tensors], "sizes": [t.numel for t in tensors], "t_f": t_f, "t_b": t_b}
-    compute = from_layers(layers, 0.0, batch_per_worker)
+    compute = from_layers(profile.layer_profile(model, batch, loss_fn, group), 0.0, batch_per_worker)
     world = dist.get_world_size(group)
     links = link.measure_topology(world, procs_per_node, group=group)
     inter, intra = links["inter"], links["intra"]
@@ -73,16 +69,13 @@ def decide(model: nn.Module, batch, loss_fn, codecs: tuple[str, ...], settings: 
             for plan in plans:
                 mode = Mode(f"scalesgd-{codec}", "scalesgd", codec, algorithm, plan, settings.density)
                 p = predict(mode, compute, cluster, costs[codec])
-                groups = grouping(mode, compute, costs[codec].channel(mode, cluster), costs[codec].inline)
                 table.append({"codec": codec, "buckets": plan, "iteration_s": p.iteration_s,
-                              "exposed_comm_s": p.exposed_comm_s, "groups": groups})
+                              "exposed_comm_s": p.exposed_comm_s, "groups": p.groups})
         best = choose(table)
         decision = Decision(best["codec"], best["buckets"], best["groups"], best["iteration_s"],
                             [{k: v for k, v in row.items() if k != "groups"} | {"buckets_n": len(row["groups"])}
                              for row in table])
-    box = [decision]
-    dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
-    return box[0]
+    return broadcast_object(decision, group=group)
 
 
 def choose(table: list[dict]) -> dict:

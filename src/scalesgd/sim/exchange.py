@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from scalesgd.comm.buckets import TensorInfo, ddp_buckets, plan_buckets
 from scalesgd.comm.codecs import CODECS
 from scalesgd.comm.planner import PLANNERS
-from scalesgd.comm.timing import Timeline, timeline
+from scalesgd.comm.timing import timeline
 from scalesgd.sim import network
 from scalesgd.sim.compute import ComputeProfile
 from scalesgd.sim.modes import Mode
@@ -50,11 +50,7 @@ class Prediction:
     iteration_s: float
     exposed_comm_s: float
     compute_s: float  # forward and backward, the displaced share included
-    channel_busy_s: float
-
-    def to_dict(self) -> dict:
-        return {"mode": self.mode, "iteration_s": self.iteration_s, "exposed_comm_s": self.exposed_comm_s,
-                "compute_s": self.compute_s, "channel_busy_s": self.channel_busy_s}
+    groups: list[list[int]]  # the buckets it was predicted with, as layer groups (backward order)
 
 
 def check_modelled(mode: Mode) -> None:
@@ -111,7 +107,7 @@ def predict(mode: Mode, profile: ComputeProfile, cluster: network.Cluster, costs
     so the two are solved together (a fixed point).
     """
     if mode.engine == "none" or cluster.workers == 1:
-        return Prediction(mode.name, profile.iteration_s, 0.0, profile.compute_s, 0.0)
+        return Prediction(mode.name, profile.iteration_s, 0.0, profile.compute_s, [])
 
     channel, inline = costs.channel(mode, cluster), costs.inline
     groups = grouping(mode, profile, channel, inline)
@@ -121,8 +117,4 @@ def predict(mode: Mode, profile: ComputeProfile, cluster: network.Cluster, costs
         scale = 1 + displaced / backward if backward > 0 else 1.0
         line = timeline(groups, profile.t_f, [t * scale for t in profile.t_b], profile.sizes, channel, inline)
         displaced = costs.exchange_cpu_s * (line.overlapped / line.busy if line.busy > 0 else 0.0)
-    return _prediction(mode, profile, line)
-
-
-def _prediction(mode: Mode, profile: ComputeProfile, line: Timeline) -> Prediction:
-    return Prediction(mode.name, line.end + profile.t_step, line.exposed, line.backward_end, line.busy)
+    return Prediction(mode.name, line.end + profile.t_step, line.exposed, line.backward_end, groups)
