@@ -21,6 +21,7 @@ from scalesgd.data import DATASETS, DataError
 from scalesgd.errors import UsageError
 from scalesgd.models import MODELS
 from scalesgd.optim import OPTIMIZERS
+from scalesgd.recipe.params import build_optimizer
 from scalesgd.options import check_fields, floats_of, option, parse, require_choice, runtime_fields, words
 from scalesgd.recipe.scaling import SCALING_RULES, scaled_lr
 from scalesgd.recipe.schedule import SCHEDULES, WARMUPS, LrFactor, default_milestones
@@ -201,6 +202,12 @@ class TrainConfig:
                          warmup_epochs=self.density_warmup, steps_per_epoch=steps_per_epoch, clip=self.local_clip)
         return CodecSettings(fp8, self.density, self.topk_reuse, self.seed, dgc,
                              self.compress_after_steps(steps_per_epoch))
+
+    def build_optimizer(self, model):
+        """The recipe's optimizer for `model` with this run's settings (the loop's, and auto's trial copies')."""
+        return build_optimizer(model, self.optimizer, self.peak_lr, self.momentum, self.nesterov,
+                               self.weight_decay, self.bias_decay, self.trust_coefficient,
+                               momentum_in_exchange=self.momentum_correction)
 
     def exchange_setup(self, group=None, topology=None, tracer: Tracer | None = None, plan=None,
                        steps_per_epoch: int = 1) -> ExchangeSetup:

@@ -6,7 +6,7 @@ import torch
 
 from scalesgd.comm.codecs import CodecSettings
 from scalesgd.models import build_model
-from scalesgd.sim.auto import PLANS, RESOLUTION, choose, decide
+from scalesgd.sim.auto import FINALIST_MARGIN, FINALISTS, PLANS, RESOLUTION, Decision, choose, decide, finalists
 from tests.spawn_util import run_workers
 
 
@@ -33,6 +33,8 @@ def test_every_rank_gets_rank_zeros_choice_of_the_fastest_candidate():
     assert first["predicted_s"] == chosen["iteration_s"] and len(first["groups"]) == chosen["buckets_n"]
     assert sorted(i for g in first["groups"] for i in g) == list(range(len(list(build_model("resnet8", 10, 3)
                                                                                .parameters()))))
+    assert (first["finalists"][0]["codec"], first["finalists"][0]["buckets"]) == (first["codec"], first["buckets"])
+    assert all(f["predicted_s"] <= first["predicted_s"] * (1 + FINALIST_MARGIN) for f in first["finalists"])
     json.dumps(first)  # what summary.json and auto.json hold
 
 
@@ -42,3 +44,29 @@ def test_a_tie_goes_to_the_fewest_buckets():
     assert choose(table) is table[1]
     table[1]["iteration_s"] = 1.2  # no longer within the model's resolution
     assert choose(table) is table[0]
+
+
+def _row(codec, seconds, buckets=1):
+    return {"codec": codec, "buckets": f"size:{buckets}", "iteration_s": seconds, "groups": [[0]] * buckets}
+
+
+def test_finalists_are_the_best_plan_of_each_codec_the_model_cannot_rank_apart():
+    table = [_row("fp32", 1.00, 4), _row("fp16", 0.90), _row("fp16", 0.91, 4), _row("fp8", 1.10), _row("bf16", 1.20),
+             _row("topk", 2.00)]
+    best = choose(table)
+    assert best is table[1]
+    chosen = finalists(table, best)
+    assert [r["codec"] for r in chosen] == ["fp16", "fp32", "fp8"][:FINALISTS]
+    assert chosen[0] is best and all(r["iteration_s"] <= 0.90 * (1 + FINALIST_MARGIN) for r in chosen)
+    assert finalists([_row("fp16", 1.0), _row("fp8", 1.0 * (1 + FINALIST_MARGIN) + 0.01)], _row("fp16", 1.0)) \
+        == [_row("fp16", 1.0)]  # nothing close: the model's choice stands untried
+
+
+def test_a_trial_picks_the_finalist_measured_fastest_and_keeps_every_measurement():
+    rows = [{"codec": c, "buckets": "size:1", "groups": [[i]], "predicted_s": p}
+            for i, (c, p) in enumerate([("fp16", 0.9), ("fp32", 1.0), ("fp8", 1.1)])]
+    decision = Decision("fp16", "size:1", [[0]], 0.9, [], rows)
+    tried = decision.tried([1.3, 1.2, 1.25])
+    assert (tried.codec, tried.groups, tried.predicted_s, tried.measured_s) == ("fp32", [[1]], 1.0, 1.2)
+    assert [f["measured_s"] for f in tried.finalists] == [1.3, 1.2, 1.25]
+    assert Decision.from_dict(json.loads(json.dumps(tried.to_dict()))) == tried

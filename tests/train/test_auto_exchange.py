@@ -23,6 +23,11 @@ def test_auto_saves_its_decision_trains_with_it_and_keeps_it_on_resume(tmp_path)
     proc.wait()
     decided = json.loads((run / "auto.json").read_text())
     assert decided["codec"] in ("fp32", "fp16", "bf16") and len(decided["candidates"]) == 3 * 4
+    finalists = decided["finalists"]
+    assert {"fp16", "bf16"} <= {f["codec"] for f in finalists}  # same bytes: the model cannot rank them
+    fastest = min(finalists, key=lambda f: f["measured_s"])  # tried for real: the measured fastest is used
+    assert (decided["codec"], decided["buckets"], decided["trial_s"]) == (
+        fastest["codec"], fastest["buckets"], fastest["measured_s"])
     (run / "auto.json").write_text(json.dumps({**decided, "predicted_s": -1.0}))  # marks the saved decision
     resumed = scalesgd("train", "--resume", str(run), "--quiet")
     assert resumed.returncode == 0, resumed.stderr

@@ -132,7 +132,7 @@ def run(cfg: TrainBenchConfig, command: str) -> int:
                     torch.randint(0, cfg.classes, (per_rank,), generator=g).to(env.device))
                    for _ in range(BATCHES)]
         layers = layer_profile(cfg, env, batches[0])  # what `scalesgd simulate` needs of the compute
-        runners = [build_runner(cfg, mode, env, batches[0]) for mode in modes]
+        runners = [build_runner(cfg, mode, env, batches) for mode in modes]
         for runner in runners:  # past each mode's own warm start once, whatever the rate
             for i in range(runner.mode.warm_start):
                 iteration(runner, *batches[i % BATCHES], record=False)
@@ -149,7 +149,7 @@ def run(cfg: TrainBenchConfig, command: str) -> int:
             for i, runner in enumerate(runners):
                 if runner.mode.engine == "auto" and rate is not None:  # decide again on this link
                     runner.exchange.close()
-                    runners[i] = build_runner(cfg, runner.mode, env, batches[0])
+                    runners[i] = build_runner(cfg, runner.mode, env, batches)
             measure(cfg, runners, batches)
             results += [{**summarize(cfg, runner, env), "bandwidth": rate} for runner in runners]
         if env.is_main:
@@ -199,7 +199,7 @@ def measure(cfg: TrainBenchConfig, runners: list[Runner], batches) -> None:
                 runner.rounds.append(r)
 
 
-def build_runner(cfg: TrainBenchConfig, mode: Mode, env, batch) -> Runner:
+def build_runner(cfg: TrainBenchConfig, mode: Mode, env, batches: list) -> Runner:
     """The same initial model for every mode, wrapped as the mode says (planned first if it asks)."""
     torch.manual_seed(0)
     model = initialize(build_model(cfg.model, cfg.classes, cfg.channels)).to(env.device)
@@ -211,10 +211,11 @@ def build_runner(cfg: TrainBenchConfig, mode: Mode, env, batch) -> Runner:
     env_for_mode = replace(env, exchange_group=group)
     plan, planned, auto = None, None, None
     if mode.engine == "auto":  # decided on the link as it is now: rebuilt at each rate
-        train_cfg, plan, auto = auto_exchange.choose(train_cfg, model, batch, nn.functional.cross_entropy,
+        train_cfg, plan, auto = auto_exchange.choose(train_cfg, model, batches, nn.functional.cross_entropy,
                                                      env_for_mode, None, False, quiet=True)
     elif mode.planner != NO_PLANNER:
-        plan, planned = planning.plan_exchange(train_cfg, model, batch, nn.functional.cross_entropy, env_for_mode)
+        plan, planned = planning.plan_exchange(train_cfg, model, batches[0], nn.functional.cross_entropy,
+                                               env_for_mode)
     exchange = build_exchange(train_cfg.engine, model, optimizer,
                               train_cfg.exchange_setup(group, env.topology_groups, plan=plan))
     return Runner(mode, exchange, exchange.model, exchange.optimizer, [], [], [], planned, auto)

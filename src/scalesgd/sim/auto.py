@@ -1,11 +1,12 @@
 """`--exchange auto`: measure this run's compute, link and codecs on the real process group, simulate every
-candidate exchange (codec × bucket plan), and pick the fastest (collective: every rank calls `decide`)."""
+candidate exchange (codec × bucket plan), and rank them; the finalists are then tried for real (`train.auto_exchange`)
+(collective: every rank calls `decide`)."""
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
@@ -25,25 +26,38 @@ PROBE_SIZES = (1 << 12, 1 << 22)  # the buckets each candidate codec exchanges f
 PROBE_REPEATS = 2
 HANDOFF_ELEMENTS, HANDOFF_BUCKETS = 1024, 16  # small buckets exchanged while backward runs
 RESOLUTION = 0.03  # predictions closer than this are a tie (the testbed's runs move ±10 %)
+FINALIST_MARGIN = 0.25  # codecs predicted within this of the fastest are tried for real (the model's worst
+FINALISTS = 3           # error against the testbed is ~25 %); at most this many
 
 
 @dataclass(frozen=True)
 class Decision:
-    """The exchange auto chose, and every candidate's predicted iteration."""
+    """The exchange auto chose, every candidate's predicted iteration, and the finalists' measured ones."""
 
     codec: str
     buckets: str
     groups: list[list[int]]  # the chosen plan's layer groups (backward order)
     predicted_s: float
-    table: list[dict]  # {"codec", "buckets", "iteration_s", "exposed_comm_s"} for every candidate
+    table: list[dict]  # {"codec", "buckets", "iteration_s", "exposed_comm_s", "buckets_n"} for every candidate
+    finalists: list[dict] = field(default_factory=list)  # {"codec", "buckets", "groups", "predicted_s"}, best first
+    measured_s: float | None = None  # the chosen exchange's trial iteration (None: chosen by the model alone)
 
     def to_dict(self) -> dict:
         return {"codec": self.codec, "buckets": self.buckets, "groups": self.groups,
-                "predicted_s": self.predicted_s, "candidates": self.table}
+                "predicted_s": self.predicted_s, "trial_s": self.measured_s, "finalists": self.finalists,
+                "candidates": self.table}
 
     @classmethod
     def from_dict(cls, d: dict) -> Decision:
-        return cls(d["codec"], d["buckets"], d["groups"], d["predicted_s"], d["candidates"])
+        return cls(d["codec"], d["buckets"], d["groups"], d["predicted_s"], d["candidates"], d.get("finalists", []),
+                   d.get("trial_s"))
+
+    def tried(self, measured_s: list[float]) -> Decision:
+        """The finalist measured fastest (`measured_s`: each finalist's trial iteration, in order)."""
+        finalists = [f | {"measured_s": m} for f, m in zip(self.finalists, measured_s)]
+        best = min(finalists, key=lambda f: f["measured_s"])
+        return replace(self, codec=best["codec"], buckets=best["buckets"], groups=best["groups"],
+                       predicted_s=best["predicted_s"], finalists=finalists, measured_s=best["measured_s"])
 
 
 def decide(model: nn.Module, batch, loss_fn, codecs: tuple[str, ...], settings: CodecSettings, algorithm: str,
@@ -74,7 +88,9 @@ def decide(model: nn.Module, batch, loss_fn, codecs: tuple[str, ...], settings: 
         best = choose(table)
         decision = Decision(best["codec"], best["buckets"], best["groups"], best["iteration_s"],
                             [{k: v for k, v in row.items() if k != "groups"} | {"buckets_n": len(row["groups"])}
-                             for row in table])
+                             for row in table],
+                            [{"codec": r["codec"], "buckets": r["buckets"], "groups": r["groups"],
+                              "predicted_s": r["iteration_s"]} for r in finalists(table, best)])
     return broadcast_object(decision, group=group)
 
 
@@ -87,6 +103,22 @@ def choose(table: list[dict]) -> dict:
     fastest = min(row["iteration_s"] for row in table)
     tied = [row for row in table if row["iteration_s"] <= fastest * (1 + RESOLUTION)]
     return min(tied, key=lambda row: (len(row["groups"]), row["iteration_s"]))
+
+
+def finalists(table: list[dict], best: dict) -> list[dict]:
+    """`best`, then the fastest plan of each other codec predicted within `FINALIST_MARGIN` of it; `FINALISTS` at most.
+
+    Where predictions are this close the model cannot rank them (its error on the testbed reaches ~25 %,
+    and a sparse codec's density drifts from the one its probe saw): a trial can.
+    """
+    chosen, seen = [best], {best["codec"]}
+    for row in sorted(table, key=lambda r: r["iteration_s"]):
+        if len(chosen) == FINALISTS or row["iteration_s"] > best["iteration_s"] * (1 + FINALIST_MARGIN):
+            break
+        if row["codec"] not in seen:
+            chosen.append(row)
+            seen.add(row["codec"])
+    return chosen
 
 
 def contended_bucket_cost(model: nn.Module, batch, loss_fn, channel: Channel, cluster: Cluster) -> float:

@@ -19,13 +19,15 @@ from scalesgd.config import NO_PLANNER, TrainConfig
 from scalesgd.data import DataBundle, GlobalBatchSampler, Split, load_bundle, random_crop_flip
 from scalesgd.errors import NonFiniteLoss
 from scalesgd.models import build_model
-from scalesgd.recipe import build_optimizer, build_scheduler, global_batch_loss, initialize, use_ghost_batch
+from scalesgd.recipe import build_scheduler, global_batch_loss, initialize, use_ghost_batch
 from scalesgd.runtime.process_group import DistEnv, sync_buffers
 from scalesgd.trace import Tracer, write_chrome_trace
 from scalesgd.train import auto_exchange, checkpoint, metrics, planning, report
 from scalesgd.train.checkpoint import Progress
 from scalesgd.train.progress import EpochProgress
 from scalesgd.train.rundir import BUCKETS_NAME, METRICS_NAME, write_json
+
+PROBE_BATCHES = 4  # the first batches of the training set, in turn, for the planner's profile and auto's trials
 
 EVAL_BATCH = 1000
 SKIP_ITERS = 2  # first iterations of a run, left out of the timing breakdown (allocation, warm caches)
@@ -87,8 +89,7 @@ def setup(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool) 
                        num_classes=cfg.classes)
     model = initialize(build_model(cfg.model, data.num_classes, data.in_channels), cfg.zero_gamma, cfg.bn_momentum)
     use_ghost_batch(model, cfg.bn_batch)
-    optimizer = build_optimizer(model, cfg.optimizer, cfg.peak_lr, cfg.momentum, cfg.nesterov, cfg.weight_decay,
-                                cfg.bias_decay, cfg.trust_coefficient, momentum_in_exchange=cfg.momentum_correction)
+    optimizer = cfg.build_optimizer(model)
     env = env.result() if isinstance(env, Future) else env
     model.to(env.device)
     sampler = GlobalBatchSampler(len(data.train), cfg.batch_size, env.world_size, env.rank, seed=cfg.seed)
@@ -97,12 +98,12 @@ def setup(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool) 
     tracer = Tracer(False)
     plan, planned, auto = None, {}, {}
     if cfg.planner != NO_PLANNER or cfg.exchange == "auto":
-        first = torch.arange(min(cfg.per_worker_batch, len(data.train.y)))  # a fixed batch: no RNG drawn
-        batch = (data.train.x[first].to(env.device), data.train.y[first].to(env.device))
+        batches = [(data.train.x[i].to(env.device), data.train.y[i].to(env.device))  # fixed batches: no RNG drawn
+                   for i in torch.arange(len(data.train.y)).split(cfg.per_worker_batch)[:PROBE_BATCHES]]
         if cfg.exchange == "auto":
-            cfg, plan, auto = auto_exchange.choose(cfg, model, batch, criterion, env, run_dir, resume, cfg.quiet)
+            cfg, plan, auto = auto_exchange.choose(cfg, model, batches, criterion, env, run_dir, resume, cfg.quiet)
         else:
-            plan, planned = planning.plan_exchange(cfg, model, batch, criterion, env, run_dir, resume)
+            plan, planned = planning.plan_exchange(cfg, model, batches[0], criterion, env, run_dir, resume)
     exchange = build_exchange(cfg.engine, model, optimizer,
                               cfg.exchange_setup(env.exchange_group, env.topology_groups, tracer, plan, len(sampler)))
     if env.is_main and exchange.plan is not None:
