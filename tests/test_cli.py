@@ -93,9 +93,12 @@ def test_existing_run_dir_is_not_written_over(capsys, tmp_path):
     run.mkdir()
     (run / "config.json").write_text("{}")
     code, err = run_cli(capsys, "train", "--run-dir", str(run))
-    assert code == 2 and "already holds files" in err and "--resume" in err
+    assert code == 2 and "already holds files but no checkpoint" in err and "nothing to resume" in err
     assert (run / "config.json").read_text() == "{}"
     assert [p.name for p in run.iterdir()] == ["config.json"]
+    (run / "checkpoint.pt").write_bytes(b"")
+    code, err = run_cli(capsys, "train", "--run-dir", str(run))
+    assert code == 2 and "already holds a run" in err and f"--resume {run}" in err
 
 
 def test_resume_without_checkpoint(capsys, tmp_path):

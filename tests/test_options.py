@@ -1,13 +1,15 @@
 """Options declared once as config fields: the parser, its help and the checks all come from the fields."""
 
+import argparse
+import math
 from dataclasses import dataclass
 
 import pytest
 
 from scalesgd import checks
 from scalesgd.errors import UsageError
-from scalesgd.options import (OptionParser, add_options, check_fields, given, help_of, ints, option, option_fields,
-                              parse, record, runtime_fields, sizes)
+from scalesgd.options import (OptionParser, add_options, check_fields, floats_of, given, help_of, ints, option,
+                              option_fields, parse, record, refuse, runtime_fields, sizes)
 
 
 @dataclass
@@ -72,3 +74,37 @@ def test_records_runtime_fields_and_list_parsers():
     assert record(Toy())["tags"] == [1, 2] and runtime_fields(Toy) == {"where"}
     assert sizes("256,4K,1M") == (256, 4096, 1 << 20)
     assert given(OptionParser().parse_args([])) == {}
+
+
+def test_every_number_option_is_finite_unless_it_says_otherwise():
+    @dataclass
+    class Numbers:
+        rate: float = option(0.5)
+        sizes: tuple[float, ...] = option((1.0,), parse=floats_of("sizes"))
+        count: int = option(1)
+        wild: float = option(0.0, nonfinite=True)
+
+    check_fields(Numbers(wild=math.nan))
+    for bad, expected in ((Numbers(rate=math.nan), "`rate` nan: must be a finite number"),
+                          (Numbers(sizes=(1.0, math.inf)), "`sizes` 1.0,inf: must be a finite number"),
+                          (Numbers(count=10**30), "`count` 1000000000000000000000000000000: must lie within")):
+        with pytest.raises(UsageError) as err:
+            check_fields(bad)
+        assert str(err.value).startswith(expected)
+
+
+def test_the_option_s_own_check_words_it_first_and_refuse_words_any():
+    @dataclass
+    class Rate:
+        rate: float = option(0.5, check=checks.positive)
+
+    with pytest.raises(UsageError, match="`rate` nan: must be a positive number"):
+        check_fields(Rate(rate=math.nan))
+    refuse("rate", 1, None)
+    with pytest.raises(UsageError, match="^`rates` 1,2: too many$"):
+        refuse("rates", (1, 2), "too many")
+
+
+def test_an_infinite_size_is_a_parse_error():
+    with pytest.raises(argparse.ArgumentTypeError, match="is not a list of element counts"):
+        sizes("infK")

@@ -1,16 +1,44 @@
-"""Rules a single value must meet, each a function from the value to what is wrong with it (None: fine)."""
+"""Rules a single value must meet, each a function from the value to what is wrong with it (None: fine).
+
+Some rules ask this machine (its cores, its free memory, its addresses): they are read when the rule runs,
+and those that only hold for a local launch (workers started here, not under torchrun) say so.
+"""
 
 from __future__ import annotations
 
+import errno
+import ipaddress
 import math
+import os
+import socket
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 Check = Callable[[Any], "str | None"]
 
+INT64_MAX = 2**63 - 1  # the largest count torch and numpy hold
+SEED_MAX = 2**32 - 1  # numpy's generators take seeds in 0..2**32-1
+TIMEOUT_MAX_S = 7 * 24 * 3600  # a week: a collective waiting longer is hung, and timedelta and gloo overflow far above
+MAX_LOCAL_WORKERS = 256  # processes one local launch starts; more belong to torchrun across machines
+WORKER_BYTES = 512 << 20  # what one local worker takes at least: the interpreter, torch, a model and a batch
+# the variables torchrun (and our launcher) give every worker (runtime.process_group.launched_by_torchrun)
+LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
 
 def positive(value) -> str | None:
-    return None if value > 0 and math.isfinite(value) else "must be a positive number"
+    return None if value > 0 and _finite(value) else "must be a positive number"
+
+
+def finite(value) -> str | None:
+    """Every number option (each of a list): nan and ±inf pass or fail comparisons by accident, and an int past
+    64 bits overflows torch and the float arithmetic of the schedule."""
+    for one in value if isinstance(value, tuple) else (value,):
+        if isinstance(one, float) and not math.isfinite(one):
+            return "must be a finite number"
+        if isinstance(one, int) and not isinstance(one, bool) and abs(one) > INT64_MAX:
+            return f"must lie within ±{INT64_MAX} (a whole number of 64 bits)"
+    return None
 
 
 def at_least(low: float, note: str = "") -> Check:
@@ -30,7 +58,109 @@ def within(low: float, high: float, *, low_open: bool = False, high_open: bool =
 
 
 def finite_non_negative(value) -> str | None:
-    return None if value >= 0 and math.isfinite(value) else "must be a finite number >= 0"
+    return None if value >= 0 and _finite(value) else "must be a finite number >= 0"
+
+
+def seed(value) -> str | None:
+    """A seed numpy accepts as well as torch: 0..2**32-1."""
+    return within(0, SEED_MAX, note="numpy's seed range")(value)
+
+
+def timeout(value) -> str | None:
+    """Seconds a collective may wait: above 0, and at most a week (longer is a hang, and overflows the clocks)."""
+    return within(0, TIMEOUT_MAX_S, low_open=True, note="seconds, at most 7 days")(value)
+
+
+def threads(low: int = 0, note: str = "") -> Check:
+    """Compute threads per process: at most this machine's cores, since more only take turns on them."""
+    def check(value) -> str | None:
+        cores = os.cpu_count() or 1
+        why = f"this machine has {cores} cores; more threads only take turns on them"
+        return within(low, cores, note=f"{note}; {why}" if note else why)(value)
+    return check
+
+
+def local_workers(value) -> str | None:
+    """Workers to start: at least one; a local launch at most 256, and as many as the free memory holds."""
+    problem = positive(value)
+    if problem or launched():
+        return problem  # under torchrun the launch decides the world
+    cap, why = local_worker_cap()
+    return None if value <= cap else f"must be at most {cap} for a local launch ({why})"
+
+
+def local_worker_cap() -> tuple[int, str]:
+    """The most workers one local launch may start, and why: about 512 MiB each, 256 at most."""
+    available = available_memory()
+    if available is not None and available // WORKER_BYTES < MAX_LOCAL_WORKERS:
+        return (max(1, available // WORKER_BYTES), f"each worker takes about {bytes_text(WORKER_BYTES)} and "
+                f"{bytes_text(available)} of memory is available")
+    return MAX_LOCAL_WORKERS, f"{MAX_LOCAL_WORKERS} processes on one machine at most; start more with torchrun"
+
+
+def master_addr(value: str) -> str | None:
+    """The rendezvous address: an IP address or localhost; for a local launch one of this machine's, since rank 0
+    listens there."""
+    if value != "localhost":
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            return "must be an IP address (such as 127.0.0.1) or localhost"
+    if not launched() and bind_error(value, 0) is not None:
+        return "is not an address of this machine; a local launch's workers meet on one of its own (such as 127.0.0.1)"
+    return None
+
+
+def master_port(addr: str, port: int) -> str | None:
+    """A local launch's given rendezvous port must be one rank 0 can listen on at `addr` now (0 picks a free one)."""
+    if not port or launched():
+        return None
+    error = bind_error(addr, port)
+    if error is None:
+        return None
+    if error.errno == errno.EADDRINUSE:
+        return f"is in use on {addr}; choose a free port, or 0 to pick one"
+    return f"cannot be listened on at {addr} ({error.strerror}); choose another port, or 0 to pick one"
+
+
+def output_dir(value: str) -> str | None:
+    """An output directory (empty: the default) must be creatable: neither it nor a folder above it an existing
+    file, found before any worker starts rather than when the first result is written."""
+    if not value:
+        return None
+    path = Path(value)
+    try:
+        for part in (path, *path.parents):
+            if part.exists() and not part.is_dir():
+                what = "exists" if part == path else f"{part} exists"
+                return f"{what} and is not a directory; give a new or existing directory"
+    except OSError as err:
+        return f"cannot be used ({err.strerror})"
+    return None
+
+
+def output_file(value: str) -> str | None:
+    """A file written at the end of a run (empty: none): its folder must exist now, so hours of training are not
+    lost to a typo at the last step."""
+    if not value:
+        return None
+    path = Path(value)
+    try:
+        if path.is_dir():
+            return "is a directory; give a file path"
+        if not path.parent.is_dir():
+            return f"its folder {path.parent} does not exist; create it first or give another path"
+    except OSError as err:
+        return f"cannot be used ({err.strerror})"
+    return None
+
+
+def fits_in_memory(nbytes: int) -> str | None:
+    """What a launch holds at once must be free now: past it the kernel kills a worker mid-run, unexplained."""
+    available = available_memory()
+    if available is None or nbytes <= available:
+        return None
+    return f"{bytes_text(nbytes)} needed, {bytes_text(available)} of memory available"
 
 
 def each_once(value: tuple) -> str | None:
@@ -43,6 +173,24 @@ def distinct(value: tuple) -> str | None:
     return "give at least one" if not value else each_once(value)
 
 
+def each(rule: Check) -> Check:
+    """A list whose every value meets `rule` (the first that does not is named)."""
+    def check(value: tuple) -> str | None:
+        for one in value:
+            problem = rule(one)
+            if problem:
+                return f"{number(one)} {problem}"
+        return None
+    return check
+
+
+def all_of(*rules: Check) -> Check:
+    """The first problem of several rules, so an option keeps one check."""
+    def check(value) -> str | None:
+        return next((problem for problem in (rule(value) for rule in rules) if problem), None)
+    return check
+
+
 def problems(values: dict[str, Any], rules: dict[str, Check]) -> dict[str, str]:
     """name → what is wrong, for every value in `values` that breaks its rule."""
     found = {name: rule(values[name]) for name, rule in rules.items()}
@@ -51,6 +199,58 @@ def problems(values: dict[str, Any], rules: dict[str, Check]) -> dict[str, str]:
 
 def number(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def bytes_text(nbytes: int) -> str:
+    """A byte count for messages (1.5 GiB), exact in whole units where a float could not hold it."""
+    for unit, shift in (("EiB", 60), ("PiB", 50), ("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift:
+            whole = nbytes >> shift
+            shown = f"{whole:,}" if whole >= 1 << 20 else f"{nbytes / (1 << shift):.1f}".removesuffix(".0")
+            return f"{shown} {unit}"
+    return f"{nbytes} B"
+
+
+# ---- what this machine offers -----------------------------------------------------------------------
+
+def launched(environ=os.environ) -> bool:
+    """Whether this process is a worker of a launch (torchrun's or ours): the launch, not a check here, decides
+    the workers, addresses and ports."""
+    return all(name in environ for name in LAUNCH_VARIABLES)
+
+
+def processes_here(workers: int) -> int:
+    """How many processes on this machine a check's memory is for: a local launch's workers, else this one."""
+    return 1 if launched() else workers
+
+
+def available_memory(meminfo: str | Path = "/proc/meminfo") -> int | None:
+    """Bytes this machine can give without swapping (Linux's MemAvailable); None where that is not known."""
+    try:
+        with open(meminfo, encoding="ascii") as lines:
+            for line in lines:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def bind_error(addr: str, port: int) -> OSError | None:
+    """What binding a TCP socket to (addr, port) says, as rank 0's rendezvous will (None: it can)."""
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store does: not past a listener
+            probe.bind((addr, port))
+    except OSError as err:
+        return err
+    return None
+
+
+def _finite(value) -> bool:
+    """Not nan or ±inf; a whole number always is (math.isfinite overflows on one past a float's range)."""
+    return not isinstance(value, float) or math.isfinite(value)
 
 
 def _note(note: str) -> str:

@@ -22,7 +22,7 @@ from scalesgd.config import TrainConfig
 from scalesgd.errors import EXIT_USAGE, UsageError, as_flags
 from scalesgd.models import MODELS, build_model
 from scalesgd.options import OptionParser, add_options, given, require_choice
-from scalesgd.runtime import process_group
+from scalesgd.runtime import launcher, process_group
 from scalesgd.sim import command as simulate
 from scalesgd.sim.command import SimulateConfig
 from scalesgd.train import checkpoint, planning, rundir, sweep, worker
@@ -100,11 +100,21 @@ def train_command(options: dict) -> int:
     else:
         cfg = TrainConfig.from_dict(options).validate()
     if torchrun:
-        return worker.run(cfg, resume_dir, resume=resume_dir is not None)
+        return worker.run(cfg, *torchrun_run_dir(cfg, resume_dir))
     if resume_dir is not None:
         rundir.write_config(cfg, resume_dir)
         return worker.spawn(cfg, resume_dir, resume=True)
     return worker.spawn(cfg, rundir.prepare_new_run(cfg), resume=False)
+
+
+def torchrun_run_dir(cfg: TrainConfig, resume_dir: str | None) -> tuple[Path | None, bool]:
+    """Under torchrun: (run directory, resume). A restart (torchrun --max-restarts) of a run with a --run-dir
+    continues in it, from its last checkpoint where it has one; None: rank 0 makes a new one."""
+    if resume_dir is not None:
+        return Path(resume_dir), True
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0 and cfg.run_dir:
+        return Path(cfg.run_dir), (Path(cfg.run_dir) / rundir.CHECKPOINT_NAME).exists()
+    return None, False
 
 
 def plan_command(options: dict) -> int:
@@ -158,7 +168,10 @@ def testbed_command(options: dict) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run a command; a process that joined a distributed launch ends without interpreter teardown."""
+    """Run a command; a process that joined a distributed launch ends with its launcher, and without interpreter
+    teardown."""
+    if argv is None:
+        launcher.join_launcher()
     code = _run(argv)
     if process_group.launched_by_torchrun() and argv is None:
         process_group.exit_process(code)

@@ -8,6 +8,8 @@ naming fields in backticks (the CLI shows them as --flags).
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from dataclasses import dataclass, fields
 from typing import NamedTuple
 
@@ -22,7 +24,7 @@ from scalesgd.errors import UsageError
 from scalesgd.models import MODELS
 from scalesgd.optim import OPTIMIZERS
 from scalesgd.recipe.params import build_optimizer
-from scalesgd.options import check_fields, floats_of, option, parse, require_choice, runtime_fields, words
+from scalesgd.options import check_fields, floats_of, option, parse, refuse, require_choice, runtime_fields, words
 from scalesgd.recipe.scaling import SCALING_RULES, scaled_lr
 from scalesgd.recipe.schedule import SCHEDULES, WARMUPS, LrFactor, default_milestones
 from scalesgd.trace import Tracer
@@ -42,7 +44,7 @@ def _steps_or_epochs(text: str) -> str | None:
         value = float(text[:-2]) if text.endswith("ep") else int(text) if text != "warmup" else 0
     except ValueError:
         return "give STEPS, EPOCHSep (e.g. 2ep) or warmup"
-    return None if value >= 0 else "must be >= 0"
+    return None if value >= 0 and math.isfinite(value) else "must be >= 0 and finite"
 
 
 def _bucket_spec(spec: str) -> str | None:
@@ -60,12 +62,18 @@ class LrSchedule(NamedTuple):
     factor: LrFactor
 
 
+# options a resumed run may change (with a warning: it is no longer exact); --epochs only to more, --workers
+# with the same global batch (the sampler cuts the same global batches; codec state is averaged over the old ranks)
+RESUME_MAY_CHANGE = ("base_lr", "epochs", "workers")
+EVERY = re.compile(r"^(\d+(?:\.\d+)?)(min)?$")  # --checkpoint-every: steps, or minutes
+MAX_EVERY = 1e9  # steps or minutes: more is never
+
 @dataclass
 class TrainConfig:
     """Everything `scalesgd train` needs; the same object is saved as config.json and in checkpoints."""
 
     workers: int = option(2, "local worker processes; under torchrun the launch decides", group=WORKERS,
-                          check=checks.positive)
+                          check=checks.local_workers)
     dataset: str = option("digits", choices=DATASETS, group=DATA)
     data_dir: str | None = option(None, "folder holding the dataset's files (cifar10: cifar-10-batches-py)",
                                   parse=str, group=DATA)
@@ -79,7 +87,7 @@ class TrainConfig:
     base_batch: int = option(256, group=RECIPE, check=checks.positive)
     lr_scaling: str = option("linear", choices=SCALING_RULES, group=RECIPE)
     warmup: str = option("gradual", choices=WARMUPS, group=RECIPE)
-    warmup_epochs: float = option(5.0, group=RECIPE)
+    warmup_epochs: float = option(5.0, group=RECIPE, check=checks.finite_non_negative)
     schedule: str = option("step", choices=SCHEDULES, group=RECIPE)
     milestones: tuple[float, ...] | None = option(None, "step-schedule epochs, comma-separated", group=RECIPE,
                                                   parse=floats_of("epochs"), shown_default="30,60,80 of 90 scaled")
@@ -105,7 +113,7 @@ class TrainConfig:
     bn_batch: int = option(0, "BN statistics over groups of N samples, as N samples per worker would give "
                            "(ghost batch norm); 0: each worker's whole batch", group=RECIPE)
     label_smoothing: float = option(0.0, group=RECIPE, check=checks.within(0, 1, high_open=True))
-    seed: int = option(0, group=RECIPE)
+    seed: int = option(0, group=RECIPE, check=checks.seed)
     engine: str = option("ddp", "gradient exchange", choices=ENGINES, group=WORKERS)
     codec: str = option("fp32", "what travels; with ddp, fp16/bf16/powersgd are PyTorch's own comm hooks, the "
                         "others ours", choices=CODECS, check_choices=False, group=WORKERS)
@@ -150,15 +158,26 @@ class TrainConfig:
                           "greedily (dlgs) or exactly (optimal); none: --buckets decides",
                           choices=lambda: (NO_PLANNER, *PLANNERS), group=WORKERS)
     trace: str = option("", "write a Chrome trace (open in Perfetto) of the last epoch to this file",
-                        group=WORKERS, runtime=True)
-    run_dir: str = option("", "where results go", shown_default="runs/<timestamp>", group=OUTPUT, runtime=True)
+                        group=WORKERS, runtime=True, check=checks.output_file)
+    run_dir: str = option("", "where results go", shown_default="runs/<timestamp>", group=OUTPUT, runtime=True,
+                          check=checks.output_dir)
+    checkpoint_every: str = option("0", "also checkpoint mid-epoch, every N steps or every Nmin minutes, so a kill "
+                                   "loses at most that (each epoch's end always checkpoints); 0: epochs only",
+                                   group=OUTPUT, runtime=True, check=lambda v: None if EVERY.match(v) and
+                                   float(EVERY.match(v)[1]) <= MAX_EVERY else
+                                   f"use 0, a number of steps (200) or minutes (10min), at most {MAX_EVERY:.0e}")
     timeout: float = option(300.0, "seconds any collective may wait", group=WORKERS, runtime=True,
-                            check=checks.positive)
-    master_addr: str = option("127.0.0.1", "rendezvous address", group=WORKERS, runtime=True)
+                            check=checks.timeout)
+    max_restarts: int = option(0, "a failed worker group (a worker lost, not bad input or divergence) starts again "
+                               "from the last checkpoint, this many times at most; under torchrun give torchrun's "
+                               "own --max-restarts and a --run-dir", group=WORKERS, runtime=True,
+                               check=checks.at_least(0))
+    master_addr: str = option("127.0.0.1", "rendezvous address", group=WORKERS, runtime=True,
+                              check=checks.master_addr)
     master_port: int = option(0, "rendezvous port", shown_default="a free one", group=WORKERS, runtime=True,
                               check=checks.within(0, 65535, note="0 picks a free port"))
     threads: int = option(0, "compute threads per worker", shown_default="cores / workers", group=WORKERS,
-                          runtime=True, check=checks.at_least(0, "0 picks cores / local workers"))
+                          runtime=True, check=checks.threads(0, "0 picks cores / local workers"))
     quiet: bool = option(False, "print nothing while training", group=OUTPUT, runtime=True)
     sync_every: int = option(10, "iterations between reads of the loss on the host (one allreduce of their "
                              "losses, no per-step wait); a non-finite loss stops the run at the next read",
@@ -261,15 +280,27 @@ class TrainConfig:
         return cls.from_dict(parse(cls, list(argv), "scalesgd train")).validate()
 
     def incompatible_with(self, stored: TrainConfig) -> list[str]:
-        """Names of the options that differ from a stored run's and would change what it computes."""
+        """Names of the options that differ from a stored run's and that a resumed run cannot take."""
         runtime = runtime_fields(type(self))
-        return [f.name for f in fields(self)
-                if f.name not in runtime and getattr(self, f.name) != getattr(stored, f.name)]
+        return [f.name for f in fields(self) if f.name not in runtime and f.name not in RESUME_MAY_CHANGE
+                and getattr(self, f.name) != getattr(stored, f.name)]
+
+    @property
+    def checkpoint_interval(self) -> tuple[int, float]:
+        """(steps, seconds) between mid-epoch checkpoints; 0 where that kind is off."""
+        number, minutes = EVERY.match(self.checkpoint_every).groups()
+        return (0, float(number) * 60) if minutes else (int(float(number)), 0.0)
+
+    def inexact_changes(self, stored: TrainConfig) -> list[str]:
+        """Of the options a resumed run may change (`RESUME_MAY_CHANGE`), those that differ from the stored run's:
+        the run continues, but no longer as the uninterrupted one would have."""
+        return [name for name in RESUME_MAY_CHANGE if getattr(self, name) != getattr(stored, name)]
 
     # ---- validation ------------------------------------------------------------------------------
     def validate(self) -> TrainConfig:
         """Raise UsageError naming the first bad value (as `field`) and what is accepted."""
         check_fields(self)
+        refuse("master_port", self.master_port, checks.master_port(self.master_addr, self.master_port))
         self._check_exchange()
         self._check_batch()
         self._check_schedule()
@@ -321,6 +352,11 @@ class TrainConfig:
             raise UsageError("`nesterov` needs `momentum` above 0")
 
     def _check_schedule(self) -> None:
+        peak = scaled_lr(self.base_lr, self.batch_size, self.base_batch, self.lr_scaling)
+        if not 0 < peak < math.inf:  # the schedule divides by it, and an infinite rate trains nothing
+            raise UsageError(f"`base_lr` {self.base_lr} scaled for `batch_size` {self.batch_size} from `base_batch` "
+                             f"{self.base_batch} ({self.lr_scaling}) gives {peak:g}; the rate must be positive and "
+                             "finite")
         if self.warmup != "none" and not 0 <= self.warmup_epochs <= self.epochs:
             raise UsageError(f"`warmup_epochs` {self.warmup_epochs} is longer than training (`epochs` {self.epochs}); "
                              f"use 0..{self.epochs} or `warmup` none")
@@ -346,3 +382,9 @@ class TrainConfig:
         if self.batch_size > self.train_size():
             raise UsageError(f"`batch_size` {self.batch_size} is larger than the {self.dataset} training set "
                              f"({self.train_size()} samples)")
+        if dataset.memory is not None:  # every worker holds its own copy
+            copies = checks.processes_here(self.workers)
+            problem = checks.fits_in_memory(dataset.memory(self.samples, self.image_size, self.classes) * copies)
+            refuse("samples", self.samples, problem and f"the {self.dataset} data of {self.image_size}×"
+                   f"{self.image_size} images in each of {copies} worker(s): {problem}; use fewer `samples`, a "
+                   "smaller `image_size` or fewer `workers`")

@@ -2,8 +2,8 @@
 
 A config is a dataclass whose fields are made with `option(default, help, …)`. `add_options` turns
 them into argparse arguments (flag, type, help with the choices and the default), `check_fields`
-applies each field's choices and check, and errors name fields in backticks so the CLI can show them
-as flags (`scalesgd.errors.as_flags`).
+applies each field's choices and check (and to every number: finite, within 64 bits), and errors
+name fields in backticks so the CLI can show them as flags (`scalesgd.errors.as_flags`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from scalesgd.checks import Check, number
+from scalesgd.checks import Check, finite, number
 from scalesgd.errors import UsageError, option_name
 
 
@@ -35,18 +35,20 @@ def option(default: Any, help: str = "", *, choices: Iterable[str] | Callable[[]
            check: Check | None = None,
            parse: Callable[[str], Any] | None = None, flag: str | None = None, group: str = "",
            shown_default: str | None = None, runtime: bool = False, remainder: bool = False,
-           check_choices: bool = True) -> Any:
+           check_choices: bool = True, nonfinite: bool = False) -> Any:
     """A dataclass field with its option: help, accepted names (a registry, a tuple or a function giving
     them), a check, how to parse it.
 
     `parse` defaults to the default's type; `flag` to --field-name (a bool defaulting to True needs
     its --no-… flag); `shown_default` replaces the default in the help; `runtime` marks an option
     that says where and how a run executes, not what it computes; `remainder` takes everything after
-    `--`; `check_choices` False leaves the choices to a check that knows more (the codec's, the engine).
+    `--`; `check_choices` False leaves the choices to a check that knows more (the codec's, the engine);
+    `nonfinite` lets a number option take nan and ±inf, which every other one refuses.
     """
     return dataclasses.field(default=default, metadata={
         "help": help, "choices": choices, "check": check, "parse": parse, "flag": flag, "group": group,
-        "shown_default": shown_default, "runtime": runtime, "remainder": remainder, "check_choices": check_choices})
+        "shown_default": shown_default, "runtime": runtime, "remainder": remainder, "check_choices": check_choices,
+        "nonfinite": nonfinite})
 
 
 def option_fields(cls) -> list[dataclasses.Field]:
@@ -105,17 +107,24 @@ def given(namespace: argparse.Namespace, *leave_out: str) -> dict:
 
 
 def check_fields(config) -> None:
-    """Each option's accepted names and check, in field order; UsageError naming the first bad `field`."""
+    """Each option's accepted names and check, then (numbers) finite and within 64 bits, in field order; UsageError
+    naming the first bad `field`."""
     for f in option_fields(config):
         value = getattr(config, f.name)
         check = f.metadata["check"]
         if f.metadata["choices"] is not None and f.metadata["check_choices"]:
             for one in value if isinstance(value, tuple) else (value,):
                 require_choice(f.name, one, choices_of(f))
-        problem = check(value) if check is not None else None
-        if problem:
-            shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
-            raise UsageError(f"`{f.name}` {shown}: {problem}")
+        refuse(f.name, value, check(value) if check is not None else None)
+        if not f.metadata["nonfinite"]:
+            refuse(f.name, value, finite(value))
+
+
+def refuse(name: str, value: Any, problem: str | None) -> None:
+    """UsageError naming `name` and its value when a check found a problem: one wording for every check."""
+    if problem:
+        shown = ",".join(map(str, value)) if isinstance(value, tuple) else value
+        raise UsageError(f"`{name}` {shown}: {problem}")
 
 
 def choices_of(f: dataclasses.Field) -> tuple[str, ...]:
@@ -165,7 +174,7 @@ def sizes(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(float(w[:-1]) * scale[w[-1].upper()]) if w[-1].upper() in scale else int(w)
                      for w in words(text))
-    except (ValueError, IndexError):
+    except (ValueError, IndexError, OverflowError):  # OverflowError: infK
         raise argparse.ArgumentTypeError(f"{text!r} is not a list of element counts like 256,4K,1M") from None
 
 

@@ -107,6 +107,16 @@ def test_invalid_arguments_raise_value_error(kwargs):
         load_synthetic_bundle(**kwargs)
 
 
+def test_the_memory_estimate_covers_what_a_bundle_holds():
+    bundle = load_synthetic_bundle(samples=300, image_size=8, num_classes=4, channels=2)
+    held = sum(t.numel() * t.element_size() for split in (bundle.train, bundle.test) for t in (split.x, split.y))
+    estimate = synthetic.synthetic_bytes(300, 8, 4, channels=2)
+    assert held < estimate
+    splits = (10**6 + 2 * 10**5) * (3 * 32 * 32 * 4 + 8)  # train and test images and labels, at scale
+    assert splits < synthetic.synthetic_bytes(10**6, 32) < 1.01 * splits
+    assert synthetic.synthetic_bytes(10**12, 32) > 10**16  # known before anything is generated
+
+
 def test_load_bundle_dispatches_to_synthetic():
     bundle = load_bundle("synthetic", samples=60, image_size=8, num_classes=3)
     assert bundle.train.x.shape == (60, 3, 8, 8) and bundle.num_classes == 3

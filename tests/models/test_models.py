@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from scalesgd.errors import UsageError
 from scalesgd.models import MODELS, build_model
 from scalesgd.models.resnet50 import Bottleneck
 from scalesgd.models.resnet_cifar import BasicBlock
@@ -31,6 +32,16 @@ def test_registry_has_exactly_the_expected_names():
 def test_build_model_unknown_name_raises_key_error():
     with pytest.raises(KeyError):
         build_model("resnet9000", 10, 3)
+
+
+@pytest.mark.parametrize("classes,channels,message", [(0, 3, "`classes` 0: must be a positive number"),
+                                                      (-1, 3, "`classes` -1: must be a positive number"),
+                                                      (10, 0, "`in_channels` 0: must be a positive number"),
+                                                      (10**30, 3, "`classes` 10000000000")])
+def test_build_model_refuses_sizes_no_layer_has_in_one_usage_error(classes, channels, message):
+    with pytest.raises(UsageError) as err:
+        build_model("resnet8", classes, channels)
+    assert str(err.value).startswith(message)
 
 
 @pytest.mark.parametrize("name", ALL_NAMES)

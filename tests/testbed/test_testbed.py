@@ -53,7 +53,7 @@ def test_two_node_allreduce_runs_through_the_testbed_and_failures_pass_through(t
     assert record["world_size"] == 2 and all(r["correct"] for r in record["results"])
     failing = scalesgd("testbed", "run", "--prefix", testbed, "--", "python", "-c",
                        "import os; raise SystemExit(7 if os.environ['RANK'] == '1' else 0)")
-    assert failing.returncode != 0 and "worker rank 1 exited with status 7" in failing.stderr
+    assert failing.returncode == 7 and "worker rank 1 exited with status 7" in failing.stderr  # its own status
     assert len(leftovers()) == 3  # a failed command leaves the testbed as it was
 
 
@@ -62,6 +62,29 @@ def test_bad_spec_and_failed_build_leave_nothing_behind():
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--bandwidth 'fast'" in bad.stderr
     with pytest.raises(ValueError, match="--nodes 0"):
         Spec(nodes=0).validate()
+    assert leftovers() == []
+
+
+@pytest.mark.parametrize("rate", ["0mbit", "0.5bit", "99999999999gbit"])
+def test_a_rate_no_link_can_have_is_one_line(rate):
+    bad = scalesgd("testbed", "up", "--bandwidth", rate, "--prefix", PREFIX)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and f"--bandwidth '{rate}'" in bad.stderr
+    assert "1kbit to 100gbit" in bad.stderr and leftovers() == []
+
+
+def test_down_and_up_touch_only_what_the_testbed_made():
+    foreign = [f"{PREFIX}-n7", f"{PREFIX}-sw"]  # named like a testbed's, made by someone else
+    try:
+        for ns in foreign:
+            subprocess.run(["ip", "netns", "add", ns], check=True)
+        down = scalesgd("testbed", "down", "--prefix", PREFIX)
+        assert down.returncode == 0 and sorted(leftovers()) == sorted(foreign)
+        up = scalesgd("testbed", "up", "--prefix", PREFIX)
+        assert up.returncode == 2 and up.stderr.count("\n") == 1 and f"{PREFIX}-sw exist" in up.stderr
+        assert sorted(leftovers()) == sorted(foreign)  # refused, and nothing of theirs removed
+    finally:
+        for ns in foreign:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
     assert leftovers() == []
 
 

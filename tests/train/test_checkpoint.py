@@ -10,7 +10,10 @@ import sys
 import pytest
 import torch
 
+from scalesgd.errors import UsageError
+
 from scalesgd.train.checkpoint import save_atomic
+from scalesgd.train.metrics import read
 from tests.train.cli import load_ckpt, scalesgd, wait_for_checkpoint
 
 
@@ -80,3 +83,40 @@ def test_save_is_atomic_and_leaves_nothing_behind_when_writing_fails(tmp_path):
         save_atomic({"epoch": 2, "bad": lambda: None}, path)  # cannot be pickled: the write fails midway
     assert torch.load(path, weights_only=True) == {"epoch": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
+
+
+def test_the_checkpoint_before_is_kept_beside_the_latest(tmp_path):
+    path, previous = tmp_path / "checkpoint.pt", tmp_path / "checkpoint.prev.pt"
+    for epoch in (1, 2, 3):
+        save_atomic({"epoch": epoch}, path, keep_previous=previous)
+    assert torch.load(path, weights_only=True) == {"epoch": 3}
+    assert torch.load(previous, weights_only=True) == {"epoch": 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.prev.pt", "checkpoint.pt"]
+
+
+def test_a_torn_latest_checkpoint_resumes_from_the_one_before_with_one_line(finished_run, tmp_path):
+    run = tmp_path / "copy"
+    shutil.copytree(finished_run, run)
+    (run / "summary.json").unlink()
+    previous_epoch = torch.load(run / "checkpoint.prev.pt", weights_only=True)["epoch"]
+    whole = (run / "checkpoint.pt").read_bytes()
+    (run / "checkpoint.pt").write_bytes(whole[: len(whole) // 2])  # torn, as by a full disk
+    (run / ".checkpoint.pt.abc123.tmp").write_bytes(b"")  # what a killed writer leaves
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write('{"kind": "iter", "ep')  # torn last line
+    proc = scalesgd("train", "--resume", str(run))
+    assert proc.returncode == 0, proc.stderr
+    notes = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(notes) == 1 and "checkpoint.pt is unreadable" in notes[0]
+    assert f"resuming from checkpoint.prev.pt, epoch {previous_epoch}" in notes[0]
+    assert load_ckpt(run)["epoch"] == 2 and not list(run.glob(".*.tmp"))
+    records = read(run / "metrics.jsonl")
+    assert [r["epoch"] for r in records if r["kind"] == "epoch"] == [1, 2]
+
+
+def test_a_damaged_metrics_line_is_one_line_not_a_traceback(tmp_path):
+    (tmp_path / "m.jsonl").write_text('{"epoch": 1}\nnot json\n{"epoch": 2}\n')
+    with pytest.raises(UsageError, match="line 2 is not a JSON record"):
+        read(tmp_path / "m.jsonl")
+    (tmp_path / "t.jsonl").write_text('{"epoch": 1}\n{"epo')
+    assert read(tmp_path / "t.jsonl") == [{"epoch": 1}]

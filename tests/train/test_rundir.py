@@ -4,7 +4,7 @@ import pytest
 
 from scalesgd.config import TrainConfig
 from scalesgd.errors import UsageError
-from scalesgd.train.rundir import CONFIG_NAME, default_run_dir, prepare_new_run, read_config
+from scalesgd.train.rundir import CHECKPOINT_NAME, CONFIG_NAME, default_run_dir, prepare_new_run, read_config
 
 
 def test_a_new_run_gets_its_own_directory_and_its_config(tmp_path, monkeypatch):
@@ -17,6 +17,9 @@ def test_a_new_run_gets_its_own_directory_and_its_config(tmp_path, monkeypatch):
 
 def test_a_directory_holding_files_is_refused_and_left_alone(tmp_path):
     (tmp_path / CONFIG_NAME).write_text("{}")
-    with pytest.raises(UsageError, match="`run_dir` .* already holds files; .* with `resume`"):
+    with pytest.raises(UsageError, match="`run_dir` .* already holds files but no checkpoint"):
         prepare_new_run(TrainConfig(run_dir=str(tmp_path)))
     assert (tmp_path / CONFIG_NAME).read_text() == "{}"
+    (tmp_path / CHECKPOINT_NAME).write_bytes(b"")
+    with pytest.raises(UsageError, match="`run_dir` .* already holds a run; .* with `resume`"):
+        prepare_new_run(TrainConfig(run_dir=str(tmp_path)))

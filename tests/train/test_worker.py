@@ -39,7 +39,7 @@ def test_killing_a_worker_stops_the_others_with_one_line_naming_it(tmp_path):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 1
+    assert proc.returncode == 128 + signal.SIGKILL  # the killed worker's status, as a shell gives it
     assert stopped_after < 30
     lines = [line for line in err.splitlines() if line.strip()]
     assert lines == ["scalesgd: error: worker rank 1 was killed by SIGKILL; the other workers were stopped"]

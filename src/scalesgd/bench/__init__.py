@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from scalesgd.bench import accuracy, allreduce, codec, fp8_range, link, optimizer, train
+from scalesgd.bench import accuracy, allreduce, codec, faults, fp8_range, link, optimizer, train
 from scalesgd.registry import Registry
 
 
@@ -39,3 +39,6 @@ BENCHES.add("accuracy", Bench(accuracy.AccuracyBenchConfig, accuracy.run,
                               "command runs again."))
 BENCHES.add("link", Bench(link.LinkBenchConfig, link.run,
                           "throughput and round trip between node 0 and node 1 (run it in the testbed)", True))
+BENCHES.add("faults", Bench(faults.FaultsBenchConfig, faults.run,
+                            "faults injected into short training runs: seconds to the end and whether the outcome "
+                            "is the promised one", False))

@@ -29,8 +29,10 @@ class AccuracyBenchConfig:
                                        parse=lambda t: tuple(v.strip() for v in t.split(";") if v.strip()),
                                        shown_default="--codec fp32",
                                        check=lambda v: None if v else "give at least one, e.g. '--codec fp32'")
-    seeds: tuple[int, ...] = option((0, 1, 2), parse=ints, check=checks.distinct)
-    out: str = option("", "output directory", shown_default="runs/bench/accuracy-<timestamp>")
+    seeds: tuple[int, ...] = option((0, 1, 2), parse=ints, check=checks.all_of(checks.distinct,
+                                                                                checks.each(checks.seed)))
+    out: str = option("", "output directory", shown_default="runs/bench/accuracy-<timestamp>",
+                      check=checks.output_dir)
     train_args: tuple[str, ...] = option((), "-- then options for every run", remainder=True)
 
     def validate(self) -> AccuracyBenchConfig:

@@ -21,6 +21,7 @@ from scalesgd.options import sizes as element_counts
 from scalesgd.runtime import process_group
 
 DTYPES = ("float32", "float16", "bfloat16", "float64")
+COPIES = 3  # buffers of a size each worker holds: the input, its working clone, an algorithm's receive buffer
 
 
 def exchanges() -> list[str]:
@@ -32,7 +33,7 @@ def exchanges() -> list[str]:
 class AllreduceBenchConfig(BenchLaunch):
     """`scalesgd bench allreduce`: sizes in elements, every algorithm timed on the same tensors."""
 
-    workers: int = option(4, "local workers; under torchrun the launch decides", check=checks.positive)
+    workers: int = option(4, "local workers; under torchrun the launch decides", check=checks.local_workers)
     sizes: tuple[int, ...] = option((256, 4096, 16384, 65536, 262144, 1 << 20, 1 << 22),
                                     "element counts, e.g. 256,4K,64K,1M,16M (K = 1024)", parse=element_counts,
                                     check=lambda v: None if v and min(v) >= 0 else "give element counts >= 0")
@@ -46,6 +47,10 @@ class AllreduceBenchConfig(BenchLaunch):
     def validate(self) -> AllreduceBenchConfig:
         check_fields(self)
         self.check_launch(self.workers)
+        largest = max(self.sizes)
+        self.check_memory(self.workers, "sizes", largest * COPIES * torch.finfo(getattr(torch, self.dtype)).bits // 8,
+                          f"{COPIES} buffers of {largest:,} {self.dtype} elements", "give smaller sizes or fewer "
+                          "`workers`")
         compressed = [a for a in self.algorithms if a in CODECS]
         if compressed and self.dtype != "float32":
             raise UsageError(f"`algorithms` {','.join(compressed)} compress float32 gradients; use `dtype` float32")

@@ -28,8 +28,8 @@ class CodecBenchConfig:
                                     check=checks.distinct)
     repeats: int = option(5, "timed calls per point", check=checks.positive)
     warmup: int = option(2, "untimed calls first", check=checks.at_least(0))
-    threads: int = option(1, "compute threads", check=checks.positive)
-    out: str = option("", "output directory", shown_default="runs/bench/codec-<timestamp>")
+    threads: int = option(1, "compute threads", check=checks.threads(1))
+    out: str = option("", "output directory", shown_default="runs/bench/codec-<timestamp>", check=checks.output_dir)
 
     def validate(self) -> CodecBenchConfig:
         check_fields(self)

@@ -41,8 +41,9 @@ class Fp8RangeBenchConfig:
     batch_size: int = option(32, check=checks.positive)
     samples: int = option(1024, "elements sampled per tensor for its quantile, as training does",
                           check=checks.positive)
-    threads: int = option(2, "compute threads", check=checks.positive)
-    out: str = option("", "output directory", shown_default="runs/bench/fp8-range-<timestamp>")
+    threads: int = option(2, "compute threads", check=checks.threads(1))
+    out: str = option("", "output directory", shown_default="runs/bench/fp8-range-<timestamp>",
+                      check=checks.output_dir)
 
     def validate(self) -> Fp8RangeBenchConfig:
         check_fields(self)

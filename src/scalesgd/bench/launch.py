@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from scalesgd import checks
 from scalesgd.errors import UsageError
-from scalesgd.options import option, record
+from scalesgd.options import option, record, refuse
 from scalesgd.runtime import launcher, process_group
 
 
@@ -19,17 +19,25 @@ class BenchLaunch:
 
     procs_per_node: int = option(0, "processes per node for hierarchical", shown_default="LOCAL_WORLD_SIZE",
                                  check=checks.at_least(0, "0 reads LOCAL_WORLD_SIZE"))
-    out: str = option("", "output directory", shown_default="runs/bench/<kind>-<timestamp>")
-    timeout: float = option(300.0, "seconds any collective may wait", check=checks.positive)
-    master_addr: str = option("127.0.0.1", "rendezvous address")
+    out: str = option("", "output directory", shown_default="runs/bench/<kind>-<timestamp>", check=checks.output_dir)
+    timeout: float = option(300.0, "seconds any collective may wait", check=checks.timeout)
+    master_addr: str = option("127.0.0.1", "rendezvous address", check=checks.master_addr)
     master_port: int = option(0, "rendezvous port", shown_default="a free one",
                               check=checks.within(0, 65535, note="0 picks a free port"))
     threads: int = option(0, "compute threads per worker", shown_default="cores / workers",
-                          check=checks.at_least(0, "0 picks cores / local workers"))
+                          check=checks.threads(0, "0 picks cores / local workers"))
 
     def check_launch(self, workers: int) -> None:
         if self.procs_per_node and workers % self.procs_per_node:
             raise UsageError(f"`procs_per_node` {self.procs_per_node}: must divide `workers` {workers}")
+        refuse("master_port", self.master_port, checks.master_port(self.master_addr, self.master_port))
+
+    def check_memory(self, workers: int, name: str, per_worker: int, what: str, instead: str) -> None:
+        """`per_worker` bytes (`what` they hold) in every worker started here must be free now: refused naming
+        option `name`, and what to give `instead`."""
+        copies = checks.processes_here(workers)
+        problem = checks.fits_in_memory(per_worker * copies)
+        refuse(name, getattr(self, name), problem and f"{what} in each of {copies} worker(s): {problem}; {instead}")
 
     def node_size(self, workers: int) -> int:
         """Processes per node: the option, else what the launcher says."""
@@ -54,7 +62,12 @@ def on_workers(kind: str, cfg, argv: list[str], run: Callable[..., int]) -> int:
     if process_group.launched_by_torchrun():
         cfg.workers = int(os.environ["WORLD_SIZE"])
         cfg.out = cfg.out or f"runs/bench/{kind}-{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}"
-        return run(cfg, command_line(argv))
+        try:
+            return run(cfg, command_line(argv))
+        except Exception as err:
+            if not process_group.is_peer_failure(err):
+                raise
+            return process_group.peer_lost(err)  # the launcher names the worker that failed
     if not cfg.out:  # every worker must write to the directory the parent chose
         cfg.out = default_out(kind)
         argv = [*argv, "--out", cfg.out]

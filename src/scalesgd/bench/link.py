@@ -22,7 +22,7 @@ class LinkBenchConfig(BenchLaunch):
     """`scalesgd bench link`: throughput and round trip across the link between two nodes."""
 
     workers: int = option(2, "local workers; under torchrun the launch decides",
-                          check=checks.at_least(2, "a link needs at least 2"))
+                          check=checks.all_of(checks.at_least(2, "a link needs at least 2"), checks.local_workers))
     megabytes: int = option(16, "payload per transfer", check=checks.positive)
     repeats: int = option(5, "timed transfers", check=checks.positive)
 

@@ -39,9 +39,10 @@ class OptimizerBenchConfig:
                                          choices=OPTIMIZERS, parse=words, check=checks.distinct)
     repeats: int = option(20, "timed steps per optimizer", check=checks.positive)
     warmup: int = option(3, "untimed steps first", check=checks.at_least(0))
-    threads: int = option(1, "compute threads", check=checks.positive)
+    threads: int = option(1, "compute threads", check=checks.threads(1))
     weight_decay: float = option(5e-5, "of the decayed group; never BN γ/β", check=checks.finite_non_negative)
-    out: str = option("", "output directory", shown_default="runs/bench/optimizer-<timestamp>")
+    out: str = option("", "output directory", shown_default="runs/bench/optimizer-<timestamp>",
+                      check=checks.output_dir)
 
     def validate(self) -> OptimizerBenchConfig:
         check_fields(self)

@@ -40,7 +40,7 @@ BATCHES = 8  # distinct synthetic batches each mode cycles through
 class TrainBenchConfig(BenchLaunch):
     """`scalesgd bench train`: every exchange mode timed on the same model, data and workers."""
 
-    workers: int = option(2, "local workers; under torchrun the launch decides", check=checks.positive)
+    workers: int = option(2, "local workers; under torchrun the launch decides", check=checks.local_workers)
     model: str = option("resnet20", choices=MODELS)
     image_size: int = option(32, "synthetic input side", check=checks.positive)
     channels: int = option(3, "input channels", check=checks.positive)
@@ -62,6 +62,10 @@ class TrainBenchConfig(BenchLaunch):
         """Every option, then every mode as the training run it describes."""
         check_fields(self)
         self.check_launch(self.workers)
+        per_rank = -(-self.batch_size // self.workers)
+        self.check_memory(self.workers, "batch_size", BATCHES * per_rank * self.channels * self.image_size ** 2 * 4,
+                          f"{BATCHES} synthetic batches of {per_rank} × {self.channels}×{self.image_size}×"
+                          f"{self.image_size} float32", "use a smaller `batch_size`, `image_size` or `channels`")
         describe(Mode("ddp", "ddp"), self, self.workers).validate()  # the model, data and batch every mode shares
         for rate in self.bandwidths:
             if not RATE.match(rate):

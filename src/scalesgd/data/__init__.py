@@ -12,7 +12,7 @@ from scalesgd.data.cifar10 import check_cifar10_dir, load_cifar10_bundle
 from scalesgd.data.dataset import DataBundle, DataError, Split
 from scalesgd.data.digits import load_digits_bundle
 from scalesgd.data.sampler import GlobalBatchSampler
-from scalesgd.data.synthetic import load_synthetic_bundle
+from scalesgd.data.synthetic import load_synthetic_bundle, synthetic_bytes
 from scalesgd.registry import Registry
 
 
@@ -24,6 +24,7 @@ class Dataset:
     train_size: Callable[[int], int]  # the training-set size, given the `samples` option
     check_dir: Callable[[str | Path], object] | None = None  # raises DataError unless data_dir holds it
     files: str = ""  # what its data_dir holds, for messages
+    memory: Callable[[int, int, int], int] | None = None  # bytes a process holds: (samples, image_size, classes)
 
 
 DATASETS: Registry[Dataset] = Registry("dataset")
@@ -31,7 +32,7 @@ DATASETS.add("digits", Dataset(lambda data_dir, samples, image_size, classes: lo
                                lambda samples: digits.TRAIN_SIZE))
 DATASETS.add("synthetic", Dataset(lambda data_dir, samples, image_size, classes: load_synthetic_bundle(
                                       samples=samples, image_size=image_size, num_classes=classes),
-                                  lambda samples: samples))
+                                  lambda samples: samples, memory=synthetic_bytes))
 DATASETS.add("cifar10", Dataset(lambda data_dir, samples, image_size, classes: load_cifar10_bundle(data_dir),
                                 lambda samples: cifar10.TRAIN_SIZE, check_cifar10_dir,
                                 f"{cifar10.FOLDER_NAME}/"))
@@ -48,4 +49,5 @@ def load_bundle(name: str, *, data_dir: str | Path | None = None, samples: int =
 
 
 __all__ = ["DATASETS", "DataBundle", "DataError", "Dataset", "GlobalBatchSampler", "Split", "check_cifar10_dir",
-           "load_bundle", "load_cifar10_bundle", "load_digits_bundle", "load_synthetic_bundle", "random_crop_flip"]
+           "load_bundle", "load_cifar10_bundle", "load_digits_bundle", "load_synthetic_bundle", "random_crop_flip",
+           "synthetic_bytes"]

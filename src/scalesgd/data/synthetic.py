@@ -17,6 +17,7 @@ CONTRAST_RANGE = (0.5, 1.5)
 SMOOTH_NOISE = 0.8  # std of the smooth noise relative to a unit-std template
 WHITE_NOISE = 0.8  # std of the per-pixel noise relative to a unit-std template
 CHUNK = 2048  # samples generated per step; fixed, because results depend on it
+CHUNK_COPIES = 5  # images of a chunk alive at once while it is made: shifts, smooth and white noise
 
 
 def load_synthetic_bundle(
@@ -68,6 +69,17 @@ def load_synthetic_bundle(
         image_size=image_size,
         augment=False,
     )
+
+
+def synthetic_bytes(samples: int, image_size: int, num_classes: int = 10, channels: int = 3,
+                    test_samples: int | None = None) -> int:
+    """Bytes `load_synthetic_bundle` holds at its peak, so a size that cannot fit is refused before loading: both
+    splits (float32 images, int64 labels), the class templates and one chunk's scratch."""
+    if test_samples is None:
+        test_samples = max(samples // 5, num_classes)
+    image = channels * image_size * image_size * 4
+    scratch = min(CHUNK, max(samples, test_samples)) * CHUNK_COPIES * image
+    return (samples + test_samples) * (image + 8) + num_classes * image + scratch
 
 
 def _templates(num_classes: int, channels: int, image_size: int, generator: torch.Generator) -> torch.Tensor:

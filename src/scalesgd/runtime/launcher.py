@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from contextlib import contextmanager
 
 from scalesgd.errors import EXIT_NON_FINITE, EXIT_PEER_LOST, EXIT_USAGE
+from scalesgd.runtime.heartbeat import Heartbeats, beat_in_background
 
 LAUNCHED_MARK = "SCALESGD_LAUNCHED"
+LAUNCHER_PID = "SCALESGD_LAUNCHER_PID"  # the worker's parent: it ends when that process does
+PR_SET_PDEATHSIG = 1
 POLL_S = 0.1
 KILL_GRACE_S = 5.0
 
 
 def free_port(addr: str) -> int:
     """A port on `addr` that nothing listens on now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((addr, 0))
         return s.getsockname()[1]
 
@@ -39,28 +45,130 @@ def worker_env(rank: int, world: int, addr: str, port: int, local_rank: int | No
     return env
 
 
-def spawn(args: list[str], workers: int, addr: str, port: int, timeout_s: float) -> int:
-    """Run `python ARGS` as `workers` local ranks on `addr` and supervise them; returns the exit status."""
-    port = port or free_port(addr)
-    procs = [subprocess.Popen([sys.executable, *args], env=worker_env(r, workers, addr, port))
-             for r in range(workers)]
+def spawn(args: list[str], workers: int, addr: str, port: int, timeout_s: float, restarts: int = 0,
+          restart_args: Callable[[int], list[str]] | None = None) -> int:
+    """Run `python ARGS` as `workers` local ranks on `addr` and supervise them; returns the exit status.
+
+    With `restarts`, a group that failed (not on bad input, divergence or a signal to this launcher) is started
+    again, up to that many times, as `python restart_args(attempt)`.
+    """
+    def group(argv: list[str]) -> list[tuple[list[str], dict, object]]:
+        rendezvous = port or free_port(addr)
+        return [([sys.executable, *argv], worker_env(r, workers, addr, rendezvous), None) for r in range(workers)]
+
+    return launch(group(args), timeout_s, restarts, (lambda attempt: group(restart_args(attempt))) if restarts else None)
+
+
+class Stopped(Exception):
+    """The launcher was sent a signal that ends a run (SIGTERM from kill, systemd, Slurm, Kubernetes; SIGHUP)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def stopped_by_signals():
+    """SIGTERM and SIGHUP raise `Stopped` in the launcher, so they end the workers as Ctrl-C does."""
+    def handler(signum, _frame):
+        raise Stopped(signum)
+
+    previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
     try:
-        return supervise(procs, timeout_s)
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+FINAL = (0, EXIT_USAGE, EXIT_NON_FINITE)  # statuses a restart would only repeat
+
+
+def launch(workers: list[tuple[list[str], dict, object]], timeout_s: float, restarts: int = 0,
+           again: Callable[[int], list[tuple[list[str], dict, object]]] | None = None) -> int:
+    """Start each (argv, env, stdout) worker and supervise them all; a signal, Ctrl-C or a failure to start one
+    stops those already running, with one line and a non-zero status. A group that failed otherwise is started
+    again as `again(attempt)` says, `restarts` times at most."""
+    with stopped_by_signals():
+        for attempt in range(restarts + 1):
+            code, stopped_here = _launch_once(again(attempt) if attempt else workers, timeout_s)
+            if stopped_here or code in FINAL:
+                break
+        return code
+
+
+def _launch_once(workers: list[tuple[list[str], dict, object]], timeout_s: float) -> tuple[int, bool]:
+    """One group's exit status, and whether this launcher was told to stop (no restart then)."""
+    procs: list[subprocess.Popen] = []
+    heartbeats = Heartbeats(len(workers))
+    try:
+        for rank, (argv, env, stdout) in enumerate(workers):
+            env = env | heartbeats.env(rank) | {LAUNCHER_PID: str(os.getpid())}
+            procs.append(subprocess.Popen(argv, env=env, stdout=stdout))
+        return supervise(procs, timeout_s, heartbeats), False
     except KeyboardInterrupt:
         stop(procs)
         print("scalesgd: interrupted; the workers were stopped", file=sys.stderr)
-        return 130
+        return 128 + signal.SIGINT, True
+    except Stopped as stopped:
+        stop(procs)
+        print(f"scalesgd: stopped by {stopped}; the workers were stopped", file=sys.stderr)
+        return 128 + stopped.signum, True
+    except OSError as err:  # fork or exec failed part-way (too many processes, no memory)
+        stop(procs)
+        print(f"scalesgd: error: could not start worker {len(procs)} of {len(workers)} ({err.strerror or err}); "
+              "the ones started were stopped", file=sys.stderr)
+        return 1, True
+    finally:
+        heartbeats.close()
 
 
-def supervise(procs: list[subprocess.Popen], timeout_s: float) -> int:
-    """Wait for every worker; after the first failure give the rest `timeout_s` to stop, then kill them."""
+def join_launcher() -> None:
+    """In a process our launcher started: end with it, and show it signs of life (no-ops anywhere else)."""
+    die_with_parent()
+    beat_in_background()
+
+
+def die_with_parent(environ=os.environ) -> None:
+    """In a worker we launched: end when its parent ends, however it ends (Linux's parent-death signal), so no
+    orphan trains on; if the launcher is already gone, end now. The mark is not passed on to the worker's own
+    children."""
+    launcher_pid = environ.pop(LAUNCHER_PID, None)
+    if launcher_pid is None or not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    try:
+        os.kill(int(launcher_pid), 0)
+    except ProcessLookupError:
+        os._exit(128 + signal.SIGTERM)
+
+
+def supervise(procs: list[subprocess.Popen], timeout_s: float, heartbeats: Heartbeats | None = None) -> int:
+    """Wait for every worker; after the first failure give the rest `timeout_s` to stop, then kill them.
+
+    With `heartbeats`, a worker silent for `timeout_s` (or silent at all once another has failed) is not running:
+    the run ends then, and that worker is the one named.
+    """
     failures: list[tuple[int, int]] = []  # (rank, exit code) in the order they were seen
-    deadline = None
+    deadline, hung = None, []
     while True:
         for rank, p in enumerate(procs):
             if p.poll() not in (None, 0) and rank not in [r for r, _ in failures]:
                 failures.append((rank, p.returncode))
-        if all(p.returncode is not None for p in procs):
+        running = [r for r, p in enumerate(procs) if p.returncode is None]
+        if not running:
+            break
+        if heartbeats is not None:
+            silent = heartbeats.silent(running)
+            if silent and (failures or max(age for _, age in silent) > timeout_s):
+                hung = silent
+                stop(procs)
+                break
+        if any(code == EXIT_USAGE for _, code in failures):
+            stop(procs)  # bad input is the same on every rank: nobody needs to wait for the others
             break
         if failures and deadline is None:
             deadline = time.monotonic() + timeout_s
@@ -68,6 +176,11 @@ def supervise(procs: list[subprocess.Popen], timeout_s: float) -> int:
             stop(procs)
             break
         time.sleep(POLL_S)
+    if hung:
+        rank, age = hung[0]
+        print(f"scalesgd: error: worker rank {rank} stopped responding (no sign of life for {age:.0f} s); "
+              "the other workers were stopped", file=sys.stderr)
+        return 1
     if not failures:
         return 0
     codes = [code for _, code in failures]
@@ -78,7 +191,7 @@ def supervise(procs: list[subprocess.Popen], timeout_s: float) -> int:
     rank, code = first_failure(failures)
     print(f"scalesgd: error: worker rank {rank} {describe_exit(code)}; the other workers were stopped",
           file=sys.stderr)
-    return 1
+    return code if code > 0 else 128 - code  # the worker's own status; a signal's as a shell gives it
 
 
 def first_failure(failures: list[tuple[int, int]]) -> tuple[int, int]:

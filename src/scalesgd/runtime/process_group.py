@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -11,8 +12,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from scalesgd import checks
 from scalesgd.comm.topology import Topology, build_groups
-from scalesgd.errors import PeerLost
+from scalesgd.errors import EXIT_PEER_LOST, PeerLost, UsageError
+from scalesgd.runtime.launcher import LAUNCHED_MARK
 
 # What a collective says when another worker died or stopped answering (lower case), and where it comes from
 PEER_FAILURE_PATTERNS = (
@@ -25,6 +28,9 @@ PEER_FAILURE_PATTERNS = (
     "collective operation timeout",  # NCCL's watchdog
     "communicator was aborted",  # NCCL, after a peer failed
 )
+
+
+_LISTENERS: list[socket.socket] = []  # rendezvous sockets handed to a store (rank 0)
 
 
 @dataclass(frozen=True)
@@ -46,7 +52,7 @@ class DistEnv:
 
 def launched_by_torchrun(environ=os.environ) -> bool:
     """True when a launcher (torchrun or ours) already set RANK, WORLD_SIZE and MASTER_ADDR."""
-    return all(k in environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+    return checks.launched(environ)
 
 
 def start_init(timeout_s: float, threads: int = 0, exchange_group: bool = False,
@@ -76,8 +82,12 @@ def init(timeout_s: float, threads: int = 0, exchange_group: bool = False,
     else:
         device = torch.device("cpu")
     set_threads(threads)
-    dist.init_process_group(backend_for(device), rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if os.environ.get(LAUNCHED_MARK) == "1":  # ours: the store listens on the rendezvous address alone
+        dist.init_process_group(backend_for(device), store=rendezvous_store(rank, world, timeout), rank=rank,
+                                world_size=world, timeout=timeout)
+    else:  # torchrun's: its agent hosts the store, on the launch's own address
+        dist.init_process_group(backend_for(device), rank=rank, world_size=world, timeout=timeout)
     groups = {}
     if exchange_group:
         groups["exchange_group"] = dist.new_group()  # new groups take the default group's backends
@@ -86,6 +96,26 @@ def init(timeout_s: float, threads: int = 0, exchange_group: bool = False,
     env = DistEnv(rank, world, local_rank, local_world, device, **groups)
     warm_up(env)
     return env
+
+
+def rendezvous_store(rank: int, world: int, timeout: datetime.timedelta) -> dist.TCPStore:
+    """The rendezvous store at MASTER_ADDR:MASTER_PORT, its server (rank 0's) listening on that address only.
+
+    torch's own store listens on every interface, where anyone who reaches the machine could write into the
+    run (and what passes through it is unpickled); the socket bound here is handed to the store instead.
+    """
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    if rank != 0:
+        return dist.TCPStore(addr, port, world, is_master=False, timeout=timeout)
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    try:
+        listener = socket.create_server((addr, port), family=family, backlog=max(128, 2 * world))
+    except OSError as err:  # taken since the launcher checked it
+        raise UsageError(f"`master_port` {port}: {addr}:{port} cannot be listened on ({err.strerror or err}); "
+                         "choose another port, or 0 for a free one") from None
+    store = dist.TCPStore(addr, port, world, is_master=True, timeout=timeout, master_listen_fd=listener.fileno())
+    _LISTENERS.append(listener)  # the store serves on this descriptor: keep it open while the process lives
+    return store
 
 
 def backend_for(device: torch.device) -> str:
@@ -125,6 +155,16 @@ def is_peer_failure(exc: BaseException) -> bool:
     if isinstance(exc, (PeerLost, dist.DistNetworkError, dist.DistStoreError)):
         return True
     return isinstance(exc, RuntimeError) and any(p in str(exc).lower() for p in PEER_FAILURE_PATTERNS)
+
+
+def peer_lost(err: BaseException) -> int:
+    """A worker's exit when a peer died or stopped answering: quiet under our launcher (it names the rank that
+    failed), one line under torchrun."""
+    if os.environ.get(LAUNCHED_MARK) != "1":
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        print(f"scalesgd: rank {os.environ.get('RANK', 0)}: a collective failed, a peer died or timed out: {first}",
+              file=sys.stderr)
+    return EXIT_PEER_LOST
 
 
 def broadcast_object(obj, src: int = 0, group=None):

@@ -86,7 +86,7 @@ class SimulateConfig:
                            "--calibration directory's compute and costs; print the errors", flag="--validate")
     json: bool = option(False, "print the results as JSON")
     out: str = option("", "write simulate.{json,md,png} (validate.{json,md} with --validate) here",
-                      shown_default="runs/simulate-<timestamp>")
+                      shown_default="runs/simulate-<timestamp>", check=checks.output_dir)
 
     def validate(self) -> SimulateConfig:
         check_fields(self)
@@ -111,8 +111,6 @@ class SimulateConfig:
             for path in getattr(self, name).split(",") if getattr(self, name) else ():
                 if not Path(path).is_dir():
                     raise UsageError(f"`{flag}` {path}: not a directory")
-        if self.out and Path(self.out).exists() and not Path(self.out).is_dir():
-            raise UsageError(f"`out` {self.out}: exists and is not a directory")
         return self
 
 

@@ -57,28 +57,36 @@ def up(spec: TestbedSpec) -> TestbedSpec:
     """Create the testbed; the same spec twice is a no-op, a different one is rebuilt; partial work is undone."""
     check_host()
     existing = read_state(spec.prefix)
-    if existing == spec and all(ns in namespaces() for ns in (spec.switch, *map(spec.node, range(spec.nodes)))):
+    if existing == spec and all(ns in namespaces() for ns in spec.namespaces()):
         return spec
     down(spec.prefix)
+    taken = [ns for ns in spec.namespaces() if ns in namespaces()]
+    if taken:
+        raise TestbedError(f"namespaces {', '.join(taken)} exist but no testbed {spec.prefix!r} made them; "
+                           "choose another --prefix (or remove them with `ip netns del`)")
+    created: list[str] = []
     try:
-        _build(spec)
+        _build(spec, created)
     except BaseException:  # a failed command or Ctrl-C: leave nothing behind
-        down(spec.prefix)
+        _remove(created)
         raise
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     state_file(spec.prefix).write_text(json.dumps(spec.to_dict()))
     return spec
 
 
-def _build(spec: TestbedSpec) -> None:
+def _build(spec: TestbedSpec, created: list[str]) -> None:
+    """Namespaces, bridge, links and shaping; each namespace is listed in `created` as soon as it exists."""
     sw = spec.switch
     sh("ip", "netns", "add", sw)
+    created.append(sw)
     sh("ip", "-n", sw, "link", "set", "lo", "up")
     sh("ip", "-n", sw, "link", "add", "br0", "type", "bridge")
     sh("ip", "-n", sw, "link", "set", "br0", "up")
     for i in range(spec.nodes):
         node, port = spec.node(i), spec.switch_port(i)
         sh("ip", "netns", "add", node)
+        created.append(node)
         sh("ip", "link", "add", port, "netns", sw, "type", "veth", "peer", "name", DEVICE, "netns", node)
         sh("ip", "-n", sw, "link", "set", port, "master", "br0", "up")
         sh("ip", "-n", node, "addr", "add", f"{spec.address(i)}/24", "dev", DEVICE)
@@ -125,12 +133,25 @@ def _tc_netem(node: str, latency: str) -> None:
 
 
 def down(prefix: str) -> list[str]:
-    """Remove every namespace (and so every link and qdisc) this prefix made; returns what was removed."""
+    """Remove the namespaces (and so every link and qdisc) this prefix's state file lists; returns what was removed.
+
+    Namespaces the testbed did not make are never touched, whatever their names.
+    """
     check_host()
-    removed = [ns for ns in namespaces() if ns == f"{prefix}-sw" or ns.startswith(f"{prefix}-n")]
+    spec = read_state(prefix)
+    if spec is None:
+        return []
+    removed = _remove(spec.namespaces())
+    state_file(prefix).unlink(missing_ok=True)
+    return removed
+
+
+def _remove(names: list[str]) -> list[str]:
+    """Delete those of `names` that exist; the ones deleted."""
+    present = set(namespaces())
+    removed = [ns for ns in names if ns in present]
     for ns in removed:
         sh("ip", "netns", "del", ns)
-    state_file(prefix).unlink(missing_ok=True)
     return removed
 
 

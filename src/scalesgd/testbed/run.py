@@ -30,17 +30,14 @@ def run(prefix: str, command: list[str], timeout_s: float) -> int:
     if spec is None:
         raise TestbedError(f"no testbed {prefix!r} is up; start one with `scalesgd testbed up --prefix {prefix}`")
     argv = resolve(command)
-    procs = []
-    try:
-        for node in range(spec.nodes):
-            for local in range(spec.procs_per_node):
-                rank = node * spec.procs_per_node + local
-                env = launcher.worker_env(rank, spec.world_size, spec.address(0), MASTER_PORT, local_rank=local,
-                                          local_world=spec.procs_per_node, node=node, ifname=DEVICE)
-                env[PREFIX_VARIABLE] = prefix
-                procs.append(subprocess.Popen(["ip", "netns", "exec", spec.node(node), *argv], env=env,
-                                              stdout=None if rank == 0 else subprocess.DEVNULL))
-        return launcher.supervise(procs, timeout_s)
-    except KeyboardInterrupt:
-        launcher.stop(procs)
-        return 130
+    workers = []
+    for node in range(spec.nodes):
+        for local in range(spec.procs_per_node):
+            rank = node * spec.procs_per_node + local
+            env = launcher.worker_env(rank, spec.world_size, spec.address(0), MASTER_PORT, local_rank=local,
+                                      local_world=spec.procs_per_node, node=node, ifname=DEVICE)
+            env[PREFIX_VARIABLE] = prefix
+            # `ip netns exec` execs the command: the worker's parent is this launcher
+            workers.append((["ip", "netns", "exec", spec.node(node), *argv], env,
+                            None if rank == 0 else subprocess.DEVNULL))
+    return launcher.launch(workers, timeout_s)

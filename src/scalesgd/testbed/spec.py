@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from scalesgd.units import RATE, mbit_s
 
 DELAY = re.compile(r"^(0|\d+(\.\d+)?(us|ms|s))$")
+MIN_MBIT, MAX_MBIT = 1e-3, 1e5  # tbf shapes 1 kbit/s to 100 Gbit/s; 0 would stall every link
 SUBNET = "10.213.{index}"  # a /24 inside namespaces this testbed creates, never a real network
 
 
@@ -27,8 +28,9 @@ class TestbedSpec:
             raise ValueError(f"--nodes {self.nodes}: must be in 1..64")
         if self.procs_per_node < 1:
             raise ValueError(f"--procs-per-node {self.procs_per_node}: must be >= 1")
-        if not RATE.match(self.bandwidth):
-            raise ValueError(f"--bandwidth {self.bandwidth!r}: use a tc rate such as 1gbit, 100mbit, 500kbit")
+        if not RATE.match(self.bandwidth) or not MIN_MBIT <= mbit_s(self.bandwidth) <= MAX_MBIT:
+            raise ValueError(f"--bandwidth {self.bandwidth!r}: use a tc rate from 1kbit to 100gbit, such as 1gbit, "
+                             "100mbit, 500kbit")
         if not DELAY.match(self.latency):
             raise ValueError(f"--latency {self.latency!r}: use 0 or a tc delay such as 100us, 1ms")
         if not re.fullmatch(r"[a-z][a-z0-9]{0,7}", self.prefix):
@@ -52,6 +54,10 @@ class TestbedSpec:
 
     def node(self, i: int) -> str:
         return f"{self.prefix}-n{i}"
+
+    def namespaces(self) -> list[str]:
+        """Every namespace this testbed creates: the switch, then the nodes."""
+        return [self.switch, *map(self.node, range(self.nodes))]
 
     def switch_port(self, i: int) -> str:
         return f"{self.prefix}p{i}"

@@ -1,8 +1,10 @@
-"""Checkpoints: written atomically at every epoch's end, read back with weights_only=True, and resumed exactly."""
+"""Checkpoints: written atomically at every epoch's end beside the one before, read back with weights_only=True (the
+one before where the latest is unreadable), and resumed exactly."""
 
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,20 +15,28 @@ from torch import nn
 
 from scalesgd.comm.exchange import GradientExchange
 from scalesgd.config import TrainConfig
-from scalesgd.errors import UsageError
+from scalesgd.errors import UsageError, as_flags
 from scalesgd.runtime.process_group import DistEnv
-from scalesgd.train.rundir import CHECKPOINT_NAME
+from scalesgd.train.rundir import CHECKPOINT_NAME, PREVIOUS_CHECKPOINT_NAME
 
 REQUIRED_KEYS = ("model", "optimizer", "scheduler", "epoch", "rng", "config")
 
 
 @dataclass(frozen=True)
 class Progress:
-    """Where a run stands after an epoch: that epoch, the best test accuracy so far, seconds trained in all."""
+    """Where a run stands: epochs finished, the best test accuracy so far, seconds trained in all; and, for a
+    checkpoint taken mid-epoch, the steps done of the next epoch, their (loss, correct, samples) sums and seconds."""
 
     epoch: int = 0
     best_test_acc: float = 0.0
     elapsed_s: float = 0.0
+    step: int = 0
+    totals: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    epoch_s: float = 0.0
+
+    def iteration(self, steps_per_epoch: int) -> int:
+        """The global iteration this progress stands at."""
+        return self.epoch * steps_per_epoch + self.step
 
 
 def save(run_dir: Path, cfg: TrainConfig, model: nn.Module, exchange: GradientExchange, scheduler,
@@ -39,24 +49,56 @@ def save(run_dir: Path, cfg: TrainConfig, model: nn.Module, exchange: GradientEx
         save_atomic({"model": model.state_dict(), "optimizer": state["optimizer"], "scheduler": scheduler.state_dict(),
                      "epoch": progress.epoch, "rng": {"torch": rng_states}, "config": cfg.to_dict(),
                      "best_test_acc": progress.best_test_acc, "elapsed_s": progress.elapsed_s,
-                     "codec_states": codec_states}, Path(run_dir) / CHECKPOINT_NAME)
+                     "step": progress.step, "totals": list(progress.totals), "epoch_s": progress.epoch_s,
+                     "codec_states": codec_states}, Path(run_dir) / CHECKPOINT_NAME,
+                    keep_previous=Path(run_dir) / PREVIOUS_CHECKPOINT_NAME)
 
 
 def restore(run_dir: Path, model: nn.Module, exchange: GradientExchange, scheduler, env: DistEnv) -> Progress:
     """Put this rank back where the last checkpoint left it (its own codec state and RNG); where it stood."""
-    state = load(Path(run_dir) / CHECKPOINT_NAME)
+    state = load_latest(run_dir)
     model.load_state_dict(state["model"])
     codec_states = state.get("codec_states") or []
+    if codec_states and len(codec_states) != env.world_size:  # resumed on another number of workers
+        codec_states = [mean_state(codec_states)] * env.world_size
     exchange.load_state_dict({"optimizer": state["optimizer"],
                               "codec": codec_states[env.rank] if codec_states else None})
+    schedule, peaks = list(scheduler.lr_lambdas), list(scheduler.base_lrs)
     scheduler.load_state_dict(state["scheduler"])
-    torch.set_rng_state(state["rng"]["torch"][env.rank])
-    return Progress(state["epoch"], state["best_test_acc"], state["elapsed_s"])
+    # this run's schedule and peak rate (the stored ones, or as `resume` changed them), at the stored step
+    scheduler.lr_lambdas, scheduler.base_lrs = schedule, peaks
+    for group, peak, factor in zip(scheduler.optimizer.param_groups, peaks, schedule):
+        group["initial_lr"], group["lr"] = peak, peak * factor(scheduler.last_epoch)
+    rng = state["rng"]["torch"]
+    torch.set_rng_state(rng[env.rank % len(rng)])  # a new rank beyond the old ones draws as an old one did
+    return Progress(state["epoch"], state["best_test_acc"], state["elapsed_s"], state.get("step", 0),
+                    tuple(state.get("totals", (0.0, 0.0, 0.0))), state.get("epoch_s", 0.0))
+
+
+def mean_state(states: list):
+    """One codec state for every rank of a new group, from the old ranks' states: floating tensors (residuals,
+    momenta) and floats averaged, so what the old ranks still owed the mean gradient is owed by the new ones
+    (the mean of W' copies of the average is the old mean); anything else, rank 0's."""
+    first = states[0]
+    if isinstance(first, torch.Tensor):
+        same = all(isinstance(s, torch.Tensor) and s.shape == first.shape for s in states)
+        return torch.stack(states).mean(0).to(first.dtype) if same and first.is_floating_point() else first
+    if isinstance(first, float):
+        return sum(states) / len(states) if all(isinstance(s, float) for s in states) else first
+    if isinstance(first, dict):
+        if all(isinstance(s, dict) and s.keys() == first.keys() for s in states):
+            return {k: mean_state([s[k] for s in states]) for k in first}
+        return first
+    if isinstance(first, (list, tuple)):
+        if all(isinstance(s, type(first)) and len(s) == len(first) for s in states):
+            return type(first)(mean_state(list(column)) for column in zip(*states))
+        return first
+    return first
 
 
 def resume_config(run_dir: Path, given: dict) -> TrainConfig:
     """The stored configuration of `run_dir`, with the runtime options in `given`; UsageError on any other change."""
-    state = load(Path(run_dir) / CHECKPOINT_NAME)
+    state = load_latest(run_dir, say=True)
     try:
         stored = TrainConfig.from_dict(state["config"])
     except (TypeError, UsageError) as err:
@@ -67,14 +109,27 @@ def resume_config(run_dir: Path, given: dict) -> TrainConfig:
         name = conflicts[0]
         raise UsageError(f"`resume` {run_dir}: `{name}` {getattr(wanted, name)!r} differs from the run's "
                          f"{getattr(stored, name)!r}; a resumed run keeps its own configuration")
-    if state["epoch"] >= stored.epochs:
-        raise UsageError(f"`resume` {run_dir}: the run already finished all {stored.epochs} epochs")
+    if wanted.epochs < stored.epochs:
+        raise UsageError(f"`resume` {run_dir}: `epochs` {wanted.epochs} is fewer than the run's {stored.epochs}; "
+                         "a resumed run may only train longer")
+    if state["epoch"] >= wanted.epochs:
+        raise UsageError(f"`resume` {run_dir}: the run already finished all {wanted.epochs} epochs "
+                         "(`epochs` more continues it)")
+    changed = wanted.inexact_changes(stored)
+    if changed:
+        print("scalesgd: warning: " + as_flags(", ".join(f"`{name}` {getattr(wanted, name)} (was "
+                                                         f"{getattr(stored, name)})" for name in changed))
+              + ": the resumed run is no longer exactly the uninterrupted one", file=sys.stderr)
     wanted.run_dir = str(run_dir)
     return wanted
 
 
-def save_atomic(state: dict, path: Path) -> None:
-    """Write `state` to a temporary file beside `path`, fsync it, then rename over `path`."""
+def save_atomic(state: dict, path: Path, keep_previous: Path | None = None) -> None:
+    """Write `state` to a temporary file beside `path`, fsync it, then rename over `path`.
+
+    With `keep_previous`, what `path` held becomes that file first (a hard link renamed into place), so at every
+    moment `path` is a whole checkpoint, old or new, and the one before survives beside it.
+    """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -82,10 +137,54 @@ def save_atomic(state: dict, path: Path) -> None:
             torch.save(state, f)
             f.flush()
             os.fsync(f.fileno())
+        if keep_previous is not None and path.exists():
+            linked = Path(tmp).with_suffix(".prev.tmp")
+            os.link(path, linked)
+            os.replace(linked, keep_previous)
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        _fsync_dir(path.parent)
+    finally:
+        for leftover in Path(path.parent).glob(f".{path.name}.*.tmp"):
+            leftover.unlink(missing_ok=True)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the renames durable: a rename lives in the directory's own blocks."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_temporaries(run_dir: Path) -> None:
+    """Temporary files a killed writer left in `run_dir` (never a whole checkpoint)."""
+    for leftover in Path(run_dir).glob(f".{CHECKPOINT_NAME}.*.tmp"):
+        leftover.unlink(missing_ok=True)
+
+
+def load_latest(run_dir: Path, say: bool = False) -> dict:
+    """The latest checkpoint of `run_dir`, or the one before it where the latest is unreadable (`say`: with one
+    line saying so); UsageError naming both when neither can be read."""
+    latest, previous = Path(run_dir) / CHECKPOINT_NAME, Path(run_dir) / PREVIOUS_CHECKPOINT_NAME
+    try:
+        return load(latest)
+    except UsageError as err:
+        if not previous.is_file():
+            raise
+        try:
+            state = load(previous)
+        except UsageError:
+            raise err from None
+        if say:
+            print(f"scalesgd: {latest.name} is unreadable ({_reason(err)}); resuming from {previous.name}, "
+                  f"epoch {state['epoch']}", file=sys.stderr)
+        return state
+
+
+def _reason(err: UsageError) -> str:
+    text = str(err)
+    return text[text.find("(") + 1:text.rfind(")")] if "(" in text else text
 
 
 def load(path: Path) -> dict:

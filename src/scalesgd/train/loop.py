@@ -6,7 +6,7 @@ import math
 import statistics
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -60,13 +60,24 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
     wall_start = time.perf_counter()
     run = setup(cfg, run_dir, env, resume)
     done = checkpoint.restore(run_dir, run.model, run.exchange, run.scheduler, run.env) if resume else Progress()
-    if resume and run.env.is_main:
-        metrics.truncate_after_epoch(run_dir / METRICS_NAME, done.epoch)
+    if run.env.is_main:  # a restart from the start, too, drops what the failed attempt logged
+        metrics.truncate_after(run_dir / METRICS_NAME, done.iteration(len(run.sampler)))
+        checkpoint.remove_temporaries(run_dir)
     log = metrics.MetricsLog(run_dir / METRICS_NAME) if run.env.is_main else None
     progress = EpochProgress(run.env.is_main and not cfg.quiet, cfg.epochs)
     elapsed_before, images_per_s, record = done.elapsed_s, [], {}
+
+    def save_mid_epoch(step: int, totals: torch.Tensor, epoch_s: float) -> None:
+        """A checkpoint `step` steps into the epoch after `done`'s (collective)."""
+        if log:
+            log.flush()
+        checkpoint.save(run_dir, cfg, run.model, run.exchange, run.scheduler,
+                        replace(done, step=step, totals=tuple(totals.tolist()), epoch_s=epoch_s,
+                                elapsed_s=elapsed_before + time.perf_counter() - wall_start), run.env)
+
     for epoch in range(done.epoch + 1, cfg.epochs + 1):
-        totals, seconds = train_epoch(run, epoch, log, progress)
+        totals, seconds = train_epoch(run, epoch, log, progress, done if epoch == done.epoch + 1 else Progress(),
+                                      save_mid_epoch)
         images_per_s.append(totals[2].item() / seconds)
         record = end_epoch(run, epoch, totals, images_per_s[-1])
         done = Progress(epoch, max(done.best_test_acc, record["test_acc"]),
@@ -78,7 +89,7 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
         progress.end_epoch(record)
     if log:
         log.close()
-    done = Progress(done.epoch, done.best_test_acc, elapsed_before + time.perf_counter() - wall_start)
+    done = replace(done, elapsed_s=elapsed_before + time.perf_counter() - wall_start)
     return finish(run, done, record, images_per_s, progress)
 
 
@@ -111,26 +122,32 @@ def setup(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool) 
     return Run(cfg, run_dir, env, data, model, exchange, scheduler, sampler, criterion, tracer, planned, auto)
 
 
-def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None,
-                progress: EpochProgress) -> tuple[torch.Tensor, float]:
-    """One pass over the data; (global loss sum, correct, samples) and the seconds it took.
+def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None, progress: EpochProgress,
+                resumed: Progress, save_mid_epoch) -> tuple[torch.Tensor, float]:
+    """One pass over the data (from `resumed.step` on, with its sums and seconds, where a mid-epoch checkpoint
+    left it); (global loss sum, correct, samples) and the seconds it took.
 
     Each step's loss, correct count and size stay on the device; every `sync_every` steps (and at the
     epoch's end) one allreduce sums them across ranks and the host reads them, so no step waits for
-    the host (a non-finite loss stops the run at that read, naming its iteration).
+    the host (a non-finite loss stops the run at that read, naming its iteration). At those reads a
+    mid-epoch checkpoint is taken when `checkpoint_every` says one is due (rank 0's clock, shared by the read).
     """
     cfg, env, data, sampler, tracer = run.cfg, run.env, run.data, run.sampler, run.tracer
     net, opt = run.exchange.model, run.exchange.optimizer
     steps = len(sampler)
+    every_steps, every_s = cfg.checkpoint_interval
     sampler.set_epoch(epoch)
     tracer.enabled = bool(cfg.trace) and epoch == cfg.epochs  # the last epoch's timeline
-    progress.start_epoch(epoch, steps)
+    progress.start_epoch(epoch, steps - resumed.step)
     net.train()
-    totals = torch.zeros(3, dtype=torch.float64)
-    window = torch.zeros(cfg.sync_every, 3, dtype=torch.float64, device=env.device)
+    totals = torch.tensor(resumed.totals, dtype=torch.float64)
+    window = torch.zeros(cfg.sync_every + 1, 3, dtype=torch.float64, device=env.device)  # + the "due" row
     pending: list[dict] = []  # the window's iterations, as the log will have them
-    start = time.perf_counter()
+    start = last_saved = time.perf_counter() - resumed.epoch_s
+    saved_at = resumed.step
     for i, indices in enumerate(sampler):
+        if i < resumed.step:
+            continue  # done before the checkpoint this run resumed from
         t0 = time.perf_counter()
         x, y = data.train.x[indices], data.train.y[indices]
         if data.augment:
@@ -155,20 +172,28 @@ def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None,
         pending.append({"kind": "iter", "epoch": epoch, "iter": (epoch - 1) * steps + i + 1, "lr": lr, **counters,
                         "notices": run.exchange.notices()})
         if len(pending) == cfg.sync_every or i == steps - 1:
-            totals += read_window(window[:len(pending)], pending, log, progress)
+            clock_due = env.is_main and every_s > 0 and time.perf_counter() - last_saved >= every_s
+            sums, due = read_window(window, len(pending), clock_due, pending, log, progress)
+            totals += sums
             pending = []
+            if i < steps - 1 and (due or every_steps and i + 1 - saved_at >= every_steps):
+                save_mid_epoch(i + 1, totals, time.perf_counter() - start)
+                last_saved, saved_at = time.perf_counter(), i + 1
     return totals, time.perf_counter() - start
 
 
-def read_window(window: torch.Tensor, records: list[dict], log: metrics.MetricsLog | None,
-                progress: EpochProgress) -> torch.Tensor:
-    """Sum the window's (loss, correct, samples) rows across ranks, log each iteration; the window's totals.
+def read_window(window: torch.Tensor, n: int, due: bool, records: list[dict], log: metrics.MetricsLog | None,
+                progress: EpochProgress) -> tuple[torch.Tensor, bool]:
+    """Sum the window's first `n` (loss, correct, samples) rows across ranks, and whether any rank says a
+    checkpoint is `due`, in one allreduce; log each iteration. The window's totals, and that agreement.
 
     Raises NonFiniteLoss at the first iteration whose global loss is not finite.
     """
-    dist.all_reduce(window)
-    sums = window.cpu()
-    for (loss, _, samples), record in zip(sums.tolist(), records):
+    window[-1, 0] = float(due)
+    rows = torch.cat([window[:n], window[-1:]])
+    dist.all_reduce(rows)
+    sums = rows.cpu()
+    for (loss, _, samples), record in zip(sums[:n].tolist(), records):
         step_loss = loss / samples
         if not math.isfinite(step_loss):
             raise NonFiniteLoss(f"loss became {step_loss} at epoch {record['epoch']}, iteration {record['iter']}")
@@ -180,7 +205,7 @@ def read_window(window: torch.Tensor, records: list[dict], log: metrics.MetricsL
         for notice in notices:
             progress.message(f"iteration {record['iter']}: {notice}")
         progress.advance(step_loss, record["lr"])
-    return sums.sum(0)
+    return sums[:n].sum(0), bool(sums[-1, 0] > 0)
 
 
 def end_epoch(run: Run, epoch: int, totals: torch.Tensor, images_per_s: float) -> dict:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+
+from scalesgd.errors import UsageError
 
 
 class MetricsLog:
@@ -24,14 +27,28 @@ class MetricsLog:
 
 
 def read(path: Path) -> list[dict]:
-    """Every record of a metrics file, in order."""
+    """Every record of a metrics file, in order; a last line torn by a kill mid-write is dropped, any other
+    unreadable line is bad input (UsageError naming it)."""
     path = Path(path)
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number == len(lines):
+                break  # torn: the writer died in the middle of it
+            raise UsageError(f"{path} line {number} is not a JSON record; the run's metrics are damaged") from None
+    return records
 
 
-def truncate_after_epoch(path: Path, epoch: int) -> None:
-    """Drop the records of epochs after `epoch` (a resumed run repeats them)."""
-    kept = [r for r in read(path) if r["epoch"] <= epoch]
-    path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+def truncate_after(path: Path, iteration: int) -> None:
+    """Drop the records after global `iteration` (a resumed run repeats them) and a torn last line."""
+    kept = [r for r in read(path) if r["iter"] <= iteration]
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+    os.replace(tmp, path)  # a kill now leaves the old file or the new one, never half of one

@@ -69,7 +69,27 @@ def show_profile(run_dir: Path) -> None:
     path = Path(run_dir) / PROFILE_NAME
     if not path.is_file():
         raise UsageError(f"no {PROFILE_NAME} in {run_dir}; it is written by `scalesgd train --planner dlgs|optimal`")
-    saved = json.loads(path.read_text())
+    try:
+        table, lines = profile_view(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, LookupError, TypeError, ArithmeticError, RecursionError) as err:
+        raise UsageError(f"{path} is not a profile ({_reason(err)}); profiles are written by `scalesgd train "
+                         "--planner dlgs|optimal`") from None
+    console = Console()
+    console.print(table)
+    for line in lines:
+        console.print(line, highlight=False)
+
+
+def _reason(err: Exception) -> str:
+    """What reading a file that is not a profile raised, in one line."""
+    if isinstance(err, KeyError):
+        return f"no entry {err}"
+    return (str(err).splitlines() or [type(err).__name__])[0]
+
+
+def profile_view(saved: dict) -> tuple[Table, list[str]]:
+    """A saved profile's table and summary lines, made in full first so that a file that is not a profile fails
+    before anything is printed."""
     prof = saved["profile"]
     group_of = {layer: g for g, group in enumerate(saved["groups"]) for layer in group}
     table = Table(title=f"profile: forward {1e3 * prof['t_f']:.2f} ms, {prof['world_size']} ranks, "
@@ -77,13 +97,11 @@ def show_profile(run_dir: Path) -> None:
     for column in ("layer", "tensor", "elements", "backward ms", "group"):
         table.add_column(column, justify="left" if column == "tensor" else "right")
     for i in range(len(prof["sizes"]) - 1, -1, -1):
-        table.add_row(str(i), prof["names"][i], f"{prof['sizes'][i]:,}", f"{1e3 * prof['t_b'][i]:.3f}",
+        table.add_row(str(i), str(prof["names"][i]), f"{prof['sizes'][i]:,}", f"{1e3 * prof['t_b'][i]:.3f}",
                       str(group_of[i]))
-    console = Console()
-    console.print(table)
     (alpha, beta), (a, b) = prof["comm"], prof["sparsify"]
-    console.print(f"message of d elements: {1e3 * alpha:.3f} ms + {1e9 * beta:.3f} ns·d; "
-                  f"selection: {1e3 * a:.3f} ms + {1e9 * b:.3f} ns·d", highlight=False)
-    console.print(f"{len(saved['groups'])} groups; predicted iteration {1e3 * saved['predicted_iteration_s']:.1f} ms "
-                  f"(unmerged {1e3 * saved['predicted_unmerged_s']:.1f} ms, one group "
-                  f"{1e3 * saved['predicted_single_group_s']:.1f} ms)", highlight=False)
+    return table, [f"message of d elements: {1e3 * alpha:.3f} ms + {1e9 * beta:.3f} ns·d; "
+                   f"selection: {1e3 * a:.3f} ms + {1e9 * b:.3f} ns·d",
+                   f"{len(saved['groups'])} groups; predicted iteration {1e3 * saved['predicted_iteration_s']:.1f} ms "
+                   f"(unmerged {1e3 * saved['predicted_unmerged_s']:.1f} ms, one group "
+                   f"{1e3 * saved['predicted_single_group_s']:.1f} ms)"]

@@ -11,6 +11,7 @@ from scalesgd.errors import UsageError
 
 CONFIG_NAME = "config.json"
 CHECKPOINT_NAME = "checkpoint.pt"
+PREVIOUS_CHECKPOINT_NAME = "checkpoint.prev.pt"  # the one before: used when the latest cannot be read
 METRICS_NAME = "metrics.jsonl"
 SUMMARY_NAME = "summary.json"
 REPORT_NAME = "report.png"
@@ -34,8 +35,11 @@ def prepare_new_run(cfg: TrainConfig) -> Path:
     """Create the run directory for a fresh run; refuse to write over an existing run."""
     run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir()
     if run_dir.exists() and any(run_dir.iterdir()):
-        raise UsageError(f"`run_dir` {run_dir} already holds files; choose a new directory or continue it "
-                         f"with `resume` {run_dir}")
+        if (run_dir / CHECKPOINT_NAME).exists():
+            raise UsageError(f"`run_dir` {run_dir} already holds a run; choose a new directory or continue it "
+                             f"with `resume` {run_dir}")
+        raise UsageError(f"`run_dir` {run_dir} already holds files but no checkpoint (a run that stopped before "
+                         "its first epoch ended has nothing to resume); remove it or choose a new directory")
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg.run_dir = str(run_dir)
     write_config(cfg, run_dir)

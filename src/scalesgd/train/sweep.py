@@ -17,7 +17,7 @@ from pathlib import Path
 from rich.console import Console
 
 from scalesgd import output
-from scalesgd.checks import distinct, each_once
+from scalesgd.checks import all_of, distinct, each, each_once, output_dir, seed
 from scalesgd.config import TrainConfig
 from scalesgd.errors import UsageError, option_name
 from scalesgd.optim import OPTIMIZERS
@@ -43,8 +43,8 @@ class SweepConfig:
                                          shown_default="as the train options say")
     schedules: tuple[str, ...] = option((), choices=SCHEDULES, parse=words, check=each_once,
                                         shown_default="as the train options say")
-    seeds: tuple[int, ...] = option((0,), parse=ints, check=distinct)
-    out: str = option("", "output directory", shown_default="runs/sweep-<timestamp>")
+    seeds: tuple[int, ...] = option((0,), parse=ints, check=all_of(distinct, each(seed)))
+    out: str = option("", "output directory", shown_default="runs/sweep-<timestamp>", check=output_dir)
     train_args: tuple[str, ...] = option((), "-- then options for every run", remainder=True)
 
     def validate(self) -> SweepConfig:

@@ -10,16 +10,27 @@ from pathlib import Path
 
 from scalesgd.config import TrainConfig
 from scalesgd.data import DataError
-from scalesgd.errors import EXIT_NON_FINITE, EXIT_PEER_LOST, EXIT_USAGE, NonFiniteLoss, UsageError, as_flags
+from scalesgd.errors import EXIT_NON_FINITE, EXIT_USAGE, NonFiniteLoss, UsageError, as_flags
 from scalesgd.runtime import launcher, process_group
 from scalesgd.train import rundir
+from scalesgd.train.rundir import CHECKPOINT_NAME
 from scalesgd.train.loop import train
 
 
 def spawn(cfg: TrainConfig, run_dir: Path, resume: bool) -> int:
-    """Train on `cfg.workers` local processes; the last checkpoint survives an interruption."""
-    args = ["-m", "scalesgd.train.worker", str(run_dir)] + (["--resume"] if resume else [])
-    return launcher.spawn(args, cfg.workers, cfg.master_addr, cfg.master_port, cfg.timeout)
+    """Train on `cfg.workers` local processes; the last checkpoint survives an interruption, and a lost worker
+    restarts the group from it `cfg.max_restarts` times at most."""
+    def args(resume: bool) -> list[str]:
+        return ["-m", "scalesgd.train.worker", str(run_dir)] + (["--resume"] if resume else [])
+
+    def restart(attempt: int) -> list[str]:
+        resume = (run_dir / CHECKPOINT_NAME).exists()
+        print(f"scalesgd: restarting the workers from {'the last checkpoint' if resume else 'the start'} "
+              f"(restart {attempt} of {cfg.max_restarts})", file=sys.stderr)
+        return args(resume)
+
+    return launcher.spawn(args(resume), cfg.workers, cfg.master_addr, cfg.master_port, cfg.timeout,
+                          cfg.max_restarts, restart)
 
 
 def run(cfg: TrainConfig, run_dir: Path | None, resume: bool) -> int:
@@ -39,17 +50,16 @@ def run(cfg: TrainConfig, run_dir: Path | None, resume: bool) -> int:
         _say(rank, f"error: {err}")
         return EXIT_USAGE
     except NonFiniteLoss as err:
-        _say(rank, f"error: {err}; stopped, the last good checkpoint is kept in {run_dir}")
+        kept = (f"the last good checkpoint is kept in {run_dir}" if (Path(run_dir) / CHECKPOINT_NAME).exists()
+                else "no checkpoint had been written yet")
+        _say(rank, f"error: {err}; stopped, {kept}")
         return EXIT_NON_FINITE
     except KeyboardInterrupt:
         return 130
     except Exception as err:
         if not process_group.is_peer_failure(err):
             raise
-        if os.environ.get(launcher.LAUNCHED_MARK) != "1":  # our launcher names the rank that failed itself
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            print(f"scalesgd: rank {rank}: a collective failed, a peer died or timed out: {first}", file=sys.stderr)
-        return EXIT_PEER_LOST
+        return process_group.peer_lost(err)
     finally:
         if pending is not None:
             try:
@@ -80,4 +90,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    launcher.join_launcher()
     process_group.exit_process(main())

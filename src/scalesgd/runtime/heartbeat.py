@@ -1,0 +1,54 @@
+"""Signs of life from each worker to its launcher, so a worker that stopped (SIGSTOP, a frozen host) is named
+rather than the peers that timed out waiting for it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HEARTBEAT_FILE = "SCALESGD_HEARTBEAT"  # the file a worker touches; set by the launcher
+INTERVAL_S = 1.0
+SILENT_AFTER_S = 5.0  # beats missed for this long: the worker is not running (a busy one still beats)
+
+
+def beat_in_background(environ=os.environ) -> None:
+    """In a worker we launched: touch the launcher's file every `INTERVAL_S` from a daemon thread."""
+    path = environ.pop(HEARTBEAT_FILE, None)
+    if path is None:
+        return
+
+    def beat() -> None:
+        while True:
+            try:
+                os.utime(path)
+            except OSError:  # the launcher removed it: it is ending the run
+                return
+            time.sleep(INTERVAL_S)
+
+    threading.Thread(target=beat, name="scalesgd-heartbeat", daemon=True).start()
+
+
+class Heartbeats:
+    """The launcher's side: one file per worker, and which workers have gone silent."""
+
+    def __init__(self, workers: int):
+        self.dir = Path(tempfile.mkdtemp(prefix="scalesgd-heartbeat-"))
+        self.files = [self.dir / f"rank-{r}" for r in range(workers)]
+        for f in self.files:
+            f.touch()  # a worker still starting counts from its launch
+
+    def env(self, rank: int) -> dict:
+        return {HEARTBEAT_FILE: str(self.files[rank])}
+
+    def silent(self, ranks: list[int], longer_than_s: float = SILENT_AFTER_S) -> list[tuple[int, float]]:
+        """(rank, seconds since its last beat) of those of `ranks` silent for longer than `longer_than_s`."""
+        now = time.time()
+        ages = [(r, now - self.files[r].stat().st_mtime) for r in ranks]
+        return [(r, age) for r, age in ages if age > longer_than_s]
+
+    def close(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)

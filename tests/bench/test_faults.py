@@ -1,0 +1,27 @@
+"""`scalesgd bench faults`: a soak of five kills restarts five times and ends bit-identical to an uninterrupted
+run; a killed worker is named; the table says so."""
+
+import json
+import subprocess
+import sys
+
+
+def test_a_soak_of_five_kills_restarts_and_ends_bit_identical(tmp_path):
+    out = tmp_path / "faults"
+    proc = subprocess.run([sys.executable, "-m", "scalesgd", "bench", "faults", "--scenarios", "soak,kill-worker",
+                           "--kills", "5", "--workers", "3", "--seed", "16", "--out", str(out)],
+                          capture_output=True, text=True, timeout=1200)
+    results = {r["scenario"]: r for r in json.loads((out / "faults.json").read_text())["results"]}
+    assert proc.returncode == 0, [r["outcome"] for r in results.values()]
+    soak = results["soak"]
+    assert soak["ok"] and "5 restarts" in soak["outcome"] and "bit-identical" in soak["outcome"]
+    assert soak["fault"].startswith("5 SIGKILLs")
+    killed = results["kill-worker"]
+    assert killed["ok"] and "worker rank 1 was killed by SIGKILL" in killed["outcome"]
+    assert sorted(p.name for p in out.iterdir()) == ["faults.json", "faults.md"]  # the runs are cleaned up
+
+
+def test_unknown_scenario_is_one_line():
+    proc = subprocess.run([sys.executable, "-m", "scalesgd", "bench", "faults", "--scenarios", "flood"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "flood" in proc.stderr

@@ -1,0 +1,89 @@
+"""A launcher sent SIGTERM or SIGHUP stops every worker; a launcher that dies takes its workers with it."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.train.cli import wait_for_checkpoint
+
+TRAIN = ["--workers", "2", "--batch-size", "64", "--epochs", "200", "--warmup-epochs", "1", "--quiet",
+         "--timeout", "30"]
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _gone_within(pids: list[int], seconds: float) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if not any(_alive(p) for p in pids):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _start(run: Path) -> tuple[subprocess.Popen, list[int]]:
+    proc = subprocess.Popen([sys.executable, "-m", "scalesgd", "train", "--run-dir", str(run), *TRAIN],
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wait_for_checkpoint(run, proc)
+    return proc, _children(proc.pid)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_to_the_launcher_stops_every_worker_with_one_line(tmp_path, sig):
+    proc, workers = _start(tmp_path / "run")
+    try:
+        assert len(workers) == 2
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 128 + sig
+        assert err.strip().splitlines() == [f"scalesgd: stopped by {sig.name}; the workers were stopped"]
+        assert _gone_within(workers, 5)
+        metrics = tmp_path / "run" / "metrics.jsonl"
+        before = metrics.stat().st_mtime_ns
+        time.sleep(1.5)
+        assert metrics.stat().st_mtime_ns == before  # nobody writes to the run any more
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_workers_die_with_their_launcher(tmp_path):
+    proc, workers = _start(tmp_path / "run")
+    try:
+        proc.kill()  # SIGKILL: the launcher cannot stop anyone
+        proc.wait()
+        assert _gone_within(workers, 5)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_a_worker_whose_launcher_is_gone_ends_at_once():
+    env = dict(os.environ, SCALESGD_LAUNCHER_PID=str(2 ** 22 + 1))  # above pid_max: no such process
+    proc = subprocess.run([sys.executable, "-c", "from scalesgd.runtime.launcher import die_with_parent;"
+                           "die_with_parent(); print('trained on')"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM and "trained on" not in proc.stdout
+
+
+def test_a_failure_to_start_workers_stops_the_ones_started(capsys):
+    from scalesgd.runtime.launcher import launch
+    sleeper = ([sys.executable, "-c", "import time; time.sleep(600)"], dict(os.environ), None)
+    missing = (["/nonexistent/python"], dict(os.environ), None)
+    start = time.monotonic()
+    assert launch([sleeper, missing], timeout_s=30) == 1
+    assert time.monotonic() - start < 10
+    assert capsys.readouterr().err.startswith("scalesgd: error: could not start worker 1 of 2")

@@ -1,0 +1,181 @@
+"""Bad input is refused before any worker starts: one `scalesgd: error:` line naming the value and what is accepted,
+exit status 2, no traceback, nothing written. Every number option either validates finite or is a UsageError."""
+
+import math
+import socket
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scalesgd import checks
+from scalesgd.bench.allreduce import AllreduceBenchConfig
+from scalesgd.bench.train import TrainBenchConfig
+from scalesgd.cli import main
+from scalesgd.config import TrainConfig
+from scalesgd.errors import UsageError
+from scalesgd.options import option_fields
+from scalesgd.train.sweep import SweepConfig
+
+CONFIGS = {"train": TrainConfig, "bench allreduce": AllreduceBenchConfig, "bench train": TrainBenchConfig,
+           "sweep": SweepConfig}
+SPECIAL_FLOATS = (math.nan, math.inf, -math.inf, 1e300, -1e300, 1e-300, 5e-324, 0.0, -0.0, -3.0, 2.0**64)
+SPECIAL_INTS = (0, -1, -3, 1, 2, 2**31, 2**32, 2**63 - 1, 2**63, 10**30, -10**30)
+FLOATS = st.one_of(st.sampled_from(SPECIAL_FLOATS), st.floats())
+INTS = st.one_of(st.sampled_from(SPECIAL_INTS), st.integers())
+
+
+@pytest.fixture(autouse=True)
+def local_launch(monkeypatch):
+    """The checks a local launch makes (not under torchrun): the strictest."""
+    for name in checks.LAUNCH_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+
+def number_options(cls) -> dict[str, tuple[bool, bool]]:
+    """Each number option of a config: (a list of them?, floats?)."""
+    found = {}
+    for f in option_fields(cls):
+        kind = str(f.type)
+        if ("int" in kind or "float" in kind) and "bool" not in kind and "str" not in kind:
+            found[f.name] = ("tuple" in kind, "float" in kind)
+    return found
+
+
+def values_for(is_list: bool, is_float: bool):
+    one = FLOATS if is_float else INTS
+    return st.lists(one, max_size=3).map(tuple) if is_list else one
+
+
+def accepted_or_refused(cls, changes: dict) -> None:
+    """Validating either raises UsageError (nothing else) or leaves every number option finite."""
+    try:
+        cfg = cls(**changes).validate()
+    except UsageError:
+        return
+    for name in number_options(cls):
+        value = getattr(cfg, name)
+        for one in value if isinstance(value, tuple) else () if value is None else (value,):
+            assert math.isfinite(one) if isinstance(one, float) else abs(one) < 2**63, (name, value)
+
+
+def test_every_config_has_number_options_to_draw():
+    assert {"timeout", "warmup_epochs", "milestones", "seed", "workers"} <= set(number_options(TrainConfig))
+    assert {"sizes", "timeout", "threads"} <= set(number_options(AllreduceBenchConfig))
+    assert set(number_options(SweepConfig)) == {"batches", "seeds"}
+
+
+@pytest.mark.parametrize("command,name", [(command, name) for command, cls in CONFIGS.items()
+                                          for name in number_options(cls)])
+def test_each_number_option_takes_every_extreme_or_refuses_it(command, name):
+    cls = CONFIGS[command]
+    is_list, is_float = number_options(cls)[name]
+    for value in SPECIAL_FLOATS if is_float else SPECIAL_INTS:
+        accepted_or_refused(cls, {name: (value,) if is_list else value})
+
+
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])  # env cleared once
+@given(st.data())
+def test_any_numbers_validate_finite_or_raise_a_usage_error(data):
+    command = data.draw(st.sampled_from(sorted(CONFIGS)), label="command")
+    kinds = number_options(CONFIGS[command])
+    names = data.draw(st.lists(st.sampled_from(sorted(kinds)), min_size=1, max_size=3, unique=True), label="options")
+    accepted_or_refused(CONFIGS[command], {name: data.draw(values_for(*kinds[name]), label=name) for name in names})
+
+
+# ---- the command line, as a user runs it ----------------------------------------------------------------
+
+def scalesgd(*argv, cwd):
+    return subprocess.run([sys.executable, "-m", "scalesgd", *argv], capture_output=True, text=True, timeout=120,
+                          cwd=cwd)
+
+
+@pytest.fixture
+def busy_port():
+    """A port something listens on."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        yield str(listener.getsockname()[1])
+
+
+TRAIN = ("train", "--run-dir", "run")
+REFUSED = [
+    ((*TRAIN[:1], "--run-dir", "f"), "--run-dir f: exists and is not a directory"),
+    ((*TRAIN[:1], "--run-dir", "f/sub"), "--run-dir f/sub: f exists and is not a directory"),
+    (("bench", "allreduce", "--out", "f"), "--out f: exists and is not a directory"),
+    (("bench", "codec", "--out", "f/x"), "--out f/x: f exists and is not a directory"),
+    (("sweep", "--out", "f"), "--out f: exists and is not a directory"),
+    (("simulate", "--model", "resnet20", "--iteration-time", "1", "--out", "f"), "--out f: exists and is not a dir"),
+    ((*TRAIN, "--seed", str(10**30)), f"--seed {10**30}: must be in [0, 4294967295] (numpy's seed range)"),
+    ((*TRAIN, "--seed", "-1"), "--seed -1: must be in [0, 4294967295]"),
+    (("sweep", "--seeds", "0,4294967296"), "--seeds 0,4294967296: 4294967296 must be in [0, 4294967295]"),
+    ((*TRAIN, "--timeout", "1e300"), "--timeout 1e+300: must be in (0, 604800] (seconds, at most 7 days)"),
+    ((*TRAIN, "--timeout", "nan"), "--timeout nan: must be in (0, 604800]"),
+    (("bench", "allreduce", "--timeout", "inf"), "--timeout inf: must be in (0, 604800]"),
+    ((*TRAIN, "--warmup", "none", "--warmup-epochs", "nan"), "--warmup-epochs nan: must be a finite number >= 0"),
+    ((*TRAIN, "--warmup", "none", "--warmup-epochs", "-3"), "--warmup-epochs -3.0: must be a finite number >= 0"),
+    ((*TRAIN, "--end-lr=-inf"), "--end-lr -inf: must be a finite number"),
+    ((*TRAIN, "--fp8-headroom", "inf"), "--fp8-headroom inf: must be a finite number"),
+    ((*TRAIN, "--compress-after", "1e400ep"), "--compress-after 1e400ep: must be >= 0 and finite"),
+    (("bench", "fp8-range", "--headrooms", "1,inf"), "--headrooms 1.0,inf: must be a finite number"),
+    ((*TRAIN, "--master-addr", "999.1.1.1"), "--master-addr 999.1.1.1: must be an IP address"),
+    (("bench", "allreduce", "--master-addr", "999.1.1.1"), "--master-addr 999.1.1.1: must be an IP address"),
+    ((*TRAIN, "--master-addr", "192.0.2.1"), "--master-addr 192.0.2.1: is not an address of this machine"),
+    ((*TRAIN, "--dataset", "synthetic", "--samples", "1000000000000"),
+     "--samples 1000000000000: the synthetic data of 32×32 images in each of 2 worker(s): "),
+    ((*TRAIN, "--threads", "100000"), "--threads 100000: must be in [0, "),
+    (("bench", "allreduce", "--threads", "100000"), "cores; more threads only take turns on them"),
+    (("bench", "allreduce", "--sizes", "100G"), "--sizes 107374182400: 3 buffers of 107,374,182,400 float32"),
+    (("bench", "allreduce", "--sizes", "infK"), "is not a list of element counts"),
+    (("bench", "allreduce", "--workers", "10000", "--sizes", "1K"), "--workers 10000: must be at most "),
+    ((*TRAIN, "--workers", "10000"), "--workers 10000: must be at most "),
+    (("plan", "--classes", "-1"), "--classes -1: must be a positive number"),
+    (("plan", "--classes", "0"), "--classes 0: must be a positive number"),
+    (("plan", "--in-channels", "0"), "--in-channels 0: must be a positive number"),
+    ((*TRAIN, "--trace", "nodir/t.json"), "--trace nodir/t.json: its folder nodir does not exist"),
+    (("profile", "prof-empty"), "prof-empty/profile.json is not a profile (no entry 'profile')"),
+    (("profile", "prof-garbage"), "prof-garbage/profile.json is not a profile (Expecting value"),
+]
+
+
+def _scene(tmp_path):
+    """A file named f, and two directories whose profile.json is not a profile; what is there before."""
+    (tmp_path / "f").write_text("a file")
+    for name, text in (("prof-empty", "{}"), ("prof-garbage", "not json")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "profile.json").write_text(text)
+    return sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+
+
+@pytest.mark.parametrize("argv,expected", REFUSED, ids=[" ".join(argv) for argv, _ in REFUSED])
+def test_bad_input_is_one_line_exit_2_before_anything_runs_or_is_written(tmp_path, monkeypatch, capsys, argv,
+                                                                         expected):
+    before = _scene(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    code = main(list(argv))  # in this process: an exception would fail the test, as a traceback would the user
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith("scalesgd: error: ") and expected in err, err
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    assert (tmp_path / "f").read_text() == "a file"
+
+
+@pytest.mark.parametrize("argv,expected", [REFUSED[0], REFUSED[-1]], ids=["run-dir", "profile"])
+def test_the_command_itself_says_one_line_and_exits_2(tmp_path, argv, expected):
+    before = _scene(tmp_path)
+    proc = scalesgd(*argv, cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith("scalesgd: error: ") and expected in proc.stderr, proc.stderr
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("command", [TRAIN, ("bench", "allreduce")])
+def test_a_busy_port_is_refused_for_a_local_launch(tmp_path, busy_port, command):
+    proc = scalesgd(*command, "--master-port", busy_port, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith(f"scalesgd: error: --master-port {busy_port}: is in use on 127.0.0.1")
+    assert list(tmp_path.iterdir()) == []
