@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 from tests.train.cli import FAST, load_ckpt, wait_for_checkpoint
 
 
@@ -63,3 +65,34 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _torchrun(run: Path, *extra: str) -> subprocess.Popen:
+    torchrun = Path(sys.executable).with_name("torchrun")
+    return subprocess.Popen([str(torchrun), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
+                             str(_free_port()), *extra, "-m", "scalesgd", "train", "--run-dir", str(run),
+                             "--epochs", "3", "--checkpoint-every", "2", *FAST],
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, GLOO_SOCKET_IFNAME="lo"))
+
+
+def test_under_torchrun_max_restarts_a_killed_worker_resumes_from_the_checkpoint(tmp_path):
+    whole, broken = tmp_path / "whole", tmp_path / "broken"
+    proc = _torchrun(broken, "--max-restarts", "1")
+    try:
+        wait_for_checkpoint(broken, proc)
+        agent = _children(proc.pid)  # torchrun's workers are its own children
+        victim = next(pid for pid in agent if _rank_of(pid) == 1)
+        os.kill(victim, signal.SIGKILL)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, [line for line in err.splitlines() if "scalesgd" in line or "Error" in line]
+    reference = _torchrun(whole)
+    _, err = reference.communicate(timeout=300)
+    assert reference.returncode == 0, err[-2000:]
+    a, b = load_ckpt(whole), load_ckpt(broken)
+    assert a["epoch"] == b["epoch"] == 3
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name

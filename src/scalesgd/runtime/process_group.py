@@ -86,7 +86,10 @@ def init(timeout_s: float, threads: int = 0, exchange_group: bool = False,
     if os.environ.get(LAUNCHED_MARK) == "1":  # ours: the store listens on the rendezvous address alone
         dist.init_process_group(backend_for(device), store=rendezvous_store(rank, world, timeout), rank=rank,
                                 world_size=world, timeout=timeout)
-    else:  # torchrun's: its agent hosts the store, on the launch's own address
+    elif os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":  # torchrun's agent hosts the store
+        dist.init_process_group(backend_for(device), store=attempt_store(world, timeout), rank=rank,
+                                world_size=world, timeout=timeout)
+    else:
         dist.init_process_group(backend_for(device), rank=rank, world_size=world, timeout=timeout)
     groups = {}
     if exchange_group:
@@ -116,6 +119,14 @@ def rendezvous_store(rank: int, world: int, timeout: datetime.timedelta) -> dist
     store = dist.TCPStore(addr, port, world, is_master=True, timeout=timeout, master_listen_fd=listener.fileno())
     _LISTENERS.append(listener)  # the store serves on this descriptor: keep it open while the process lives
     return store
+
+
+def attempt_store(world: int, timeout: datetime.timedelta) -> dist.Store:
+    """torchrun's agent store, seen under a prefix of this attempt (TORCHELASTIC_RESTART_COUNT): after a restart,
+    what the failed group wrote there (its workers' gloo addresses) cannot be read as the new group's."""
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                          timeout=timeout)
+    return dist.PrefixStore(f"scalesgd/attempt-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def backend_for(device: torch.device) -> str:

@@ -196,7 +196,7 @@ def load(path: Path) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # any unreadable file is bad input here
-        first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first_line = str(err).strip().splitlines()[0].split(". ")[0] if str(err).strip() else type(err).__name__
         raise UsageError(f"{path} is not a readable scalesgd checkpoint ({first_line})") from None
     missing = [k for k in REQUIRED_KEYS if not isinstance(state, dict) or k not in state]
     if missing:
