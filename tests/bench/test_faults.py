@@ -1,5 +1,5 @@
 """`scalesgd bench faults`: a soak of five kills restarts five times and ends bit-identical to an uninterrupted
-run; a killed worker is named; the table says so."""
+run, and the table says so (the other scenarios' promises are tested in tests/runtime and tests/train)."""
 
 import json
 import subprocess
@@ -8,16 +8,14 @@ import sys
 
 def test_a_soak_of_five_kills_restarts_and_ends_bit_identical(tmp_path):
     out = tmp_path / "faults"
-    proc = subprocess.run([sys.executable, "-m", "scalesgd", "bench", "faults", "--scenarios", "soak,kill-worker",
-                           "--kills", "5", "--workers", "3", "--seed", "16", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "scalesgd", "bench", "faults", "--scenarios", "soak", "--kills", "5",
+                           "--workers", "3", "--timeout", "5", "--seed", "16", "--out", str(out)],
                           capture_output=True, text=True, timeout=1200)
     results = {r["scenario"]: r for r in json.loads((out / "faults.json").read_text())["results"]}
     assert proc.returncode == 0, [r["outcome"] for r in results.values()]
     soak = results["soak"]
     assert soak["ok"] and "5 restarts" in soak["outcome"] and "bit-identical" in soak["outcome"]
     assert soak["fault"].startswith("5 SIGKILLs")
-    killed = results["kill-worker"]
-    assert killed["ok"] and "worker rank 1 was killed by SIGKILL" in killed["outcome"]
     assert sorted(p.name for p in out.iterdir()) == ["faults.json", "faults.md"]  # the runs are cleaned up
 
 

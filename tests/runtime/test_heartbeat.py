@@ -10,7 +10,7 @@ from pathlib import Path
 from scalesgd.runtime.heartbeat import Heartbeats
 from tests.train.cli import wait_for_checkpoint
 
-TIMEOUT_S = 10
+TIMEOUT_S = 5
 
 
 def _rank_of(pid: int) -> int:

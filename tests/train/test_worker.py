@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from scalesgd.train.worker import what_is_kept
 from tests.train.cli import FAST, load_ckpt, wait_for_checkpoint
 
 
@@ -71,7 +72,7 @@ def _torchrun(run: Path, *extra: str) -> subprocess.Popen:
     torchrun = Path(sys.executable).with_name("torchrun")
     return subprocess.Popen([str(torchrun), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
                              str(_free_port()), *extra, "-m", "scalesgd", "train", "--run-dir", str(run),
-                             "--epochs", "3", "--checkpoint-every", "2", *FAST],
+                             "--epochs", "2", "--checkpoint-every", "2", *FAST],
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, GLOO_SOCKET_IFNAME="lo"))
 
@@ -93,6 +94,13 @@ def test_under_torchrun_max_restarts_a_killed_worker_resumes_from_the_checkpoint
     _, err = reference.communicate(timeout=300)
     assert reference.returncode == 0, err[-2000:]
     a, b = load_ckpt(whole), load_ckpt(broken)
-    assert a["epoch"] == b["epoch"] == 3
+    assert a["epoch"] == b["epoch"] == 2
     for name, tensor in a["model"].items():
         assert torch.equal(tensor, b["model"][name]), name
+
+
+def test_a_stopped_run_says_only_what_exists(tmp_path):
+    assert what_is_kept(tmp_path) == "no checkpoint had been written yet"
+    assert what_is_kept(None) == "no checkpoint had been written yet"
+    (tmp_path / "checkpoint.pt").write_bytes(b"")
+    assert what_is_kept(tmp_path) == f"the last good checkpoint is kept in {tmp_path}"

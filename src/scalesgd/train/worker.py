@@ -50,9 +50,7 @@ def run(cfg: TrainConfig, run_dir: Path | None, resume: bool) -> int:
         _say(rank, f"error: {err}")
         return EXIT_USAGE
     except NonFiniteLoss as err:
-        kept = (f"the last good checkpoint is kept in {run_dir}" if (Path(run_dir) / CHECKPOINT_NAME).exists()
-                else "no checkpoint had been written yet")
-        _say(rank, f"error: {err}; stopped, {kept}")
+        _say(rank, f"error: {err}; stopped, {what_is_kept(run_dir)}")
         return EXIT_NON_FINITE
     except KeyboardInterrupt:
         return 130
@@ -66,6 +64,13 @@ def run(cfg: TrainConfig, run_dir: Path | None, resume: bool) -> int:
                 process_group.close()
             except Exception:
                 pass
+
+
+def what_is_kept(run_dir: Path | None) -> str:
+    """The truth about a stopped run's checkpoint, for its last line."""
+    if run_dir is not None and (Path(run_dir) / CHECKPOINT_NAME).exists():
+        return f"the last good checkpoint is kept in {run_dir}"
+    return "no checkpoint had been written yet"
 
 
 def procs_per_node(cfg: TrainConfig) -> int | None:
