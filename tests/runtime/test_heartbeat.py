@@ -5,17 +5,12 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
+from scalesgd.bench.faults import rank_of, workers_of
 from scalesgd.runtime.heartbeat import Heartbeats
 from tests.train.cli import wait_for_checkpoint
 
 TIMEOUT_S = 5
-
-
-def _rank_of(pid: int) -> int:
-    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return int(next(e for e in env if e.startswith(b"RANK=")).split(b"=", 1)[1])
 
 
 def test_a_stopped_worker_is_named_and_the_run_ends_within_the_timeout(tmp_path):
@@ -26,8 +21,7 @@ def test_a_stopped_worker_is_named_and_the_run_ends_within_the_timeout(tmp_path)
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_for_checkpoint(run, proc)
-        children = [int(c) for c in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
-        victim = next(pid for pid in children if _rank_of(pid) == 1)
+        victim = next(pid for pid in workers_of(proc) if rank_of(pid) == 1)
         os.kill(victim, signal.SIGSTOP)
         stopped_at = time.monotonic()
         _, err = proc.communicate(timeout=120)

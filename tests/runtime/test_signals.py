@@ -9,27 +9,17 @@ from pathlib import Path
 
 import pytest
 
+from scalesgd.bench.faults import alive, workers_of
 from tests.train.cli import wait_for_checkpoint
 
 TRAIN = ["--workers", "2", "--batch-size", "64", "--epochs", "200", "--warmup-epochs", "1", "--quiet",
          "--timeout", "30"]
 
 
-def _children(pid: int) -> list[int]:
-    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def _gone_within(pids: list[int], seconds: float) -> bool:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        if not any(_alive(p) for p in pids):
+        if not any(alive(p) for p in pids):
             return True
         time.sleep(0.05)
     return False
@@ -39,7 +29,7 @@ def _start(run: Path) -> tuple[subprocess.Popen, list[int]]:
     proc = subprocess.Popen([sys.executable, "-m", "scalesgd", "train", "--run-dir", str(run), *TRAIN],
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wait_for_checkpoint(run, proc)
-    return proc, _children(proc.pid)
+    return proc, workers_of(proc)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])

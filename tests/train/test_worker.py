@@ -11,19 +11,9 @@ from pathlib import Path
 
 import torch
 
+from scalesgd.bench.faults import rank_of, workers_of
 from scalesgd.train.worker import what_is_kept
 from tests.train.cli import FAST, load_ckpt, wait_for_checkpoint
-
-
-def _children(pid: int) -> list[int]:
-    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    return [int(c) for c in text.split()]
-
-
-def _rank_of(pid: int) -> int | None:
-    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    ranks = [e.split(b"=", 1)[1] for e in env if e.startswith(b"RANK=")]
-    return int(ranks[0]) if ranks else None
 
 
 def test_killing_a_worker_stops_the_others_with_one_line_naming_it(tmp_path):
@@ -34,7 +24,7 @@ def test_killing_a_worker_stops_the_others_with_one_line_naming_it(tmp_path):
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_for_checkpoint(run, proc)
-        victim = next(pid for pid in _children(proc.pid) if _rank_of(pid) == 1)
+        victim = next(pid for pid in workers_of(proc) if rank_of(pid) == 1)
         os.kill(victim, signal.SIGKILL)
         killed_at = time.monotonic()
         _, err = proc.communicate(timeout=60)
@@ -82,8 +72,7 @@ def test_under_torchrun_max_restarts_a_killed_worker_resumes_from_the_checkpoint
     proc = _torchrun(broken, "--max-restarts", "1")
     try:
         wait_for_checkpoint(broken, proc)
-        agent = _children(proc.pid)  # torchrun's workers are its own children
-        victim = next(pid for pid in agent if _rank_of(pid) == 1)
+        victim = next(pid for pid in workers_of(proc) if rank_of(pid) == 1)  # torchrun's workers are its children
         os.kill(victim, signal.SIGKILL)
         _, err = proc.communicate(timeout=300)
     finally:

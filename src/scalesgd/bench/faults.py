@@ -84,19 +84,22 @@ def _train(run_dir: Path, cfg: FaultsBenchConfig, *extra: str) -> subprocess.Pop
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
-def _workers(proc: subprocess.Popen) -> list[int]:
+def workers_of(proc: subprocess.Popen) -> list[int]:
+    """The processes a launcher started (its children)."""
     try:
         return [int(c) for c in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
     except FileNotFoundError:
         return []
 
 
-def _rank(pid: int) -> int:
+def rank_of(pid: int) -> int:
+    """A worker's rank, from the environment its launcher gave it."""
     env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return int(next(e for e in env if e.startswith(b"RANK=")).split(b"=", 1)[1])
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Running (not gone, not a zombie)."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except FileNotFoundError:
@@ -116,7 +119,7 @@ def _started(proc: subprocess.Popen, run_dir: Path, workers: int) -> list[int]:
     """The workers of a run once it has checkpointed (RuntimeError if it ended first)."""
     if not _until(lambda: proc.poll() is not None or (run_dir / "checkpoint.pt").exists(), 300) or proc.poll():
         raise RuntimeError(f"the run in {run_dir} ended before its first checkpoint ({proc.poll()})")
-    pids = _workers(proc)
+    pids = workers_of(proc)
     if len(pids) != workers:
         raise RuntimeError(f"expected {workers} workers, found {len(pids)}")
     return pids
@@ -135,13 +138,18 @@ def _said(lines: list[str]) -> str:
     return " / ".join(lines) if lines else "(nothing)"
 
 
-def kill_worker(cfg: FaultsBenchConfig, run_dir: Path) -> Outcome:
+def _signal_rank_one(cfg: FaultsBenchConfig, run_dir: Path, sig: signal.Signals) -> tuple[int, list[str], float]:
+    """Send `sig` to rank 1 of a run once it has checkpointed: the run's status, its lines, seconds to its end."""
     proc = _train(run_dir, cfg)
-    victim = next(p for p in _started(proc, run_dir, cfg.workers) if _rank(p) == 1)
-    os.kill(victim, signal.SIGKILL)
+    victim = next(p for p in _started(proc, run_dir, cfg.workers) if rank_of(p) == 1)
+    os.kill(victim, sig)
     start = time.monotonic()
     code, lines = _end(proc)
-    took = time.monotonic() - start
+    return code, lines, time.monotonic() - start
+
+
+def kill_worker(cfg: FaultsBenchConfig, run_dir: Path) -> Outcome:
+    code, lines, took = _signal_rank_one(cfg, run_dir, signal.SIGKILL)
     return Outcome("kill-worker", "SIGKILL to rank 1", took, f"exit {code}: {_said(lines)}",
                    code != 0 and len(lines) == 1 and "worker rank 1 was killed by SIGKILL" in lines[0])
 
@@ -153,7 +161,7 @@ def signal_launcher(sig: signal.Signals) -> Callable[[FaultsBenchConfig, Path], 
         proc.send_signal(sig)
         start = time.monotonic()
         code, lines = _end(proc)
-        gone = _until(lambda: not any(map(_alive, workers)), 30)
+        gone = _until(lambda: not any(map(alive, workers)), 30)
         took = time.monotonic() - start
         return Outcome(sig.name.lower(), f"{sig.name} to the launcher", took,
                        f"exit {code}: {_said(lines)}; workers {'gone' if gone else 'STILL RUNNING'}",
@@ -166,7 +174,7 @@ def kill_launcher(cfg: FaultsBenchConfig, run_dir: Path) -> Outcome:
     workers = _started(proc, run_dir, cfg.workers)
     proc.kill()
     start = time.monotonic()
-    gone = _until(lambda: not any(map(_alive, workers)), 30)
+    gone = _until(lambda: not any(map(alive, workers)), 30)
     took = time.monotonic() - start
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate()
@@ -175,12 +183,7 @@ def kill_launcher(cfg: FaultsBenchConfig, run_dir: Path) -> Outcome:
 
 
 def stop_worker(cfg: FaultsBenchConfig, run_dir: Path) -> Outcome:
-    proc = _train(run_dir, cfg)
-    victim = next(p for p in _started(proc, run_dir, cfg.workers) if _rank(p) == 1)
-    os.kill(victim, signal.SIGSTOP)
-    start = time.monotonic()
-    code, lines = _end(proc)
-    took = time.monotonic() - start
+    code, lines, took = _signal_rank_one(cfg, run_dir, signal.SIGSTOP)
     return Outcome("stop-worker", f"SIGSTOP to rank 1, --timeout {cfg.timeout:g}", took, f"exit {code}: {_said(lines)}",
                    len(lines) == 1 and "worker rank 1 stopped responding" in lines[0] and took < cfg.timeout + 10)
 
@@ -218,14 +221,14 @@ def soak(cfg: FaultsBenchConfig, run_dir: Path) -> Outcome:
     start, recoveries, kills = time.monotonic(), [], 0
     while kills < cfg.kills and proc.poll() is None:
         time.sleep(chance.uniform(0.2, 3.0))
-        workers = _workers(proc)
+        workers = workers_of(proc)
         if len(workers) != cfg.workers:
             continue
         victim = chance.choice(workers)
         os.kill(victim, signal.SIGKILL)
         killed, kills = time.monotonic(), kills + 1
-        if _until(lambda: proc.poll() is not None or (victim not in _workers(proc)
-                                                      and len(_workers(proc)) == cfg.workers), 120):
+        if _until(lambda: proc.poll() is not None or (victim not in workers_of(proc)
+                                                      and len(workers_of(proc)) == cfg.workers), 120):
             recoveries.append(time.monotonic() - killed)
     code, lines = _end(proc, 1800)
     took = time.monotonic() - start
