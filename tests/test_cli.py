@@ -1,11 +1,13 @@
 """Bad input: one clear line, exit status 2, no traceback, nothing written over."""
 
+import argparse
+import re
 import subprocess
 import sys
 
 import pytest
 
-from scalesgd.cli import main
+from scalesgd.cli import build_parser, main
 
 
 def run_cli(capsys, *argv):
@@ -59,7 +61,7 @@ BAD = [
     (("--density-warmup", "-1"), "--density-warmup -1: must be >= 0"),
     (("--local-clip", "-1"), "--local-clip -1.0: must be a finite number >= 0"),
     (("--codec", "fp8", "--momentum-correction"), "--momentum-correction applies to the sparse codecs (topk, "
-                                                  "topk-global, topk-nodes, lags, with --engine scalesgd); got --codec fp8"),
+                                                  "topk-global, topk-nodes, lags); got --codec fp8"),
     (("--engine", "scalesgd", "--codec", "topk", "--density-warmup", "2", "--codec", "fp16"),
      "--density-warmup applies to the sparse codecs"),
     (("--engine", "scalesgd", "--codec", "topk", "--momentum-correction", "--optimizer", "lars"),
@@ -128,6 +130,39 @@ def test_help_lists_the_train_options(capsys):
     out = capsys.readouterr().out
     for option in ("--workers", "--lr-scaling", "--warmup", "--resume", "--no-zero-gamma"):
         assert option in out
+
+
+def described(text: str | None) -> bool:
+    """Whether a help says what the option does, beyond its accepted names and its default."""
+    text = re.sub(r"\s*\(default .*\)$", "", (text or "").strip())
+    text = re.sub(r"^\s*[^\s|]*(\s*\|\s*[^\s|]*)+(:\s|$)", "", text)  # `a | b | c: ` as help_of puts it
+    return re.search(r"[^\W\d_]{2}", text) is not None
+
+
+def undescribed(parser: argparse.ArgumentParser, path: str, seen: list[str]) -> list[str]:
+    """Every action of `parser` and of its subparsers, at any depth, without a description."""
+    seen.append(path)
+    missing = []
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        if isinstance(action, argparse._SubParsersAction):
+            missing += [f"{path} {a.dest}" for a in action._choices_actions if not described(a.help)]
+            for name, sub in action.choices.items():
+                missing += undescribed(sub, f"{path} {name}", seen)
+            continue
+        if not described(action.help):
+            missing.append(f"{path} {'/'.join(action.option_strings) or action.dest}: {action.help!r}")
+    return missing
+
+
+def test_every_option_of_every_command_says_what_it_does():
+    seen: list[str] = []
+    assert undescribed(build_parser(), "scalesgd", seen) == []
+    assert {"scalesgd train", "scalesgd bench link", "scalesgd sweep", "scalesgd simulate",
+            "scalesgd testbed run"} <= set(seen)  # the walk reached bench kinds and testbed verbs
+    assert not described("(default 30)") and not described("a | b (default a)") and not described("")
+    assert described("a | b: what it picks (default a)") and described("passes over the data")
 
 
 def test_plan_prints_the_bucket_table(capsys):

@@ -12,9 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from rich.console import Console
-
-from scalesgd import testbed
+from scalesgd import output, testbed
 from scalesgd.bench import BENCHES
 from scalesgd.bench.launch import command_line, in_process, on_workers
 from scalesgd.comm.buckets import model_tensors, plan_buckets
@@ -25,7 +23,7 @@ from scalesgd.options import OptionParser, add_options, given, require_choice
 from scalesgd.runtime import launcher, process_group
 from scalesgd.sim import command as simulate
 from scalesgd.sim.command import SimulateConfig
-from scalesgd.train import checkpoint, planning, rundir, sweep, worker
+from scalesgd.train import checkpoint, compare, planning, rundir, sweep, worker
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,14 +37,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue the run in this directory from its last checkpoint")
     p = sub.add_parser("plan", help="print the bucket plan of a model",
                        description="Show which gradients travel together, first exchanged first.")
-    p.add_argument("--model", default="resnet50", help=f"{' | '.join(MODELS)} (default resnet50)")
-    p.add_argument("--buckets", default="size:1", help="size:MB | growing[:FIRST_MB[:FACTOR]] | layer | single")
+    p.add_argument("--model", default="resnet50", help=f"{' | '.join(MODELS)}: the network whose gradients are "
+                   "planned (default resnet50)")
+    p.add_argument("--buckets", default="size:1", help="size:MB | growing[:FIRST_MB[:FACTOR]] | layer | single: "
+                   "how gradients are grouped into messages (default size:1)")
     p.add_argument("--classes", type=int, default=1000, help="classifier outputs (default 1000)")
     p.add_argument("--in-channels", type=int, default=3, help="input channels (default 3)")
     p = sub.add_parser("profile", help="print the timing profile and plan a --planner run measured",
                        description="Show what `scalesgd train --planner dlgs|optimal` measured (per-layer "
                        "backward times, the fitted selection and message costs) and the groups it chose.")
     p.add_argument("run_dir", help="a run directory of a --planner run")
+    p = sub.add_parser("compare", help="plot and tabulate several training runs side by side (fp32 against fp8 …)",
+                       description="Write compare.png (loss, test accuracy and learning rate of every run against "
+                       "iterations and against wall time; the log times epochs, so wall time within an epoch is "
+                       "spread evenly and stretched to the run's total) and compare.md (one row per run: model, "
+                       "codec, global batch, workers, final test accuracy, wall time, images/s, bytes sent per "
+                       "iteration, the codec's guardrail counters), and show the table.")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="a `scalesgd train` run directory (finished or "
+                   "cut short), or a directory holding run directories, directly or in runs/ (a `scalesgd sweep` "
+                   "or `bench accuracy` --out): it stands for every run in it, in name order")
+    p.add_argument("--out", default="compare", help="directory for compare.png and compare.md, created if missing "
+                   "(default compare)")
     bench = sub.add_parser("bench", help="measure collectives and training speed against the baselines")
     kinds = bench.add_subparsers(dest="bench", required=True, parser_class=OptionParser)
     for kind, entry in BENCHES.items():
@@ -82,7 +93,8 @@ def _add_testbed(sub) -> None:
             "down": "remove the testbed", "status": "show the testbed", "run": "run a command's workers in the nodes"}[name])
         q.add_argument("--prefix", default="ssgd", help="names of everything created start with this (default ssgd)")
         if name == "run":
-            q.add_argument("--timeout", type=float, default=300.0, help="seconds the others get after a failure")
+            q.add_argument("--timeout", type=float, default=300.0,
+                           help="seconds the other workers get once one has failed (default 300)")
             q.add_argument("to_run", nargs=argparse.REMAINDER, help="-- then the command, e.g. scalesgd bench link")
 
 
@@ -125,7 +137,7 @@ def plan_command(options: dict) -> int:
         plan = plan_buckets(options["buckets"], model_tensors(model))
     except ValueError as err:
         raise UsageError(f"`buckets`: {err}") from None
-    Console().print(plan.table())
+    output.console().print(plan.table())
     return 0
 
 
@@ -192,6 +204,8 @@ def _run(argv: list[str] | None) -> int:
             return 0
         if command == "testbed":
             return testbed_command(options)
+        if command == "compare":
+            return compare.run(options["run_dirs"], options["out"], command_line(argv))
         if command == "sweep":
             return sweep_command(options, argv)
         if command == "simulate":

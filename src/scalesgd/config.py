@@ -74,21 +74,27 @@ class TrainConfig:
 
     workers: int = option(2, "local worker processes; under torchrun the launch decides", group=WORKERS,
                           check=checks.local_workers)
-    dataset: str = option("digits", choices=DATASETS, group=DATA)
+    dataset: str = option("digits", "the data trained and tested on", choices=DATASETS, group=DATA)
     data_dir: str | None = option(None, "folder holding the dataset's files (cifar10: cifar-10-batches-py)",
                                   parse=str, group=DATA)
     samples: int = option(5000, "synthetic training samples", group=DATA, check=checks.positive)
     image_size: int = option(32, "synthetic image side", group=DATA, check=checks.positive)
     classes: int = option(10, "synthetic classes", group=DATA, check=checks.at_least(2, "classes to tell apart"))
-    model: str = option("resnet8", choices=MODELS, group=DATA)
+    model: str = option("resnet8", "the network trained", choices=MODELS, group=DATA)
     batch_size: int = option(128, "global minibatch kn", group=RECIPE, check=checks.positive)
-    epochs: int = option(30, group=RECIPE, check=checks.positive)
+    epochs: int = option(30, "passes over the training set", group=RECIPE, check=checks.positive)
     base_lr: float = option(0.1, "rate tuned at --base-batch", group=RECIPE, check=checks.positive)
-    base_batch: int = option(256, group=RECIPE, check=checks.positive)
-    lr_scaling: str = option("linear", choices=SCALING_RULES, group=RECIPE)
-    warmup: str = option("gradual", choices=WARMUPS, group=RECIPE)
-    warmup_epochs: float = option(5.0, group=RECIPE, check=checks.finite_non_negative)
-    schedule: str = option("step", choices=SCHEDULES, group=RECIPE)
+    base_batch: int = option(256, "global minibatch --base-lr was tuned at; --lr-scaling scales the rate by "
+                             "--batch-size ÷ this", group=RECIPE, check=checks.positive)
+    lr_scaling: str = option("linear", "how the peak rate follows --batch-size ÷ --base-batch: in proportion, "
+                             "by its square root, or not at all", choices=SCALING_RULES, group=RECIPE)
+    warmup: str = option("gradual", "how the rate reaches the scaled peak: gradual rises linearly from --base-lr "
+                         "over --warmup-epochs, constant holds --base-lr for them and then jumps, none starts at "
+                         "the peak", choices=WARMUPS, group=RECIPE)
+    warmup_epochs: float = option(5.0, "epochs of warmup (fractions allowed)", group=RECIPE,
+                                  check=checks.finite_non_negative)
+    schedule: str = option("step", "decay of the rate after warmup: step (× --gamma at each of --milestones), "
+                           "cosine or poly (down to --end-lr), arccot", choices=SCHEDULES, group=RECIPE)
     milestones: tuple[float, ...] | None = option(None, "step-schedule epochs, comma-separated", group=RECIPE,
                                                   parse=floats_of("epochs"), shown_default="30,60,80 of 90 scaled")
     gamma: float = option(0.1, "step schedule: factor at each milestone", group=RECIPE,
@@ -101,9 +107,11 @@ class TrainConfig:
                                  check=checks.positive)
     optimizer: str = option("sgd", "momentum SGD, or LARS's per-layer rate", choices=OPTIMIZERS, group=RECIPE)
     trust_coefficient: float = option(0.001, "LARS trust coefficient", group=RECIPE, check=checks.positive)
-    momentum: float = option(0.9, group=RECIPE, check=checks.within(0, 1, high_open=True))
+    momentum: float = option(0.9, "momentum coefficient μ of SGD (and LARS), in [0, 1)", group=RECIPE,
+                             check=checks.within(0, 1, high_open=True))
     nesterov: bool = option(False, "Nesterov momentum", group=RECIPE)
-    weight_decay: float = option(1e-4, "never on BN γ/β", group=RECIPE, check=checks.finite_non_negative)
+    weight_decay: float = option(1e-4, "L2 weight decay (never on BN γ/β)", group=RECIPE,
+                                 check=checks.finite_non_negative)
     bias_decay: bool = option(True, "no decay on biases", flag="--no-bias-decay", group=RECIPE)
     zero_gamma: bool = option(True, "γ = 1 on the last BN of residual blocks", flag="--no-zero-gamma",
                               group=RECIPE)
@@ -112,8 +120,10 @@ class TrainConfig:
                                                     "of the new batch's statistics"))
     bn_batch: int = option(0, "BN statistics over groups of N samples, as N samples per worker would give "
                            "(ghost batch norm); 0: each worker's whole batch", group=RECIPE)
-    label_smoothing: float = option(0.0, group=RECIPE, check=checks.within(0, 1, high_open=True))
-    seed: int = option(0, group=RECIPE, check=checks.seed)
+    label_smoothing: float = option(0.0, "cross-entropy label smoothing: weight of the uniform target, in [0, 1)",
+                                    group=RECIPE, check=checks.within(0, 1, high_open=True))
+    seed: int = option(0, "seeds the initial weights, each epoch's shuffle and the codecs' sampling", group=RECIPE,
+                       check=checks.seed)
     engine: str = option("ddp", "gradient exchange", choices=ENGINES, group=WORKERS)
     codec: str = option("fp32", "what travels; with ddp, fp16/bf16/powersgd are PyTorch's own comm hooks, the "
                         "others ours", choices=CODECS, check_choices=False, group=WORKERS)
@@ -330,7 +340,7 @@ class TrainConfig:
                and getattr(self, f.name) and getattr(self, f.name) != f.default]  # on, and not as by default
         if dgc and not self.codec_entry.sparse:
             sparse = ", ".join(name for name, entry in CODECS.items() if entry.sparse)
-            raise UsageError(f"`{dgc[0]}` applies to the sparse codecs ({sparse}, with `engine` scalesgd); "
+            raise UsageError(f"`{dgc[0]}` applies to the sparse codecs ({sparse}); "
                              f"got `codec` {self.codec}")
         if self.momentum_correction and (self.optimizer != "sgd" or self.momentum == 0):
             raise UsageError(f"`momentum_correction` moves SGD's momentum into the exchange: it needs `optimizer` "

@@ -1,4 +1,4 @@
-"""What every benchmark writes: a JSON record, a Markdown table and a rich table on the terminal."""
+"""What every command writes: a JSON record, a Markdown table, a rich table through one console, a PNG."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ import json
 import os
 import platform
 from pathlib import Path
+from typing import IO
 
 import torch
+from rich.console import Console
 from rich.table import Table
 
 
@@ -37,6 +39,19 @@ def write(out_dir: Path, name: str, record: dict, columns: list[str], rows: list
     record = {**record, "command": command, "machine": machine()}
     (out_dir / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     (out_dir / f"{name}.md").write_text(f"`{command}`\n\n" + markdown_table(columns, rows), encoding="utf-8")
+
+
+UNCUT_WIDTH = 1000  # columns for output that is not a terminal: a table only takes the width it needs
+
+
+def console(stderr: bool = False, file: IO[str] | None = None, force_terminal: bool | None = None) -> Console:
+    """The console every command prints through, so that logs and CI keep every table cell whole."""
+    made = Console(stderr=stderr, file=file, force_terminal=force_terminal)
+    if made.is_terminal:
+        return made  # the terminal's width
+    # rich would take $COLUMNS or 80 and cut cells (`halving_dou…`); $COLUMNS is no guide off a terminal, as
+    # importing readline (pytest, pdb, a Python shell) exports the terminal's width to every child process
+    return Console(stderr=stderr, file=file, force_terminal=force_terminal, width=UNCUT_WIDTH)
 
 
 def pyplot():

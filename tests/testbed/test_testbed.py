@@ -102,6 +102,7 @@ def test_shaping_holds_within_ten_percent_of_the_set_rate(testbed, tmp_path):
     assert abs(result["best_one_way_mbit_s"] - 500) <= 50
     assert abs(result["best_duplex_mbit_s_each_way"] - 500) <= 50  # the link is full duplex
     assert result["one_way_mbit_s"] <= 550
+    assert (tmp_path / "link.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # time against size, α/β fit
 
 
 def test_shape_changes_the_rate_in_place_and_a_bad_rate_is_one_line(testbed):

@@ -8,8 +8,6 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from rich.console import Console
-
 from scalesgd import checks, output
 from scalesgd.config import TrainConfig
 from scalesgd.errors import UsageError, option_name
@@ -29,8 +27,8 @@ class AccuracyBenchConfig:
                                        parse=lambda t: tuple(v.strip() for v in t.split(";") if v.strip()),
                                        shown_default="--codec fp32",
                                        check=lambda v: None if v else "give at least one, e.g. '--codec fp32'")
-    seeds: tuple[int, ...] = option((0, 1, 2), parse=ints, check=checks.all_of(checks.distinct,
-                                                                                checks.each(checks.seed)))
+    seeds: tuple[int, ...] = option((0, 1, 2), "each variant trains once per seed", parse=ints,
+                                    check=checks.all_of(checks.distinct, checks.each(checks.seed)))
     out: str = option("", "output directory", shown_default="runs/bench/accuracy-<timestamp>",
                       check=checks.output_dir)
     train_args: tuple[str, ...] = option((), "-- then options for every run", remainder=True)
@@ -86,8 +84,8 @@ def report(cfg: AccuracyBenchConfig, results: list[dict], command: str) -> None:
     output.write(out, "accuracy", {"config": cfg.to_dict(), "medians": medians, "results": results},
                  columns, rows, command)
     plot(out / "accuracy.png", cfg, results, medians)
-    Console().print(output.rich_table(f"final test accuracy, {len(cfg.seeds)} seeds", columns, rows))
-    Console().print(f"written to {out}/accuracy.{{json,md,png}}", highlight=False)
+    output.console().print(output.rich_table(f"final test accuracy, {len(cfg.seeds)} seeds", columns, rows))
+    output.console().print(f"written to {out}/accuracy.{{json,md,png}}", highlight=False)
 
 
 def plot(path: Path, cfg: AccuracyBenchConfig, results: list[dict], medians: dict) -> None:

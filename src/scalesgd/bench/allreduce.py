@@ -9,7 +9,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from rich.console import Console
 
 from scalesgd import checks, output
 from scalesgd.bench.launch import BenchLaunch
@@ -161,8 +160,8 @@ def report(cfg: AllreduceBenchConfig, world: int, results: list[dict], command: 
     output.write(out, "allreduce", {"world_size": world, "config": cfg.to_dict(), "results": results},
                  columns, rows, command)
     plot(out / "allreduce.png", world, results)
-    Console().print(output.rich_table(f"allreduce, {world} workers, median of {cfg.repeats}", columns, rows))
-    Console().print(f"written to {out}/allreduce.{{json,md,png}}", highlight=False)
+    output.console().print(output.rich_table(f"allreduce, {world} workers, median of {cfg.repeats}", columns, rows))
+    output.console().print(f"written to {out}/allreduce.{{json,md,png}}", highlight=False)
 
 
 def plot(path: Path, world: int, results: list[dict]) -> None:

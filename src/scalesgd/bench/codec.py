@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from rich.console import Console
 
 from scalesgd import checks, output
 from scalesgd.comm import fp8
@@ -120,9 +119,9 @@ def report(cfg: CodecBenchConfig, results: list[dict], command: str) -> None:
     output.write(out, "codec", {"config": cfg.to_dict(), "kernel_mode_default": fp8.kernel_mode(),
                                 "results": results}, columns, rows, command)
     plot(out / "codec.png", cfg, results)
-    Console().print(output.rich_table(f"fp8 kernels, {cfg.threads} thread(s), median of {cfg.repeats}",
+    output.console().print(output.rich_table(f"fp8 kernels, {cfg.threads} thread(s), median of {cfg.repeats}",
                                       columns, rows))
-    Console().print(f"written to {out}/codec.{{json,md,png}}", highlight=False)
+    output.console().print(f"written to {out}/codec.{{json,md,png}}", highlight=False)
 
 
 def plot(path: Path, cfg: CodecBenchConfig, results: list[dict]) -> None:

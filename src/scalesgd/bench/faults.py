@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from rich.console import Console
 
 from scalesgd import checks, output
 from scalesgd.options import check_fields, option, record, words
@@ -71,7 +70,7 @@ def run(cfg: FaultsBenchConfig, command: str) -> int:
     rows = [[r.scenario, r.fault, f"{r.seconds:.1f}", r.outcome, "yes" if r.ok else "**no**"] for r in results]
     output.write(out, "faults", {"config": cfg.to_dict(), "results": [r.__dict__ for r in results]}, columns, rows,
                  command)
-    Console().print(output.rich_table("faults", columns, rows))
+    output.console().print(output.rich_table("faults", columns, rows))
     if all(r.ok for r in results):
         clean(out)  # the runs are kept only where something went wrong, to look into
         return 0

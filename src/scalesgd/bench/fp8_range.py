@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from rich.console import Console
 from torch import nn
 
 from scalesgd import checks, output
@@ -27,8 +26,10 @@ from scalesgd.recipe import build_sgd, initialize
 class Fp8RangeBenchConfig:
     """`scalesgd bench fp8-range`: every quantile × headroom on the same recorded gradients."""
 
-    models: tuple[str, ...] = option(("resnet20", "vgg16"), choices=MODELS, parse=words, check=checks.distinct)
-    quantiles: tuple[float, ...] = option((0.95, 0.99, 0.999, 1.0), "Q (1: the sampled maximum)",
+    models: tuple[str, ...] = option(("resnet20", "vgg16"), "networks whose gradients are encoded", choices=MODELS,
+                                     parse=words, check=checks.distinct)
+    quantiles: tuple[float, ...] = option((0.95, 0.99, 0.999, 1.0),
+                                          "quantiles of |data| tried (1: the sampled maximum)",
                                           parse=floats_of("quantiles"),
                                           check=lambda v: checks.distinct(v) or (
                                               None if all(0 < q <= 1 for q in v) else "give each in (0, 1]"))
@@ -38,7 +39,7 @@ class Fp8RangeBenchConfig:
                                               None if all(h >= 1 for h in v) else "give each >= 1"))
     steps: tuple[int, ...] = option((1, 10, 50, 100), "training steps at which gradients are taken", parse=ints,
                                     check=lambda v: checks.distinct(v) or (None if min(v) >= 1 else "give steps >= 1"))
-    batch_size: int = option(32, check=checks.positive)
+    batch_size: int = option(32, "samples per SGD step that makes the gradients", check=checks.positive)
     samples: int = option(1024, "elements sampled per tensor for its quantile, as training does",
                           check=checks.positive)
     threads: int = option(2, "compute threads", check=checks.threads(1))
@@ -132,9 +133,9 @@ def report(cfg: Fp8RangeBenchConfig, results: list[dict], command: str) -> None:
     output.write(out, "fp8-range", {"config": cfg.to_dict(), "summary": rows, "results": results}, columns, table,
                  command)
     plot(out / "fp8-range.png", cfg, rows)
-    Console().print(output.rich_table(f"fp8 range settings on {', '.join(cfg.models)} gradients at steps "
+    output.console().print(output.rich_table(f"fp8 range settings on {', '.join(cfg.models)} gradients at steps "
                                       f"{','.join(map(str, cfg.steps))}", columns, table))
-    Console().print(f"written to {out}/fp8-range.{{json,md,png}}", highlight=False)
+    output.console().print(f"written to {out}/fp8-range.{{json,md,png}}", highlight=False)
 
 
 def plot(path: Path, cfg: Fp8RangeBenchConfig, rows: list[dict]) -> None:

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from rich.console import Console
 
 from scalesgd import checks, output
 from scalesgd.errors import UsageError
@@ -34,13 +33,14 @@ OPTIMIZERS = {
 class OptimizerBenchConfig:
     """`scalesgd bench optimizer`: one step() of each optimizer on one model's parameters, against torch's SGD."""
 
-    model: str = option("resnet50", choices=MODELS)
+    model: str = option("resnet50", "the network whose parameters each optimizer steps", choices=MODELS)
     optimizers: tuple[str, ...] = option(("sgd", "lars", "naive-lars"), f"with {REFERENCE}, the reference",
                                          choices=OPTIMIZERS, parse=words, check=checks.distinct)
     repeats: int = option(20, "timed steps per optimizer", check=checks.positive)
     warmup: int = option(3, "untimed steps first", check=checks.at_least(0))
     threads: int = option(1, "compute threads", check=checks.threads(1))
-    weight_decay: float = option(5e-5, "of the decayed group; never BN γ/β", check=checks.finite_non_negative)
+    weight_decay: float = option(5e-5, "weight decay of the decayed group (never BN γ/β)",
+                                 check=checks.finite_non_negative)
     out: str = option("", "output directory", shown_default="runs/bench/optimizer-<timestamp>",
                       check=checks.output_dir)
 
@@ -104,10 +104,10 @@ def report(cfg: OptimizerBenchConfig, measured: dict, command: str) -> None:
     out = Path(cfg.out)
     output.write(out, "optimizer", {"config": cfg.to_dict(), **measured}, columns, rows, command)
     plot(out / "optimizer.png", cfg, params, results)
-    Console().print(output.rich_table(f"one step() on {cfg.model}: {params['tensors']} tensors, "
+    output.console().print(output.rich_table(f"one step() on {cfg.model}: {params['tensors']} tensors, "
                                       f"{params['elements'] / 1e6:.1f} M parameters, {cfg.threads} thread(s), "
                                       f"{cfg.repeats} steps", columns, rows))
-    Console().print(f"written to {out}/optimizer.{{json,md,png}}", highlight=False)
+    output.console().print(f"written to {out}/optimizer.{{json,md,png}}", highlight=False)
 
 
 def plot(path: Path, cfg: OptimizerBenchConfig, params: dict, results: list[dict]) -> None:

@@ -41,10 +41,11 @@ class TrainBenchConfig(BenchLaunch):
     """`scalesgd bench train`: every exchange mode timed on the same model, data and workers."""
 
     workers: int = option(2, "local workers; under torchrun the launch decides", check=checks.local_workers)
-    model: str = option("resnet20", choices=MODELS)
+    model: str = option("resnet20", "the network timed", choices=MODELS)
     image_size: int = option(32, "synthetic input side", check=checks.positive)
     channels: int = option(3, "input channels", check=checks.positive)
-    classes: int = option(10, check=checks.at_least(2, "classes to tell apart"))
+    classes: int = option(10, "classifier outputs (random labels)",
+                          check=checks.at_least(2, "classes to tell apart"))
     batch_size: int = option(64, "global minibatch", check=checks.positive)
     modes: tuple[str, ...] = option(("none", "ddp", "ddp-fp16", "ddp-powersgd", "scalesgd-fp32-ring-size:1",
                                      "scalesgd-fp16-ring-size:1"), MODES_HELP, parse=words, check=checks.distinct)

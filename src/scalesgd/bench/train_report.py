@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.console import Console
-
 from scalesgd import output
 from scalesgd.units import mbit_s
 
@@ -54,8 +52,8 @@ def write(out: Path, title: str, rates: tuple[str, ...], record: dict, command: 
         plot_rates(out / "train.png", title, rates, results)
     else:
         plot(out / "train.png", title, results)
-    Console().print(output.rich_table(title, columns, rows))
-    Console().print(f"written to {out}/train.{{json,md,png}}", highlight=False)
+    output.console().print(output.rich_table(title, columns, rows))
+    output.console().print(f"written to {out}/train.{{json,md,png}}", highlight=False)
 
 
 def _prediction(r: dict) -> str:

@@ -9,8 +9,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rich.console import Console
-
 from scalesgd import checks, output
 from scalesgd.comm.link import LinkCost
 from scalesgd.comm.profile import fit_line
@@ -225,7 +223,7 @@ def _emit(cfg: SimulateConfig, result: dict, command: str, table: tuple[list[str
     if cfg.json:
         print(json.dumps(result, indent=1))
         return
-    console = Console()
+    console = output.console()
     console.print(output.rich_table(name, columns, rows))
     for key in ("headline", "median_abs_error", "max_abs_error"):
         if result.get(key) is not None:

@@ -11,12 +11,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from rich.console import Console
 
 from scalesgd.comm.buckets import BucketPlan, model_tensors, plan_from_groups
 from scalesgd.comm.exchange import build_exchange
 from scalesgd.config import TrainConfig
-from scalesgd.output import rich_table
+from scalesgd.output import console as make_console, rich_table
 from scalesgd.runtime.process_group import DistEnv
 from scalesgd.sim.auto import Decision, decide
 from scalesgd.train.rundir import AUTO_NAME, write_json
@@ -93,7 +92,7 @@ def _step(exchange, batch, loss_fn) -> float:
 def show(decision: Decision) -> None:
     """The predicted iteration of every candidate, the chosen one first; then the finalists' trials."""
     rows = sorted(decision.table, key=lambda r: r["iteration_s"])
-    console = Console()
+    console = make_console()
     console.print(rich_table(f"--exchange auto chose {decision.codec} with buckets {decision.buckets}",
                              ["codec", "buckets", "predicted ms", "exposed ms"],
                              [[r["codec"], r["buckets"], f"{1e3 * r['iteration_s']:.1f}",

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import torch
-from rich.console import Console
 from rich.table import Table
 
+from scalesgd import output
 from scalesgd.comm.buckets import BucketPlan, model_tensors, plan_from_groups
 from scalesgd.comm.planner import PLANNERS
 from scalesgd.comm.timing import iteration_time
@@ -74,7 +74,7 @@ def show_profile(run_dir: Path) -> None:
     except (OSError, ValueError, LookupError, TypeError, ArithmeticError, RecursionError) as err:
         raise UsageError(f"{path} is not a profile ({_reason(err)}); profiles are written by `scalesgd train "
                          "--planner dlgs|optimal`") from None
-    console = Console()
+    console = output.console()
     console.print(table)
     for line in lines:
         console.print(line, highlight=False)

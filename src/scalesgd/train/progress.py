@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from scalesgd import output
 
 
 class EpochProgress:
@@ -14,7 +15,7 @@ class EpochProgress:
     def __init__(self, enabled: bool, total_epochs: int):
         self.enabled = enabled
         self.total_epochs = total_epochs
-        self.console = Console(file=sys.stdout)
+        self.console = output.console(file=sys.stdout)
         self._bar: Progress | None = None
         self._task = None
 

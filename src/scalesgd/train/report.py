@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.table import Table
 
 from scalesgd import output
 from scalesgd.train.metrics import read
-from scalesgd.train.rundir import METRICS_NAME, REPORT_NAME, SUMMARY_NAME, write_json
+from scalesgd.train.rundir import CONFIG_NAME, METRICS_NAME, REPORT_NAME, SUMMARY_NAME, write_json
 
 
 def write_summary(run_dir: Path, summary: dict) -> None:
@@ -37,17 +39,49 @@ def summary_table(summary: dict):
     return table
 
 
+
+def title(cfg: dict) -> str:
+    """What a run trained, for report.png's title: model and data, how gradients travelled, the global batch."""
+    auto = ", chosen by --exchange auto" if cfg.get("exchange") == "auto" else ""
+    workers = f"{cfg['workers']} worker{'s' if cfg['workers'] != 1 else ''}"
+    return (f"{cfg['model']} on {cfg['dataset']} · codec {cfg['codec']} ({cfg['engine']} engine{auto}) · "
+            f"global batch {cfg['batch_size']} = {workers} × {cfg['batch_size'] // cfg['workers']}")
+
+
+def run_config(run_dir: Path) -> dict:
+    """A run's config: its summary's where written (that holds --exchange auto's choice), else config.json."""
+    summary = Path(run_dir) / SUMMARY_NAME
+    if summary.is_file():
+        return json.loads(summary.read_text(encoding="utf-8"))["config"]
+    return json.loads((Path(run_dir) / CONFIG_NAME).read_text(encoding="utf-8"))
+
+
 ITER_KEYS = ("kind", "epoch", "iter", "lr", "loss")  # an iteration's record; anything else is a codec counter
+
+
+@dataclass
+class Curves:
+    """A run's metrics.jsonl as its plots use it, read in one place for report.png and `scalesgd compare`."""
+
+    iters: list[dict]  # one per iteration: ITER_KEYS and the codec's counters once it has any
+    epochs: list[dict]  # one per finished epoch: train and test loss and accuracy, images/s
+    counters: list[str]  # the codec guardrail counters the iterations recorded, sorted
+
+
+def read_curves(run_dir: Path) -> Curves:
+    """The iteration and epoch records of a run directory (notices left out) and the counter names among them."""
+    records = read(Path(run_dir) / METRICS_NAME)
+    iters = [r for r in records if r["kind"] == "iter"]
+    epochs = [r for r in records if r["kind"] == "epoch"]
+    return Curves(iters, epochs, sorted({k for r in iters for k in r} - set(ITER_KEYS)))
 
 
 def plot_report(run_dir: Path) -> Path:
     """report.png: loss, accuracy, learning rate and (for a lossy codec) its guardrail counters against iterations."""
     plt = output.pyplot()
 
-    records = read(Path(run_dir) / METRICS_NAME)
-    iters = [r for r in records if r["kind"] == "iter"]
-    epochs = [r for r in records if r["kind"] == "epoch"]
-    counters = sorted({k for r in iters for k in r} - set(ITER_KEYS))
+    curves = read_curves(run_dir)
+    iters, epochs, counters = curves.iters, curves.epochs, curves.counters
     fig, axes = plt.subplots(3 + bool(counters), 1, figsize=(8, 9 + 3 * bool(counters)), sharex=True)
     ax_loss, ax_acc, ax_lr = axes[:3]
     ax_loss.plot([r["iter"] for r in iters], [r["loss"] for r in iters], lw=0.8, label="train (per iteration)")
@@ -62,6 +96,7 @@ def plot_report(run_dir: Path) -> Path:
     ax_acc.legend()
     ax_lr.plot([r["iter"] for r in iters], [r["lr"] for r in iters])
     ax_lr.set_ylabel("learning rate")
+    ax_lr.set_yscale("log", nonpositive="mask")  # decayed rates stay visible; a rate of 0 (cosine, poly) is left out
     for name in counters:
         axes[3].plot([r["iter"] for r in iters if name in r], [r[name] for r in iters if name in r], lw=0.8,
                      label=name)
@@ -71,7 +106,7 @@ def plot_report(run_dir: Path) -> Path:
     axes[-1].set_xlabel("iteration")
     for ax in axes:
         ax.grid(alpha=0.3)
-    fig.suptitle(Path(run_dir).name)
+    fig.suptitle(f"{title(run_config(run_dir))}\n{Path(run_dir).name}", fontsize=9)
     fig.tight_layout()
     out = Path(run_dir) / REPORT_NAME
     fig.savefig(out, dpi=110)

@@ -14,8 +14,6 @@ import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from rich.console import Console
-
 from scalesgd import output
 from scalesgd.checks import all_of, distinct, each, each_once, output_dir, seed
 from scalesgd.config import TrainConfig
@@ -38,12 +36,16 @@ class SweepConfig:
     batches: tuple[int, ...] = option((32, 64, 128, 256, 512, 1024), "global minibatch sizes", parse=ints,
                                       check=lambda v: distinct(v) or (None if min(v) >= 1 else "give sizes >= 1"))
     rules: tuple[str, ...] = option(("linear",), "scaling rules", choices=SCALING_RULES, parse=words, check=distinct)
-    warmups: tuple[str, ...] = option(("gradual",), choices=WARMUPS, parse=words, check=distinct)
-    optimizers: tuple[str, ...] = option((), choices=OPTIMIZERS, parse=words, check=each_once,
+    warmups: tuple[str, ...] = option(("gradual",), "warmups to try", choices=WARMUPS, parse=words,
+                                      check=distinct)
+    optimizers: tuple[str, ...] = option((), "optimizers to try", choices=OPTIMIZERS, parse=words,
+                                         check=each_once,
                                          shown_default="as the train options say")
-    schedules: tuple[str, ...] = option((), choices=SCHEDULES, parse=words, check=each_once,
+    schedules: tuple[str, ...] = option((), "decay schedules to try", choices=SCHEDULES, parse=words,
+                                        check=each_once,
                                         shown_default="as the train options say")
-    seeds: tuple[int, ...] = option((0,), parse=ints, check=all_of(distinct, each(seed)))
+    seeds: tuple[int, ...] = option((0,), "each point trains once per seed", parse=ints,
+                                    check=all_of(distinct, each(seed)))
     out: str = option("", "output directory", shown_default="runs/sweep-<timestamp>", check=output_dir)
     train_args: tuple[str, ...] = option((), "-- then options for every run", remainder=True)
 
@@ -169,9 +171,9 @@ def report(cfg: SweepConfig, results: list[dict], command: str) -> None:
         columns, rows, command)
     plot_error(out / "sweep.png", errors, len(cfg.seeds))
     plot_curves(out / "curves.png", results, batches)
-    Console().print(output.rich_table(f"final test error against global minibatch (median of {len(cfg.seeds)} "
+    output.console().print(output.rich_table(f"final test error against global minibatch (median of {len(cfg.seeds)} "
                                       "seed(s); Δ: points vs the smallest batch)", columns, rows))
-    Console().print(f"written to {out}/sweep.{{json,md,png}} and curves.png", highlight=False)
+    output.console().print(f"written to {out}/sweep.{{json,md,png}} and curves.png", highlight=False)
 
 
 def plot_error(path: Path, errors: dict[str, dict[int, float]], seeds: int) -> None:

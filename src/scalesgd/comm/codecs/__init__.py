@@ -106,17 +106,16 @@ CODECS.add("fp8-direct", CodecEntry("ablation: the gradient itself in e5m2",
 CODECS.add("fp8-flat", CodecEntry("ablation: one fp8 ring over all ranks", _fp8("fp8-flat", relative=True,
                                                                                  two_stage=False), wire_bytes=1))
 CODECS.add("topk", CodecEntry("DLGS: per-group top-k with residuals, thresholds reused (SPEC §3)",
-                              lambda s: TopkCodec("topk", s.density, s.topk_reuse, s.dgc), engines=("scalesgd",),
-                              sparse=True))
+                              lambda s: TopkCodec("topk", s.density, s.topk_reuse, s.dgc), sparse=True))
 CODECS.add("topk-global", CodecEntry("one exact top-k over all gradients each step",
-                                     lambda s: TopkCodec("topk-global", s.density, 1, s.dgc), engines=("scalesgd",),
-                                     buckets="single", sparse=True))
+                                     lambda s: TopkCodec("topk-global", s.density, 1, s.dgc), buckets="single",
+                                     sparse=True))
 CODECS.add("topk-nodes", CodecEntry("top-k across nodes only: summed densely inside each node, each local rank's "
                                     "shard sparsified between nodes", lambda s: NodeTopkCodec(
                                         "topk-nodes", s.density, s.topk_reuse, s.dgc),
-                                    engines=("scalesgd",), needs_topology=True, sparse=True))
+                                    needs_topology=True, sparse=True))
 CODECS.add("lags", CodecEntry("an exact top-k per layer each step", lambda s: TopkCodec("lags", s.density, 1, s.dgc),
-                              engines=("scalesgd",), buckets="layer", sparse=True))
+                              buckets="layer", sparse=True))
 
 __all__ = ["CODECS", "BucketView", "Channel", "Codec", "CodecEntry", "CodecSettings", "DdpHook", "DenseFirst",
            "DgcOptions", "Fp8Codec", "Fp8Options", "NodeTopkCodec", "TopkCodec", "make_codec"]

@@ -74,6 +74,12 @@ class Codec(ABC):
         keys = self.__dict__.setdefault("_param_keys", {})
         return keys.setdefault(id(param), len(keys))
 
+    def __getstate__(self) -> dict:
+        """Parameter numbers are by object identity, which a copy or another process does not share: `bind` again."""
+        state = dict(self.__dict__)
+        state.pop("_param_keys", None)
+        return state
+
     def after_dense(self, out: torch.Tensor, bucket: BucketView) -> None:
         """Called with the mean of a step exchanged dense instead of by this codec (see `DenseFirst`)."""
 

@@ -68,7 +68,6 @@ class Fp8Codec(Codec):
         self._pending: dict[int, tuple] = {}  # bucket → (gradient, weights, decode and encode scales) until sent
         self._means: dict[int, torch.Tensor] = {}  # bucket → the buffer `communicate` decoded into
         self._eps = torch.tensor(options.eps)
-        self._rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
         self._seed = seed
         self._elements = 0
         self._saturated = 0
@@ -215,7 +214,7 @@ class Fp8Codec(Codec):
         for i, (key, j) in enumerate(zip(keys, positions)):
             # samples drawn from (seed, rank, tensor, step) alone: a resumed run draws what it would have
             step = self._tensors[key].step
-            gen = torch.Generator().manual_seed(hash((self._seed, self._rank, key, step)) & (2 ** 62 - 1))
+            gen = torch.Generator().manual_seed(hash((self._seed, _rank(), key, step)) & (2 ** 62 - 1))
             start, size = bucket.offsets[j], bucket.params[j].numel()
             found[2 * i] = sample_quantiles(g, w, [start], [size], self.options, gen)[0]
             d = g[start:start + size].abs() if w is None else g[start:start + size].abs() / (
@@ -270,3 +269,9 @@ def _groups(channel: Channel):
         raise ValueError("the two-stage fp8 sum needs the node groups: pass topology=TopologyGroups "
                          "(DistributedOptimizer builds them when its codec asks)")
     return channel.topology
+
+
+def _rank() -> int:
+    """This process's global rank, read when sampling: a codec may be built before the process group exists (a
+    DDP hook state made in a Lightning script)."""
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0

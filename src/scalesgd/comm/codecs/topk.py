@@ -13,6 +13,7 @@ its own to the gradient (`scalesgd.optim.MomentumCorrectedSGD`).
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -42,14 +43,24 @@ class DgcOptions:
 
 
 class _Sparse:
-    """One bucket's residual (the accumulated velocity with momentum correction), momentum, threshold, step."""
+    """One bucket's residual (the accumulated velocity with momentum correction), momentum, threshold, step, and
+    the parameters it holds in order (`keys`, `sizes`; None for a bucket that is not made of whole parameters)."""
 
-    def __init__(self, numel: int, device: torch.device, momentum: bool):
+    def __init__(self, numel: int, device: torch.device, momentum: bool, keys: tuple[int, ...] | None = None,
+                 sizes: tuple[int, ...] | None = None):
         self.residual = torch.zeros(numel, device=device)
         self.momentum = torch.zeros(numel, device=device) if momentum else None
         self.threshold = 0.0
         self.density = 0.0  # the density the threshold was computed for
         self.step = 0
+        self.keys, self.sizes = keys, sizes
+
+    def pieces(self):
+        """(parameter number, its residual, its momentum) for each parameter the bucket holds."""
+        offsets = itertools.accumulate(self.sizes or (), initial=0)
+        for key, start, size in zip(self.keys or (), offsets, self.sizes or ()):
+            yield key, self.residual[start:start + size], (
+                self.momentum[start:start + size] if self.momentum is not None else None)
 
 
 def problems(density: float, reuse: int) -> dict[str, str]:
@@ -76,6 +87,7 @@ class TopkCodec(Codec):
             raise ValueError("; ".join(f"{setting} {given[setting]}: {problem}" for setting, problem in found.items()))
         self.name, self.density, self.reuse, self.dgc = name, density, reuse, dgc
         self._state: dict[int, _Sparse] = {}
+        self._owner: dict[int, _Sparse] = {}  # parameter number → the bucket state holding its residual
         self._sent: dict[int, tuple] = {}
         self._counts = torch.zeros(4, dtype=torch.float64)  # sent, elements, Σ residual², Σ gradient²
 
@@ -84,7 +96,7 @@ class TopkCodec(Codec):
 
     def encode(self, flat: torch.Tensor, bucket: BucketView, channel: Channel) -> torch.Tensor:
         """Accumulate, select, keep the rest; what travels is held until `communicate`."""
-        st = self._bucket(bucket.index, flat)
+        st = self._bucket(bucket, flat)
         density = self.dgc.density_at(self.density, st.step)
         st.step += 1
         if not bool(torch.isfinite(flat).all()):
@@ -139,17 +151,50 @@ class TopkCodec(Codec):
         """A dense step (before compression starts) still carries momentum when the optimizer has none."""
         if self.dgc.momentum <= 0:
             return
-        st = self._bucket(bucket.index, out)
+        st = self._bucket(bucket, out)
         if self.dgc.nesterov:
             out.add_(st.momentum.add_(out).mul_(self.dgc.momentum))
         else:
             out.copy_(st.momentum.mul_(self.dgc.momentum).add_(out))
 
-    def _bucket(self, index: int, like: torch.Tensor) -> _Sparse:
-        st = self._state.get(index)
-        if st is None or st.residual.numel() != like.numel():
-            st = self._state[index] = _Sparse(like.numel(), like.device, self.dgc.momentum > 0)
+    def _bucket(self, bucket: BucketView, like: torch.Tensor) -> _Sparse:
+        """The bucket's state; when the bucket now holds other parameters than before (DDP rebuilds its buckets
+        after the first iteration), a new state that carries each parameter's residual and momentum over."""
+        keys = tuple(self.key(p) for p in bucket.params) if bucket.params else None
+        st = self._state.get(bucket.index)
+        if st is not None and st.residual.numel() == like.numel() and (st.keys == keys or st.keys is None):
+            if st.keys is None and keys is not None:  # a state saved before buckets were keyed: adopt these
+                st.keys, st.sizes = keys, tuple(p.numel() for p in bucket.params)
+                self._own(st)
+            return st
+        st = self._state[bucket.index] = _Sparse(like.numel(), like.device, self.dgc.momentum > 0, keys,
+                                                 tuple(p.numel() for p in bucket.params) if keys else None)
+        if keys is not None:
+            self._carry_over(st)
         return st
+
+    def _carry_over(self, st: _Sparse) -> None:
+        """Fill a new bucket state from the states that held its parameters. The same parameters in another order
+        (DDP's first bucket, then its rebuilt one, also after a resume) keep their threshold and step; any other
+        regrouping computes a threshold afresh."""
+        before = {id(owner): owner for owner in (self._owner.get(key) for key in st.keys) if owner is not None}
+        for key, residual, momentum in st.pieces():
+            if key not in self._owner:
+                continue
+            _, old_residual, old_momentum = next(piece for piece in self._owner[key].pieces() if piece[0] == key)
+            residual.copy_(old_residual)
+            if momentum is not None and old_momentum is not None:
+                momentum.copy_(old_momentum)
+        (same,) = before.values() if len(before) == 1 else (None,)
+        if same is not None and set(same.keys) == set(st.keys):
+            st.threshold, st.density, st.step = same.threshold, same.density, same.step
+        else:  # density -1: no threshold yet, the next selection sets one
+            st.step, st.density = max((owner.step for owner in before.values()), default=0), -1.0
+        self._own(st)
+
+    def _own(self, st: _Sparse) -> None:
+        for key in st.keys or ():
+            self._owner[key] = st
 
     def _clip(self, flat: torch.Tensor, bucket: BucketView, ranks: int) -> None:
         """DGC's local clipping: each tensor's gradient to norm clip·ranks^(−1/2), before it accumulates."""
@@ -168,14 +213,21 @@ class TopkCodec(Codec):
 
     def state_dict(self) -> dict:
         return {"buckets": {i: {"residual": s.residual, "momentum": s.momentum, "threshold": s.threshold,
-                                "density": s.density, "step": s.step} for i, s in self._state.items()}}
+                                "density": s.density, "step": s.step,
+                                "keys": list(s.keys) if s.keys is not None else None,
+                                "sizes": list(s.sizes) if s.sizes is not None else None}
+                            for i, s in self._state.items()}}
 
     def load_state_dict(self, state: dict) -> None:
-        self._state = {}
+        self._state, self._owner = {}, {}
         for i, saved in state["buckets"].items():
+            keys, sizes = saved.get("keys"), saved.get("sizes")
             st = self._state[int(i)] = _Sparse(saved["residual"].numel(), saved["residual"].device,
-                                               saved["momentum"] is not None)
+                                               saved["momentum"] is not None,
+                                               tuple(int(k) for k in keys) if keys is not None else None,
+                                               tuple(int(n) for n in sizes) if sizes is not None else None)
             st.residual.copy_(saved["residual"])
             if st.momentum is not None:
                 st.momentum.copy_(saved["momentum"])
             st.threshold, st.density, st.step = float(saved["threshold"]), float(saved["density"]), int(saved["step"])
+            self._own(st)

@@ -1,0 +1,71 @@
+"""The examples run as a user runs them (torchrun, Lightning's own launcher, Accelerate under torchrun) on 2 gloo
+processes: the model learns, the hook's bytes are what the codec sends for every parameter, and a resumed
+Lightning run ends with exactly the parameters of an uninterrupted one."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from tests.spawn_util import _free_port
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def run(args, tmp_path, launcher="torchrun"):
+    """Run an example; the JSON line rank 0 prints last."""
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "GLOO_SOCKET_IFNAME": "lo"}
+    head = ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+             "--master-port", env["MASTER_PORT"]] if launcher == "torchrun" else [sys.executable])
+    done = subprocess.run(head + [str(EXAMPLES / args[0]), *args[1:]], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
+
+
+def learned(summary):
+    losses = summary["losses"]
+    return losses[-1] < 0.6 * losses[0] and all(b <= a + 0.02 for a, b in zip(losses, losses[1:]))
+
+
+def sparse_bytes_match(summary):
+    """Top-k on 2 ranks: each step sends its (int32 index, fp32 value) pairs once, and 2 int64 counts per bucket
+    (one bucket here); the density the codec counted gives the pairs."""
+    n, density = summary["parameters"], summary["counters"]["topk_density"]
+    expected = 8 * density * n + 16
+    fp32_ring = 4 * n  # 4 bytes per element, 2·(2 − 1)/2 of them sent
+    return abs(summary["bytes_per_step"] - expected) <= 0.01 * expected and summary["bytes_per_step"] < fp32_ring / 4
+
+
+def test_torchrun_ddp_example_learns_with_fp8_bytes(tmp_path):
+    summary = run(["torchrun_ddp.py", "--epochs", "6"], tmp_path)
+    assert learned(summary), summary["losses"]
+    n = summary["parameters"]
+    ring = n * 2 * (summary["world"] - 1) / summary["world"]  # one byte per element around the ring
+    assert ring <= summary["bytes_per_step"] <= ring + 64, (summary["bytes_per_step"], ring)  # + flag bytes
+
+
+def test_accelerate_example_learns_with_top_k_bytes(tmp_path):
+    summary = run(["accelerate.py", "--epochs", "4"], tmp_path)
+    assert learned(summary), summary["losses"]
+    assert 0.05 <= summary["counters"]["topk_density"] < 0.2  # reused thresholds let a little more through
+    assert sparse_bytes_match(summary), summary
+
+
+def test_lightning_example_learns_and_resumes_exactly(tmp_path):
+    whole = run(["lightning.py", "--epochs", "3", "--params", "whole.pt"], tmp_path, launcher="python")
+    run(["lightning.py", "--epochs", "3", "--stop-after", "2", "--checkpoint-dir", "ckpt"], tmp_path,
+        launcher="python")
+    resumed = run(["lightning.py", "--epochs", "3", "--resume", "ckpt/last.ckpt", "--params", "resumed.pt"], tmp_path,
+                  launcher="python")
+    assert learned(whole), whole["losses"]
+    assert sparse_bytes_match(whole) and sparse_bytes_match(resumed)
+    assert resumed["losses"] == whole["losses"][2:]
+    a, b = torch.load(tmp_path / "whole.pt"), torch.load(tmp_path / "resumed.pt")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    saved = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)["scalesgd_hook"]
+    assert len(saved) == 2 and any(not torch.equal(x["residual"], y["residual"])  # each rank's own residuals
+                                   for x, y in zip(saved[0]["buckets"].values(), saved[1]["buckets"].values()))
