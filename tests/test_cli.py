@@ -60,6 +60,8 @@ BAD = [
     (("--fp8-saturation-window", "0"), "--fp8-saturation-window 0: must be >= 1 (steps)"),
     (("--density-warmup", "-1"), "--density-warmup -1: must be >= 0"),
     (("--local-clip", "-1"), "--local-clip -1.0: must be a finite number >= 0"),
+    (("--noise-scale", "--workers", "1"), "--noise-scale compares each worker's gradient with the mean over "
+                                          "workers: it needs --workers 2 or more, got 1"),
     (("--codec", "fp8", "--momentum-correction"), "--momentum-correction applies to the sparse codecs (topk, "
                                                   "topk-global, topk-nodes, lags); got --codec fp8"),
     (("--engine", "scalesgd", "--codec", "topk", "--density-warmup", "2", "--codec", "fp16"),

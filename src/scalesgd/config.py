@@ -105,11 +105,12 @@ class TrainConfig:
                                         parse=float, group=RECIPE, shown_default="half of --epochs")
     arccot_slope: float = option(1.0, "arccot schedule: a in arccot(a·(epoch − e))/π", group=RECIPE,
                                  check=checks.positive)
-    optimizer: str = option("sgd", "momentum SGD, or LARS's per-layer rate", choices=OPTIMIZERS, group=RECIPE)
+    optimizer: str = option("sgd", "momentum SGD, LARS's per-layer rate, or LAMB (Adam with LARS's per-layer "
+                            "ratio, betas 0.9, 0.999)", choices=OPTIMIZERS, group=RECIPE)
     trust_coefficient: float = option(0.001, "LARS trust coefficient", group=RECIPE, check=checks.positive)
-    momentum: float = option(0.9, "momentum coefficient μ of SGD (and LARS), in [0, 1)", group=RECIPE,
-                             check=checks.within(0, 1, high_open=True))
-    nesterov: bool = option(False, "Nesterov momentum", group=RECIPE)
+    momentum: float = option(0.9, "momentum coefficient μ of SGD (and LARS), in [0, 1); lamb ignores it",
+                             group=RECIPE, check=checks.within(0, 1, high_open=True))
+    nesterov: bool = option(False, "Nesterov momentum (sgd, lars)", group=RECIPE)
     weight_decay: float = option(1e-4, "L2 weight decay (never on BN γ/β)", group=RECIPE,
                                  check=checks.finite_non_negative)
     bias_decay: bool = option(True, "no decay on biases", flag="--no-bias-decay", group=RECIPE)
@@ -192,6 +193,10 @@ class TrainConfig:
     sync_every: int = option(10, "iterations between reads of the loss on the host (one allreduce of their "
                              "losses, no per-step wait); a non-finite loss stops the run at the next read",
                              group=OUTPUT, runtime=True, check=checks.at_least(1))
+    noise_scale: bool = option(False, "measure the gradient noise scale B_simple (McCandlish et al.): the batch "
+                               "beyond which larger batches stop paying, from each worker's gradient and the "
+                               "exchanged mean, in samples, per epoch in metrics.jsonl, summary.json and report.png "
+                               "(needs 2+ workers)", group=OUTPUT, runtime=True)
 
     # ---- what the options imply ------------------------------------------------------------------
     @property
@@ -239,10 +244,11 @@ class TrainConfig:
                                momentum_in_exchange=self.momentum_correction)
 
     def exchange_setup(self, group=None, topology=None, tracer: Tracer | None = None, plan=None,
-                       steps_per_epoch: int = 1) -> ExchangeSetup:
-        """How this run's gradients travel, in the given groups (`plan`: the planner's buckets)."""
+                       steps_per_epoch: int = 1, norms=None) -> ExchangeSetup:
+        """How this run's gradients travel, in the given groups (`plan`: the planner's buckets; `norms`: where
+        the squared gradient norms are counted)."""
         return ExchangeSetup(self.codec, self.codec_settings(steps_per_epoch), self.algorithm, plan or self.buckets,
-                             group, topology, tracer or Tracer())
+                             group, topology, tracer or Tracer(), norms)
 
     def lr_schedule(self, steps_per_epoch: int = 1) -> LrSchedule:
         """The scaled peak rate and the schedule as a pure function of the step: every schedule parameter is
@@ -349,6 +355,9 @@ class TrainConfig:
             raise UsageError(f"`procs_per_node` {self.procs_per_node} does not divide `workers` {self.workers}")
 
     def _check_batch(self) -> None:
+        if self.noise_scale and self.workers < 2:
+            raise UsageError("`noise_scale` compares each worker's gradient with the mean over workers: it needs "
+                             f"`workers` 2 or more, got {self.workers}")
         if self.batch_size % self.workers:
             raise UsageError(f"`batch_size` {self.batch_size} does not divide evenly by `workers` {self.workers}; "
                              f"use a multiple of {self.workers}")
@@ -360,6 +369,8 @@ class TrainConfig:
                              f"and be at least {MIN_PER_WORKER} (0: BN over each worker's whole batch)")
         if self.nesterov and self.momentum == 0:
             raise UsageError("`nesterov` needs `momentum` above 0")
+        if self.nesterov and self.optimizer == "lamb":
+            raise UsageError("`nesterov` is momentum SGD's (sgd, lars); lamb takes Adam's moments")
 
     def _check_schedule(self) -> None:
         peak = scaled_lr(self.base_lr, self.batch_size, self.base_batch, self.lr_scaling)

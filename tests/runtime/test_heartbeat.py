@@ -46,3 +46,14 @@ def test_silence_is_counted_from_the_last_beat():
     finally:
         beats.close()
     assert not beats.dir.exists()
+
+
+def test_a_worker_still_starting_has_the_start_up_grace_before_its_first_beat():
+    beats = Heartbeats(2)
+    try:
+        assert beats.silent([0, 1], longer_than_s=0.0) == []  # importing torch on a loaded machine takes seconds
+        os.utime(beats.files[1])  # its first beat: from now on silence counts from the last one
+        time.sleep(0.05)
+        assert [rank for rank, _ in beats.silent([0, 1], longer_than_s=0.0)] == [1]
+    finally:
+        beats.close()

@@ -13,7 +13,7 @@ from scalesgd.bench.faults import alive, workers_of
 from tests.train.cli import wait_for_checkpoint
 
 TRAIN = ["--workers", "2", "--batch-size", "64", "--epochs", "200", "--warmup-epochs", "1", "--quiet",
-         "--timeout", "30"]
+         "--timeout", "30", "--model", "resnet8", "--checkpoint-every", "2"]  # a checkpoint two steps in
 
 
 def _gone_within(pids: list[int], seconds: float) -> bool:

@@ -1,4 +1,4 @@
-"""`scalesgd bench optimizer`: what one LARS step() costs next to torch's SGD on a real model's parameters."""
+"""`scalesgd bench optimizer`: what one LARS or LAMB step() costs next to torch's SGD on a real model's parameters."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 from scalesgd import checks, output
 from scalesgd.errors import UsageError
 from scalesgd.models import MODELS, build_model
-from scalesgd.optim import LARS, NaiveLARS
+from scalesgd.optim import LAMB, LARS, NaiveLARS
 from scalesgd.options import check_fields, option, record, words
 from scalesgd.recipe import param_groups
 
@@ -26,6 +26,7 @@ OPTIMIZERS = {
                     lambda groups: torch.optim.SGD(groups, LR, MOMENTUM, foreach=True)),
     "lars": ("LARS, batched", lambda groups: LARS(groups, LR, MOMENTUM)),
     "naive-lars": ("LARS, per tensor", lambda groups: NaiveLARS(groups, LR, MOMENTUM)),
+    "lamb": ("LAMB, batched", lambda groups: LAMB(groups, LR)),
 }
 
 
@@ -34,7 +35,7 @@ class OptimizerBenchConfig:
     """`scalesgd bench optimizer`: one step() of each optimizer on one model's parameters, against torch's SGD."""
 
     model: str = option("resnet50", "the network whose parameters each optimizer steps", choices=MODELS)
-    optimizers: tuple[str, ...] = option(("sgd", "lars", "naive-lars"), f"with {REFERENCE}, the reference",
+    optimizers: tuple[str, ...] = option(("sgd", "lars", "lamb", "naive-lars"), f"with {REFERENCE}, the reference",
                                          choices=OPTIMIZERS, parse=words, check=checks.distinct)
     repeats: int = option(20, "timed steps per optimizer", check=checks.positive)
     warmup: int = option(3, "untimed steps first", check=checks.at_least(0))

@@ -19,6 +19,8 @@ from scalesgd.comm.buckets import BucketPlan
 from scalesgd.comm.codecs import CODECS, Codec, CodecEntry, CodecSettings, DdpHook, make_codec
 from scalesgd.comm.ddp_hooks import CodecHookState, codec_hook
 from scalesgd.comm.engine import DistributedOptimizer, IterationStats
+from scalesgd.comm.gradient_norms import GradientNorms, MeasuredCodec, MeasuredHook, measured_hook
+from scalesgd.comm.torch_hooks import allreduce
 from scalesgd.registry import Registry
 from scalesgd.trace import Tracer
 
@@ -34,14 +36,16 @@ class ExchangeSetup:
     group: object = None  # the exchange's own process group (None: a new one where the engine needs it)
     topology: object = None  # prebuilt node and cross-node groups (None: built when needed)
     tracer: Tracer = field(default_factory=Tracer)
+    norms: GradientNorms | None = None  # given: each step's local and mean squared norms are counted into it
 
 
 class GradientExchange(ABC):
     """The model to call, the optimizer to step, the codec (its state differs per rank), and the run's view of it."""
 
     def __init__(self, model: nn.Module, optimizer, codec: Codec | None, plan: BucketPlan | None = None,
-                 bare: nn.Module | None = None):
+                 bare: nn.Module | None = None, norms: GradientNorms | None = None):
         self.model = model
+        self.norms = norms
         self.optimizer = optimizer
         self.codec = codec
         self.plan = plan  # the buckets, where the engine has its own plan
@@ -51,6 +55,10 @@ class GradientExchange(ABC):
     def uses_own_group(codec: CodecEntry) -> bool:
         """Whether `codec` is exchanged in a process group of its own (which the run creates at start-up)."""
         return True
+
+    def pop_norms(self) -> torch.Tensor:
+        """This step's (local, mean) squared gradient norms on the device, where `ExchangeSetup.norms` was given."""
+        return self.norms.pop() if self.norms is not None else torch.zeros(2, dtype=torch.float64)
 
     def stats(self) -> IterationStats | None:
         """This rank's exchange times and bytes since the last call; None where the engine does not measure them."""
@@ -92,12 +100,16 @@ class DdpExchange(GradientExchange):
         else:
             self._hook_state = CodecHookState(setup.codec, setup.group, setup.topology, setup.settings, model)
             hook = DdpHook(self._hook_state, codec_hook)
+        if setup.norms is not None:  # around the hook, or around DDP's own allreduce as a hook
+            inner = hook or DdpHook(None, allreduce)
+            hook = DdpHook(MeasuredHook(setup.norms, inner.state, inner.hook), measured_hook, inner.bucket_cap_mb)
         ddp = DistributedDataParallel(model, device_ids=[next(model.parameters()).device.index] if on_cuda else None,
                                       bucket_cap_mb=hook.bucket_cap_mb if hook is not None else None)
         if hook is not None:
             ddp.register_comm_hook(hook.state, hook.hook)
         self._hook = hook
-        super().__init__(ddp, optimizer, self._hook_state.codec if self._hook_state is not None else None, bare=model)
+        super().__init__(ddp, optimizer, self._hook_state.codec if self._hook_state is not None else None, bare=model,
+                         norms=setup.norms)
 
     @staticmethod
     def uses_own_group(codec: CodecEntry) -> bool:
@@ -113,10 +125,12 @@ class EngineExchange(GradientExchange):
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, setup: ExchangeSetup):
         entry = CODECS[setup.codec]
-        engine = DistributedOptimizer(optimizer, model, codec=make_codec(setup.codec, setup.settings),
+        codec = make_codec(setup.codec, setup.settings)
+        measured = MeasuredCodec(codec, setup.norms) if setup.norms is not None else codec
+        engine = DistributedOptimizer(optimizer, model, codec=measured,
                                       algorithm=setup.algorithm, buckets=entry.buckets or setup.buckets,
                                       group=setup.group, topology=setup.topology, tracer=setup.tracer)
-        super().__init__(model, engine, engine.codec, engine.plan)
+        super().__init__(model, engine, codec, engine.plan, norms=setup.norms)
 
     def stats(self) -> IterationStats:
         return self.optimizer.pop_stats()

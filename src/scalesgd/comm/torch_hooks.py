@@ -66,6 +66,11 @@ def in_order_hook(ordered: InOrder, bucket):
     return on_thread(ordered._worker, lambda: ordered.hook(ordered.state, bucket).wait())
 
 
+def allreduce(state, bucket):
+    """DDP's own allreduce (the mean), as a hook: what runs without one, for wrapping."""
+    return default_hooks.allreduce_hook(state, bucket)
+
+
 def builtin(on_cuda: bool) -> None:
     """No hook: DDP's own fp32 allreduce."""
     return None

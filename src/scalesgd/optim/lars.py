@@ -2,45 +2,26 @@
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-
 import torch
-from torch.optim import Optimizer
+
+from scalesgd.optim._batched import BatchedOptimizer, batches, cache_chunks, check_fraction, check_lr_and_decay, require
 
 # Whole-group foreach passes stream every tensor from memory once per pass; over runs of about 1 MiB the
 # buffer, weight and gradient stay in cache between the update's passes (resnet50 on CPU: ~1.4× → ~1.2× SGD).
 CHUNK_BYTES = 1 << 20
 
 
-class _TrustRatioSGD(Optimizer, ABC):
-    """Arguments, their checks, the closure and the momentum state both LARS implementations share."""
+class _TrustRatioSGD(BatchedOptimizer):
+    """The arguments and their checks both LARS implementations share."""
 
     def __init__(self, params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0,
                  trust_coefficient: float = 0.001, eps: float = 1e-8, nesterov: bool = False):
-        defaults = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay,
-                    "trust_coefficient": trust_coefficient, "eps": eps, "nesterov": nesterov}
-        _check(defaults)
-        super().__init__(params, defaults)
+        super().__init__(params, {"lr": lr, "momentum": momentum, "weight_decay": weight_decay,
+                                  "trust_coefficient": trust_coefficient, "eps": eps, "nesterov": nesterov})
 
-    def add_param_group(self, param_group: dict) -> None:
-        """Check a group's own values too, before the group is kept."""
-        _check({**self.defaults, **{k: v for k, v in param_group.items() if k != "params"}})
-        super().add_param_group(param_group)
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        """One update of every parameter that has a gradient; returns the closure's loss, as torch optimizers do."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            self._step_group(group)
-        return loss
-
-    @abstractmethod
-    def _step_group(self, group: dict) -> None:
-        """Update the parameters of one group."""
+    @staticmethod
+    def _check(h: dict) -> None:
+        _check(h)
 
 
 class LARS(_TrustRatioSGD):
@@ -52,7 +33,7 @@ class LARS(_TrustRatioSGD):
 
     def _step_group(self, group: dict) -> None:
         wd = group["weight_decay"]
-        for params, grads in _batches(group["params"]):
+        for params, grads in batches(group["params"], "LARS"):
             bufs = _momentum_buffers(self.state, params) if group["momentum"] else None
             if wd:
                 ratios = trust_ratios(params, grads, wd, group["trust_coefficient"], group["eps"])
@@ -134,30 +115,9 @@ def trust_ratios(params: list, grads: list, weight_decay: float, trust_coefficie
     return torch.where((w > 0) & (g > 0), ratio, torch.ones_like(ratio))
 
 
-def _batches(params: list):
-    """Parameters with a gradient and their gradients, split by device and dtype as foreach ops need."""
-    batches: dict = {}
-    for p in params:
-        if p.grad is None:
-            continue
-        if p.grad.is_sparse:
-            raise RuntimeError("LARS does not support sparse gradients")
-        ps, gs = batches.setdefault((p.device, p.dtype), ([], []))
-        ps.append(p)
-        gs.append(p.grad)
-    return batches.values()
-
-
 def _cache_chunks(params: list) -> list[slice]:
-    """Runs of tensors of about CHUNK_BYTES: each foreach pass over a run finds the previous pass's data in cache."""
-    parts, start, size = [], 0, 0
-    for i, p in enumerate(params):
-        if i > start and size + p.numel() * p.element_size() > CHUNK_BYTES:
-            parts.append(slice(start, i))
-            start, size = i, 0
-        size += p.numel() * p.element_size()
-    parts.append(slice(start, len(params)))
-    return parts
+    """Runs of about CHUNK_BYTES (read at each call, so that a test can change it)."""
+    return cache_chunks(params, CHUNK_BYTES)
 
 
 def _momentum_buffers(state, params: list) -> list:
@@ -173,15 +133,9 @@ def _momentum_buffers(state, params: list) -> list:
 
 def _check(h: dict) -> None:
     """Reject arguments with no meaning, naming the value, before any step uses them."""
-    if not h["lr"] >= 0:
-        raise ValueError(f"invalid lr {h['lr']}: must be >= 0")
-    if not 0 <= h["momentum"] < 1:
-        raise ValueError(f"invalid momentum {h['momentum']}: must be in [0, 1)")
-    if not h["weight_decay"] >= 0:
-        raise ValueError(f"invalid weight_decay {h['weight_decay']}: must be >= 0")
-    if not h["trust_coefficient"] > 0:
-        raise ValueError(f"invalid trust_coefficient {h['trust_coefficient']}: must be > 0")
-    if not h["eps"] >= 0:
-        raise ValueError(f"invalid eps {h['eps']}: must be >= 0")
+    check_lr_and_decay(h)
+    check_fraction("momentum", h["momentum"])
+    require(h["trust_coefficient"] > 0, "trust_coefficient", h["trust_coefficient"], "must be > 0")
+    require(h["eps"] >= 0, "eps", h["eps"], "must be >= 0")
     if h["nesterov"] and not h["momentum"] > 0:
         raise ValueError(f"invalid nesterov=True with momentum {h['momentum']}: nesterov needs momentum > 0")

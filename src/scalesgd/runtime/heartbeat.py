@@ -13,6 +13,7 @@ from pathlib import Path
 HEARTBEAT_FILE = "SCALESGD_HEARTBEAT"  # the file a worker touches; set by the launcher
 INTERVAL_S = 1.0
 SILENT_AFTER_S = 5.0  # beats missed for this long: the worker is not running (a busy one still beats)
+STARTUP_GRACE_S = 30.0  # before its first beat a worker is importing torch, seconds on a loaded machine
 
 
 def beat_in_background(environ=os.environ) -> None:
@@ -38,8 +39,10 @@ class Heartbeats:
     def __init__(self, workers: int):
         self.dir = Path(tempfile.mkdtemp(prefix="scalesgd-heartbeat-"))
         self.files = [self.dir / f"rank-{r}" for r in range(workers)]
+        first_due = time.time() + STARTUP_GRACE_S
         for f in self.files:
-            f.touch()  # a worker still starting counts from its launch
+            f.touch()
+            os.utime(f, (first_due, first_due))  # a worker still starting counts from its launch, plus the grace
 
     def env(self, rank: int) -> dict:
         return {HEARTBEAT_FILE: str(self.files[rank])}

@@ -33,6 +33,7 @@ class Progress:
     step: int = 0
     totals: tuple[float, float, float] = (0.0, 0.0, 0.0)
     epoch_s: float = 0.0
+    noise: tuple[float, ...] = ()  # --noise-scale's smoothed estimates (`NoiseScale.state`)
 
     def iteration(self, steps_per_epoch: int) -> int:
         """The global iteration this progress stands at."""
@@ -50,6 +51,7 @@ def save(run_dir: Path, cfg: TrainConfig, model: nn.Module, exchange: GradientEx
                      "epoch": progress.epoch, "rng": {"torch": rng_states}, "config": cfg.to_dict(),
                      "best_test_acc": progress.best_test_acc, "elapsed_s": progress.elapsed_s,
                      "step": progress.step, "totals": list(progress.totals), "epoch_s": progress.epoch_s,
+                     "noise": list(progress.noise),
                      "codec_states": codec_states}, Path(run_dir) / CHECKPOINT_NAME,
                     keep_previous=Path(run_dir) / PREVIOUS_CHECKPOINT_NAME)
 
@@ -72,7 +74,8 @@ def restore(run_dir: Path, model: nn.Module, exchange: GradientExchange, schedul
     rng = state["rng"]["torch"]
     torch.set_rng_state(rng[env.rank % len(rng)])  # a new rank beyond the old ones draws as an old one did
     return Progress(state["epoch"], state["best_test_acc"], state["elapsed_s"], state.get("step", 0),
-                    tuple(state.get("totals", (0.0, 0.0, 0.0))), state.get("epoch_s", 0.0))
+                    tuple(state.get("totals", (0.0, 0.0, 0.0))), state.get("epoch_s", 0.0),
+                    tuple(state.get("noise", ())))
 
 
 def mean_state(states: list):

@@ -7,7 +7,6 @@ short. A directory that is not one but holds run directories, directly or in run
 
 from __future__ import annotations
 
-import json
 import re
 import statistics
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from pathlib import Path
 from scalesgd import output
 from scalesgd.checks import output_dir
 from scalesgd.errors import UsageError
-from scalesgd.train.report import Curves, read_curves
+from scalesgd.train.report import Curves, read_curves, read_json, run_config
 from scalesgd.train.rundir import AUTO_NAME, CONFIG_NAME, METRICS_NAME, SUMMARY_NAME
 
 PNG_NAME = "compare.png"
@@ -70,20 +69,9 @@ def expand(paths: list[str]) -> list[Path]:
     return [p for p in found if unique[p.resolve()] is p]
 
 
-def _json(path: Path) -> dict:
-    """A JSON file of a run; a damaged one is bad input naming it, an absent one is empty."""
-    if not path.is_file():
-        return {}
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise UsageError(f"{path} is not readable JSON; the run directory is damaged") from None
-
-
 def load(path: Path) -> Compared:
     """A run's config (as it trained: --exchange auto's choice included), summary and curves."""
-    summary = _json(path / SUMMARY_NAME)
-    return Compared(path, summary.get("config") or _json(path / CONFIG_NAME), summary, read_curves(path))
+    return Compared(path, run_config(path), read_json(path / SUMMARY_NAME), read_curves(path))
 
 
 def exchange(run: Compared) -> str:
@@ -91,7 +79,7 @@ def exchange(run: Compared) -> str:
     cfg = run.config
     codec = cfg.get("codec", "fp32")
     if cfg.get("exchange") == "auto":
-        codec = "auto → " + ((run.summary.get("auto") or _json(run.path / AUTO_NAME)).get("codec") or "undecided")
+        codec = "auto → " + ((run.summary.get("auto") or read_json(run.path / AUTO_NAME)).get("codec") or "undecided")
     text = f"{cfg.get('engine', 'ddp')} {codec}"
     if codec.split()[-1].startswith(("topk", "lags")):
         text += f" ρ={cfg.get('density', 0):g}"

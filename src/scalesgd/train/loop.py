@@ -14,12 +14,14 @@ import torch.distributed as dist
 from torch import nn
 
 from scalesgd.comm.engine import IterationStats
+from scalesgd.comm.gradient_norms import GradientNorms
 from scalesgd.comm.exchange import GradientExchange, build_exchange
 from scalesgd.config import NO_PLANNER, TrainConfig
 from scalesgd.data import DataBundle, GlobalBatchSampler, Split, load_bundle, random_crop_flip
 from scalesgd.errors import NonFiniteLoss
 from scalesgd.models import build_model
 from scalesgd.recipe import build_scheduler, global_batch_loss, initialize, use_ghost_batch
+from scalesgd.recipe.noise_scale import NoiseScale
 from scalesgd.runtime.process_group import DistEnv, sync_buffers
 from scalesgd.trace import Tracer, write_chrome_trace
 from scalesgd.train import auto_exchange, checkpoint, metrics, planning, report
@@ -50,6 +52,7 @@ class Run:
     planned: dict  # the planner's predictions, if it chose the buckets
     auto: dict  # --exchange auto's decision and predictions, if it chose the exchange
     timings: list[dict] = field(default_factory=list)  # one per iteration
+    noise: NoiseScale = field(default_factory=NoiseScale)  # --noise-scale's smoothed estimates
 
 
 def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool = False) -> dict:
@@ -60,6 +63,7 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
     wall_start = time.perf_counter()
     run = setup(cfg, run_dir, env, resume)
     done = checkpoint.restore(run_dir, run.model, run.exchange, run.scheduler, run.env) if resume else Progress()
+    run.noise = NoiseScale.from_state(done.noise)
     if run.env.is_main:  # a restart from the start, too, drops what the failed attempt logged
         metrics.truncate_after(run_dir / METRICS_NAME, done.iteration(len(run.sampler)))
         checkpoint.remove_temporaries(run_dir)
@@ -73,6 +77,7 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
             log.flush()
         checkpoint.save(run_dir, cfg, run.model, run.exchange, run.scheduler,
                         replace(done, step=step, totals=tuple(totals.tolist()), epoch_s=epoch_s,
+                                noise=run.noise.state(),
                                 elapsed_s=elapsed_before + time.perf_counter() - wall_start), run.env)
 
     for epoch in range(done.epoch + 1, cfg.epochs + 1):
@@ -80,8 +85,10 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
                                       save_mid_epoch)
         images_per_s.append(totals[2].item() / seconds)
         record = end_epoch(run, epoch, totals, images_per_s[-1])
+        if cfg.noise_scale:
+            record["noise_scale"] = run.noise.value
         done = Progress(epoch, max(done.best_test_acc, record["test_acc"]),
-                        elapsed_before + time.perf_counter() - wall_start)
+                        elapsed_before + time.perf_counter() - wall_start, noise=run.noise.state())
         if log:
             log.write(record)
             log.flush()
@@ -115,8 +122,9 @@ def setup(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool) 
             cfg, plan, auto = auto_exchange.choose(cfg, model, batches, criterion, env, run_dir, resume, cfg.quiet)
         else:
             plan, planned = planning.plan_exchange(cfg, model, batches[0], criterion, env, run_dir, resume)
-    exchange = build_exchange(cfg.engine, model, optimizer,
-                              cfg.exchange_setup(env.exchange_group, env.topology_groups, tracer, plan, len(sampler)))
+    norms = GradientNorms() if cfg.noise_scale else None
+    exchange = build_exchange(cfg.engine, model, optimizer, cfg.exchange_setup(
+        env.exchange_group, env.topology_groups, tracer, plan, len(sampler), norms))
     if env.is_main and exchange.plan is not None:
         write_json(run_dir / BUCKETS_NAME, exchange.plan.to_dict())
     return Run(cfg, run_dir, env, data, model, exchange, scheduler, sampler, criterion, tracer, planned, auto)
@@ -141,7 +149,8 @@ def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None, progress: 
     progress.start_epoch(epoch, steps - resumed.step)
     net.train()
     totals = torch.tensor(resumed.totals, dtype=torch.float64)
-    window = torch.zeros(cfg.sync_every + 1, 3, dtype=torch.float64, device=env.device)  # + the "due" row
+    # per step: loss, correct, samples, and the squared norms of the local and the exchanged gradient; + a "due" row
+    window = torch.zeros(cfg.sync_every + 1, 5, dtype=torch.float64, device=env.device)
     pending: list[dict] = []  # the window's iterations, as the log will have them
     start = last_saved = time.perf_counter() - resumed.epoch_s
     saved_at = resumed.step
@@ -165,6 +174,8 @@ def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None, progress: 
         row[1] = (logits.argmax(1) == y).sum()
         row[2] = len(y)
         opt.step()
+        if cfg.noise_scale:
+            row[3:] = run.exchange.pop_norms()
         run.scheduler.step()
         opt.zero_grad(set_to_none=True)
         counters = run.exchange.counters()
@@ -173,8 +184,12 @@ def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None, progress: 
                         "notices": run.exchange.notices()})
         if len(pending) == cfg.sync_every or i == steps - 1:
             clock_due = env.is_main and every_s > 0 and time.perf_counter() - last_saved >= every_s
-            sums, due = read_window(window, len(pending), clock_due, pending, log, progress)
-            totals += sums
+            rows, due = read_window(window, len(pending), clock_due, pending, log, progress)
+            totals += rows[:, :3].sum(0)
+            if cfg.noise_scale:
+                for _, _, samples, local_sq, mean_sq in rows.tolist():  # summed over ranks: ÷ W for the means
+                    run.noise.update(local_sq / env.world_size, mean_sq / env.world_size,
+                                     samples / env.world_size, samples)
             pending = []
             if i < steps - 1 and (due or every_steps and i + 1 - saved_at >= every_steps):
                 save_mid_epoch(i + 1, totals, time.perf_counter() - start)
@@ -184,8 +199,8 @@ def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None, progress: 
 
 def read_window(window: torch.Tensor, n: int, due: bool, records: list[dict], log: metrics.MetricsLog | None,
                 progress: EpochProgress) -> tuple[torch.Tensor, bool]:
-    """Sum the window's first `n` (loss, correct, samples) rows across ranks, and whether any rank says a
-    checkpoint is `due`, in one allreduce; log each iteration. The window's totals, and that agreement.
+    """Sum the window's first `n` rows (loss, correct, samples, squared gradient norms) across ranks, and whether
+    any rank says a checkpoint is `due`, in one allreduce; log each iteration. The summed rows, and that agreement.
 
     Raises NonFiniteLoss at the first iteration whose global loss is not finite.
     """
@@ -193,7 +208,7 @@ def read_window(window: torch.Tensor, n: int, due: bool, records: list[dict], lo
     rows = torch.cat([window[:n], window[-1:]])
     dist.all_reduce(rows)
     sums = rows.cpu()
-    for (loss, _, samples), record in zip(sums[:n].tolist(), records):
+    for (loss, _, samples, *_), record in zip(sums[:n].tolist(), records):
         step_loss = loss / samples
         if not math.isfinite(step_loss):
             raise NonFiniteLoss(f"loss became {step_loss} at epoch {record['epoch']}, iteration {record['iter']}")
@@ -205,7 +220,7 @@ def read_window(window: torch.Tensor, n: int, due: bool, records: list[dict], lo
         for notice in notices:
             progress.message(f"iteration {record['iter']}: {notice}")
         progress.advance(step_loss, record["lr"])
-    return sums[:n].sum(0), bool(sums[-1, 0] > 0)
+    return sums[:n], bool(sums[-1, 0] > 0)
 
 
 def end_epoch(run: Run, epoch: int, totals: torch.Tensor, images_per_s: float) -> dict:
@@ -251,6 +266,8 @@ def finish(run: Run, done: Progress, record: dict, images_per_s: list[float], pr
     if run.planned:
         measured = [t["compute_s"] + t["exposed_comm_s"] for t in timed]
         summary["planner"] = {**run.planned, "measured_iteration_s": statistics.median(measured)}
+    if run.cfg.noise_scale:  # B_simple in samples at the end, beside the batch trained with
+        summary["noise_scale"] = run.noise.value
     if run.auto:  # predicted against measured: the step is in both
         summary["auto"] = {**run.auto, "measured_iteration_s": summary["iteration"].get("median_iteration_s")}
     if run.env.is_main:

@@ -9,6 +9,7 @@ from pathlib import Path
 from rich.table import Table
 
 from scalesgd import output
+from scalesgd.errors import UsageError
 from scalesgd.train.metrics import read
 from scalesgd.train.rundir import CONFIG_NAME, METRICS_NAME, REPORT_NAME, SUMMARY_NAME, write_json
 
@@ -48,12 +49,19 @@ def title(cfg: dict) -> str:
             f"global batch {cfg['batch_size']} = {workers} × {cfg['batch_size'] // cfg['workers']}")
 
 
+def read_json(path: Path) -> dict:
+    """A JSON file of a run; a damaged one is bad input naming it, an absent one is empty."""
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise UsageError(f"{path} is not readable JSON; the run directory is damaged") from None
+
+
 def run_config(run_dir: Path) -> dict:
     """A run's config: its summary's where written (that holds --exchange auto's choice), else config.json."""
-    summary = Path(run_dir) / SUMMARY_NAME
-    if summary.is_file():
-        return json.loads(summary.read_text(encoding="utf-8"))["config"]
-    return json.loads((Path(run_dir) / CONFIG_NAME).read_text(encoding="utf-8"))
+    return read_json(Path(run_dir) / SUMMARY_NAME).get("config") or read_json(Path(run_dir) / CONFIG_NAME)
 
 
 ITER_KEYS = ("kind", "epoch", "iter", "lr", "loss")  # an iteration's record; anything else is a codec counter
@@ -76,13 +84,26 @@ def read_curves(run_dir: Path) -> Curves:
     return Curves(iters, epochs, sorted({k for r in iters for k in r} - set(ITER_KEYS)))
 
 
+def plot_noise_scale(ax, epochs: list[dict], batch: int | None) -> None:
+    """B_simple at each epoch's end against the global batch in use: above it, a larger batch would still pay."""
+    ax.plot([e["iter"] for e in epochs], [e["noise_scale"] if e["noise_scale"] is not None else float("nan")
+                                          for e in epochs], "o-", label="noise scale B_simple (samples)")
+    if batch:
+        ax.axhline(batch, color="grey", ls="--", label=f"global batch {batch}")
+    ax.set_ylabel("samples")
+    ax.set_yscale("log", nonpositive="mask")
+    ax.legend(fontsize=8)
+
+
 def plot_report(run_dir: Path) -> Path:
     """report.png: loss, accuracy, learning rate and (for a lossy codec) its guardrail counters against iterations."""
     plt = output.pyplot()
 
     curves = read_curves(run_dir)
     iters, epochs, counters = curves.iters, curves.epochs, curves.counters
-    fig, axes = plt.subplots(3 + bool(counters), 1, figsize=(8, 9 + 3 * bool(counters)), sharex=True)
+    noise = [e for e in epochs if "noise_scale" in e]  # --noise-scale runs: B_simple per epoch
+    panels = 3 + bool(counters) + bool(noise)
+    fig, axes = plt.subplots(panels, 1, figsize=(8, 3 * panels), sharex=True)
     ax_loss, ax_acc, ax_lr = axes[:3]
     ax_loss.plot([r["iter"] for r in iters], [r["loss"] for r in iters], lw=0.8, label="train (per iteration)")
     ends = [e["iter"] for e in epochs]
@@ -97,12 +118,14 @@ def plot_report(run_dir: Path) -> Path:
     ax_lr.plot([r["iter"] for r in iters], [r["lr"] for r in iters])
     ax_lr.set_ylabel("learning rate")
     ax_lr.set_yscale("log", nonpositive="mask")  # decayed rates stay visible; a rate of 0 (cosine, poly) is left out
-    for name in counters:
-        axes[3].plot([r["iter"] for r in iters if name in r], [r[name] for r in iters if name in r], lw=0.8,
-                     label=name)
     if counters:
+        for name in counters:
+            axes[3].plot([r["iter"] for r in iters if name in r], [r[name] for r in iters if name in r], lw=0.8,
+                         label=name)
         axes[3].set_ylabel("codec counters (fractions)")
         axes[3].legend(fontsize=8)
+    if noise:
+        plot_noise_scale(axes[-1], noise, run_config(run_dir).get("batch_size"))
     axes[-1].set_xlabel("iteration")
     for ax in axes:
         ax.grid(alpha=0.3)
