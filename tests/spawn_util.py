@@ -25,7 +25,9 @@ def _free_port() -> int:
 CUDA_BACKEND = "cpu:gloo,cuda:nccl"
 
 
-def _entry(rank, fn, world_size, port, out_dir, args, backend):
+def _entry(rank, fn, world_size, port, out_dir, args, backend, environ):
+    os.environ.clear()
+    os.environ.update(environ)  # the test's environment now, not the fork server's when it started
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo",
                       RANK=str(rank), WORLD_SIZE=str(world_size))
     torch.set_num_threads(1)
@@ -41,10 +43,17 @@ def _entry(rank, fn, world_size, port, out_dir, args, backend):
     exit_process(0)  # as scalesgd's workers do: no interpreter teardown under gloo's threads
 
 
+# Workers fork from one server process that has imported these already: each test's workers start in a fraction
+# of the seconds a fresh interpreter takes to import torch (the server never initialises a process group or threads).
+PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "scalesgd.comm.engine", "scalesgd.comm.exchange",
+           "scalesgd.models", "tests.spawn_util"]
+
+
 def run_workers(fn, world_size: int, *args, backend: str = "gloo"):
-    """Call `fn(rank, world_size, *args)` in `world_size` spawned processes (gloo; `CUDA_BACKEND`: rank r on GPU r);
+    """Call `fn(rank, world_size, *args)` in `world_size` new processes (gloo; `CUDA_BACKEND`: rank r on GPU r);
     return their results."""
+    mp.set_forkserver_preload(PRELOAD)
     with tempfile.TemporaryDirectory() as out:
-        mp.start_processes(_entry, args=(fn, world_size, _free_port(), out, args, backend), nprocs=world_size,
-                           join=True, start_method="spawn")
+        mp.start_processes(_entry, args=(fn, world_size, _free_port(), out, args, backend, dict(os.environ)),
+                           nprocs=world_size, join=True, start_method="forkserver")
         return [torch.load(Path(out) / f"{r}.pt", weights_only=False) for r in range(world_size)]

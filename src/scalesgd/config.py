@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import NamedTuple
 
 from scalesgd import checks
@@ -23,6 +23,7 @@ from scalesgd.data import DATASETS, DataError
 from scalesgd.errors import UsageError
 from scalesgd.models import MODELS
 from scalesgd.optim import OPTIMIZERS
+from scalesgd.recipe.adascale import AdaScaleFactor
 from scalesgd.recipe.params import build_optimizer
 from scalesgd.options import check_fields, floats_of, option, parse, refuse, require_choice, runtime_fields, words
 from scalesgd.recipe.scaling import SCALING_RULES, scaled_lr
@@ -87,7 +88,9 @@ class TrainConfig:
     base_batch: int = option(256, "global minibatch --base-lr was tuned at; --lr-scaling scales the rate by "
                              "--batch-size ÷ this", group=RECIPE, check=checks.positive)
     lr_scaling: str = option("linear", "how the peak rate follows --batch-size ÷ --base-batch: in proportion, "
-                             "by its square root, or not at all", choices=SCALING_RULES, group=RECIPE)
+                             "by its square root, not at all, or adascale: by the gain measured from the gradient "
+                             "noise (1 to the ratio; the schedule runs in scale-invariant steps; no warmup; 2+ "
+                             "workers)", choices=SCALING_RULES, group=RECIPE)
     warmup: str = option("gradual", "how the rate reaches the scaled peak: gradual rises linearly from --base-lr "
                          "over --warmup-epochs, constant holds --base-lr for them and then jumps, none starts at "
                          "the peak", choices=WARMUPS, group=RECIPE)
@@ -251,16 +254,29 @@ class TrainConfig:
                              group, topology, tracer or Tracer(), norms)
 
     def lr_schedule(self, steps_per_epoch: int = 1) -> LrSchedule:
-        """The scaled peak rate and the schedule as a pure function of the step: every schedule parameter is
-        derived here, once."""
+        """The scaled peak rate and the schedule as a pure function of the step (with adascale, of the
+        scale-invariant step): every schedule parameter is derived here, once."""
         peak = scaled_lr(self.base_lr, self.batch_size, self.base_batch, self.lr_scaling)
+        if self.lr_scaling != "adascale":
+            return LrSchedule(peak, self.lr_factor(peak, steps_per_epoch))
+        scale = self.batch_size / self.base_batch  # the base batch's schedule, in its own (S times more) steps
+        base = replace(self.lr_factor(peak, round(scale * steps_per_epoch)), warmup="none", warmup_steps=0, start=1.0)
+        return LrSchedule(peak, AdaScaleFactor.over(base, scale))
+
+    def lr_factor(self, peak: float, steps_per_epoch: int) -> LrFactor:
+        """Warmup and decay as a function of the step, for `steps_per_epoch` steps an epoch."""
         milestones = tuple(self.milestones) if self.milestones is not None else default_milestones(self.epochs)
-        return LrSchedule(peak, LrFactor(
+        return LrFactor(
             total_steps=self.epochs * steps_per_epoch, steps_per_epoch=steps_per_epoch, warmup=self.warmup,
             warmup_steps=round(self.warmup_epochs * steps_per_epoch), start=min(self.base_lr / peak, 1.0),
             schedule=self.schedule, milestones=milestones, gamma=self.gamma, power=self.power, end=self.end_lr / peak,
             arccot_epoch=self.arccot_epoch if self.arccot_epoch is not None else self.epochs / 2,
-            arccot_slope=self.arccot_slope))
+            arccot_slope=self.arccot_slope)
+
+    @property
+    def measures_noise(self) -> bool:
+        """Whether the run counts the gradient norms the noise scale needs (asked for, or AdaScale's gain)."""
+        return self.noise_scale or self.lr_scaling == "adascale"
 
     @property
     def peak_lr(self) -> float:
@@ -355,9 +371,11 @@ class TrainConfig:
             raise UsageError(f"`procs_per_node` {self.procs_per_node} does not divide `workers` {self.workers}")
 
     def _check_batch(self) -> None:
-        if self.noise_scale and self.workers < 2:
-            raise UsageError("`noise_scale` compares each worker's gradient with the mean over workers: it needs "
-                             f"`workers` 2 or more, got {self.workers}")
+        for name, on in (("noise_scale", self.noise_scale), ("lr_scaling", self.lr_scaling == "adascale")):
+            if on and self.workers < 2:
+                value = "" if name == "noise_scale" else " adascale"
+                raise UsageError(f"`{name}`{value} compares each worker's gradient with the mean over workers: it "
+                                 f"needs `workers` 2 or more, got {self.workers}")
         if self.batch_size % self.workers:
             raise UsageError(f"`batch_size` {self.batch_size} does not divide evenly by `workers` {self.workers}; "
                              f"use a multiple of {self.workers}")
@@ -378,10 +396,11 @@ class TrainConfig:
             raise UsageError(f"`base_lr` {self.base_lr} scaled for `batch_size` {self.batch_size} from `base_batch` "
                              f"{self.base_batch} ({self.lr_scaling}) gives {peak:g}; the rate must be positive and "
                              "finite")
-        if self.warmup != "none" and not 0 <= self.warmup_epochs <= self.epochs:
+        if self.warmup != "none" and self.lr_scaling != "adascale" and not 0 <= self.warmup_epochs <= self.epochs:
             raise UsageError(f"`warmup_epochs` {self.warmup_epochs} is longer than training (`epochs` {self.epochs}); "
                              f"use 0..{self.epochs} or `warmup` none")
-        peak, factor = self.lr_schedule()
+        peak = self.lr_schedule().peak
+        factor = self.lr_factor(peak, 1)
         milestones = factor.milestones
         if any(not 0 < m <= self.epochs for m in milestones) or list(milestones) != sorted(milestones):
             raise UsageError(f"`milestones` {','.join(f'{m:g}' for m in milestones)}: must be increasing epochs in "

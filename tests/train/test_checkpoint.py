@@ -120,3 +120,36 @@ def test_a_damaged_metrics_line_is_one_line_not_a_traceback(tmp_path):
         read(tmp_path / "m.jsonl")
     (tmp_path / "t.jsonl").write_text('{"epoch": 1}\n{"epo')
     assert read(tmp_path / "t.jsonl") == [{"epoch": 1}]
+
+
+def test_a_resumed_schedule_is_this_runs_at_the_stored_step_and_keeps_adascales_progress():
+    from scalesgd.recipe.adascale import AdaScaleFactor
+    from scalesgd.recipe.schedule import LrFactor
+    from scalesgd.train.checkpoint import resume_schedule
+
+    def scheduler(factor, lr=1.0):
+        groups = [{"params": [torch.nn.Parameter(torch.zeros(1))]}, {"params": [torch.nn.Parameter(torch.zeros(1))]}]
+        return torch.optim.lr_scheduler.LambdaLR(torch.optim.SGD(groups, lr=lr), factor)
+
+    old = scheduler(LrFactor(100, 10, warmup="none", schedule="cosine"))
+    for _ in range(40):
+        old.step()
+    longer = scheduler(LrFactor(200, 10, warmup="none", schedule="cosine"), lr=2.0)  # resumed with more epochs
+    resume_schedule(longer, old.state_dict())
+    assert longer.last_epoch == 40 and longer.lr_lambdas[0].total_steps == 200
+    assert longer.optimizer.param_groups[0]["lr"] == pytest.approx(2.0 * LrFactor(200, 10, schedule="cosine")(40))
+
+    ada = scheduler(AdaScaleFactor.over(LrFactor(100, 10, warmup="none"), 4.0))
+    ada.lr_lambdas[0].gain, ada.lr_lambdas[0].progress = 2.5, 70.0
+    again = scheduler(AdaScaleFactor.over(LrFactor(100, 10, warmup="none"), 4.0))
+    resume_schedule(again, torch.load(_saved(ada.state_dict()), weights_only=True))
+    assert again.lr_lambdas[0] is again.lr_lambdas[1]  # one factor, advanced once per step
+    assert (again.lr_lambdas[0].gain, again.lr_lambdas[0].progress) == (2.5, 70.0)
+
+
+def _saved(state):
+    import io
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return buffer

@@ -3,6 +3,8 @@
 import json
 import math
 
+import pytest
+
 from tests.train.cli import FAST, scalesgd
 
 
@@ -17,3 +19,20 @@ def test_noise_scale_is_logged_per_epoch_summarised_and_plotted(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["noise_scale"] == values[-1]
     assert (run / "report.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_adascale_trains_at_the_measured_gain_without_warmup(tmp_path):
+    run = tmp_path / "run"
+    proc = scalesgd("train", "--run-dir", str(run), "--workers", "2", "--epochs", "2", "--lr-scaling", "adascale",
+                    "--schedule", "cosine", *FAST)
+    assert proc.returncode == 0, proc.stderr
+    records = list(map(json.loads, (run / "metrics.jsonl").read_text().splitlines()))
+    iters = [r for r in records if r["kind"] == "iter"]
+    epochs = [r for r in records if r["kind"] == "epoch"]
+    base_lr, scale = 0.1, 128 / 32  # FAST: --batch-size 128 --base-batch 32, the default base rate
+    assert iters[0]["lr"] == pytest.approx(base_lr)  # gain 1 before anything is measured: no warmup to tune
+    assert all(0 < r["lr"] <= base_lr * scale for r in iters)
+    gains = [e["adascale_gain"] for e in epochs]
+    assert all(1.0 <= g <= scale for g in gains) and max(gains) > 1.0
+    assert 0 < epochs[0]["scale_invariant_epochs"] < epochs[1]["scale_invariant_epochs"] <= 2 * scale
+    assert epochs[-1]["test_acc"] > 0.3

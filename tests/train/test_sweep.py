@@ -9,7 +9,7 @@ import pytest
 
 from scalesgd.cli import main
 
-from scalesgd.train.sweep import Point, SweepConfig, grid, median_errors, run_name
+from scalesgd.train.sweep import Point, SweepConfig, grid, limits, median_errors, noise_at_smallest, run_name
 
 TINY = ["--", "--workers", "2", "--dataset", "synthetic", "--samples", "256", "--image-size", "8",
         "--model", "resnet8", "--base-batch", "16", "--epochs", "2", "--warmup-epochs", "1"]
@@ -28,7 +28,22 @@ def test_grid_runs_each_recipe_from_the_smallest_batch_up():
     assert [p.batch for p in points[:4]] == [16, 16, 64, 64]
     assert len({p.dirname for p in points}) == len(points)
     assert points[0].argv(("--epochs", "3")) == ["--epochs", "3", "--batch-size", "16", "--lr-scaling", "linear",
-                                                 "--warmup", "gradual", "--seed", "0", "--optimizer", "sgd"]
+                                                 "--warmup", "gradual", "--seed", "0", "--optimizer", "sgd",
+                                                 "--noise-scale"]  # 2 workers by default: the noise is measured
+    rated = grid(SweepConfig(batches=(16,), base_lrs=(0.05, 0.2), train_args=("--workers", "1")))
+    assert [p.recipe for p in rated] == ["linear scaling · gradual warmup · η₀ 0.05",
+                                         "linear scaling · gradual warmup · η₀ 0.2"]
+    assert rated[1].argv(()) == ["--batch-size", "16", "--lr-scaling", "linear", "--warmup", "gradual", "--seed", "0",
+                                 "--base-lr", "0.2"]  # one worker: no noise scale to measure
+
+
+def test_the_limit_is_the_largest_batch_within_a_point_and_the_noise_scale_sits_beside_it():
+    errors = {"a": {16: 0.100, 32: 0.105, 64: 0.1095, 128: 0.125, 256: 0.108},  # 256 is back within: the largest
+              "b": {16: 0.100, 32: 0.150, 64: 0.200}}
+    assert limits(errors) == {"a": 256, "b": 16}
+    results = [{"recipe": "a", "batch": 16, "noise_scale": v} for v in (40.0, 60.0, 50.0)]
+    results += [{"recipe": "a", "batch": 32, "noise_scale": 900.0}, {"recipe": "b", "batch": 16, "noise_scale": None}]
+    assert noise_at_smallest(results) == {"a": 50.0, "b": None}
 
 
 def test_median_errors_per_recipe_and_batch():
@@ -57,6 +72,8 @@ def test_every_point_is_trained_with_its_rule_and_warmup_and_a_second_call_train
         assert 0 <= r["final_test_error"] <= 1
     table = (out / "sweep.md").read_text()
     assert "| linear scaling · no warmup |" in table and "16 error % (Δ)" in table
+    assert "limit (≤ 1 point)" in table and "noise scale at 16" in table
+    assert any((r["noise_scale"] or 0) > 0 for r in record["results"])  # measured (None: noise swamped |G|²)
     for png in ("sweep.png", "curves.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     stamps = {d.name: (d / "summary.json").stat().st_mtime_ns for d in (out / "runs").iterdir()}

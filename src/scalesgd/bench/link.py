@@ -72,20 +72,25 @@ def report(cfg: LinkBenchConfig, world: int, peer: int, numel: int, times: tuple
     points = [(4, r / 2), *((4 * n, statistics.median(t) - r / 2) for n, t in smaller.items()), (4 * numel, o - r / 2)]
     fit = fit_one_way(points)
     result = {"peer_rank": peer, "megabytes": cfg.megabytes, "rtt_ms": 1e3 * r,
-              "one_way_mbit_s": bits / (o - r / 2) / 1e6, "duplex_mbit_s_each_way": bits / d / 1e6,
+              "one_way_mbit_s": _mbit_s(bits, o - r / 2), "duplex_mbit_s_each_way": bits / d / 1e6,
               # the fastest transfer: what the shaper lets through when nothing else slows us
-              "best_one_way_mbit_s": bits / (min(one_way) - r / 2) / 1e6,
+              "best_one_way_mbit_s": _mbit_s(bits, min(one_way) - r / 2),
               "best_duplex_mbit_s_each_way": bits / min(duplex) / 1e6,
               "one_way": [{"bytes": b, "seconds": s} for b, s in points], "fit": fit.to_dict()}
     columns = ["between ranks", "round trip ms", "one way Mbit/s", "both ways at once, Mbit/s each",
                "fit α µs", "fit β Mbit/s"]
-    rows = [[f"0 ↔ {peer}", f"{result['rtt_ms']:.3f}", f"{result['one_way_mbit_s']:.0f}",
+    rows = [[f"0 ↔ {peer}", f"{result['rtt_ms']:.3f}", f"{result['one_way_mbit_s'] or 0:.0f}",
              f"{result['duplex_mbit_s_each_way']:.0f}", f"{1e6 * fit.alpha_s:.1f}", f"{8 * fit.bytes_per_s / 1e6:.0f}"]]
     out = Path(cfg.out)
     output.write(out, "link", {"world_size": world, "config": cfg.to_dict(), "result": result}, columns, rows, command)
     plot(out / "link.png", peer, cfg.repeats, points, fit)
     output.console().print(output.rich_table(f"link, median of {cfg.repeats}", columns, rows))
     output.console().print(f"written to {out}/link.{{json,md,png}}", highlight=False)
+
+
+def _mbit_s(bits: int, seconds: float) -> float | None:
+    """A rate; None where the transfer took no longer than half a round trip (the payload is too small to time)."""
+    return bits / seconds / 1e6 if seconds > 0 else None
 
 
 def fit_one_way(points: list[tuple[int, float]]) -> LinkCost:

@@ -12,6 +12,7 @@ SCALING_RULES: Registry[Callable[[float], float]] = Registry("scaling rule")
 SCALING_RULES.add("linear", lambda ratio: ratio)
 SCALING_RULES.add("sqrt", math.sqrt)
 SCALING_RULES.add("none", lambda ratio: 1.0)
+SCALING_RULES.add("adascale", lambda ratio: ratio)  # the most AdaScale's measured gain reaches (recipe.adascale)
 
 
 def scaled_lr(base_lr: float, batch: int, base_batch: int, rule: str) -> float:

@@ -3,6 +3,7 @@ one before where the latest is unreadable), and resumed exactly."""
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 import tempfile
@@ -65,17 +66,28 @@ def restore(run_dir: Path, model: nn.Module, exchange: GradientExchange, schedul
         codec_states = [mean_state(codec_states)] * env.world_size
     exchange.load_state_dict({"optimizer": state["optimizer"],
                               "codec": codec_states[env.rank] if codec_states else None})
-    schedule, peaks = list(scheduler.lr_lambdas), list(scheduler.base_lrs)
-    scheduler.load_state_dict(state["scheduler"])
-    # this run's schedule and peak rate (the stored ones, or as `resume` changed them), at the stored step
-    scheduler.lr_lambdas, scheduler.base_lrs = schedule, peaks
-    for group, peak, factor in zip(scheduler.optimizer.param_groups, peaks, schedule):
-        group["initial_lr"], group["lr"] = peak, peak * factor(scheduler.last_epoch)
+    resume_schedule(scheduler, state["scheduler"])
     rng = state["rng"]["torch"]
     torch.set_rng_state(rng[env.rank % len(rng)])  # a new rank beyond the old ones draws as an old one did
     return Progress(state["epoch"], state["best_test_acc"], state["elapsed_s"], state.get("step", 0),
                     tuple(state.get("totals", (0.0, 0.0, 0.0))), state.get("epoch_s", 0.0),
                     tuple(state.get("noise", ())))
+
+
+def resume_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, stored: dict) -> None:
+    """The stored step (and AdaScale's gain and progress) with this run's schedule and peak rate: the stored ones, or
+    as `resume` changed them (more epochs stretch the decay)."""
+    # copies of this run's factors (loading writes the stored fields into the scheduler's own), one per object:
+    # the param groups share one factor, and AdaScale's must advance once per step
+    copies = {id(f): copy.copy(f) for f in scheduler.lr_lambdas}
+    schedule, peaks = [copies[id(f)] for f in scheduler.lr_lambdas], list(scheduler.base_lrs)
+    scheduler.load_state_dict(stored)
+    for fresh, loaded in zip(schedule, scheduler.lr_lambdas):  # AdaScale's gain and progress are run state
+        if hasattr(fresh, "resume_from"):
+            fresh.resume_from(loaded)
+    scheduler.lr_lambdas, scheduler.base_lrs = schedule, peaks
+    for group, peak, factor in zip(scheduler.optimizer.param_groups, peaks, schedule):
+        group["initial_lr"], group["lr"] = peak, peak * factor(scheduler.last_epoch)
 
 
 def mean_state(states: list):

@@ -21,6 +21,7 @@ from scalesgd.data import DataBundle, GlobalBatchSampler, Split, load_bundle, ra
 from scalesgd.errors import NonFiniteLoss
 from scalesgd.models import build_model
 from scalesgd.recipe import build_scheduler, global_batch_loss, initialize, use_ghost_batch
+from scalesgd.recipe.adascale import AdaScaleFactor, gain
 from scalesgd.recipe.noise_scale import NoiseScale
 from scalesgd.runtime.process_group import DistEnv, sync_buffers
 from scalesgd.trace import Tracer, write_chrome_trace
@@ -85,8 +86,7 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
                                       save_mid_epoch)
         images_per_s.append(totals[2].item() / seconds)
         record = end_epoch(run, epoch, totals, images_per_s[-1])
-        if cfg.noise_scale:
-            record["noise_scale"] = run.noise.value
+        record.update(noise_record(run))
         done = Progress(epoch, max(done.best_test_acc, record["test_acc"]),
                         elapsed_before + time.perf_counter() - wall_start, noise=run.noise.state())
         if log:
@@ -122,7 +122,7 @@ def setup(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool) 
             cfg, plan, auto = auto_exchange.choose(cfg, model, batches, criterion, env, run_dir, resume, cfg.quiet)
         else:
             plan, planned = planning.plan_exchange(cfg, model, batches[0], criterion, env, run_dir, resume)
-    norms = GradientNorms() if cfg.noise_scale else None
+    norms = GradientNorms() if cfg.measures_noise else None
     exchange = build_exchange(cfg.engine, model, optimizer, cfg.exchange_setup(
         env.exchange_group, env.topology_groups, tracer, plan, len(sampler), norms))
     if env.is_main and exchange.plan is not None:
@@ -145,6 +145,7 @@ def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None, progress: 
     steps = len(sampler)
     every_steps, every_s = cfg.checkpoint_interval
     sampler.set_epoch(epoch)
+    adascale = run.scheduler.lr_lambdas[0] if isinstance(run.scheduler.lr_lambdas[0], AdaScaleFactor) else None
     tracer.enabled = bool(cfg.trace) and epoch == cfg.epochs  # the last epoch's timeline
     progress.start_epoch(epoch, steps - resumed.step)
     net.train()
@@ -174,8 +175,10 @@ def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None, progress: 
         row[1] = (logits.argmax(1) == y).sum()
         row[2] = len(y)
         opt.step()
-        if cfg.noise_scale:
+        if cfg.measures_noise:
             row[3:] = run.exchange.pop_norms()
+        if adascale is not None:
+            adascale.advance()
         run.scheduler.step()
         opt.zero_grad(set_to_none=True)
         counters = run.exchange.counters()
@@ -186,10 +189,12 @@ def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None, progress: 
             clock_due = env.is_main and every_s > 0 and time.perf_counter() - last_saved >= every_s
             rows, due = read_window(window, len(pending), clock_due, pending, log, progress)
             totals += rows[:, :3].sum(0)
-            if cfg.noise_scale:
+            if cfg.measures_noise:
                 for _, _, samples, local_sq, mean_sq in rows.tolist():  # summed over ranks: ÷ W for the means
                     run.noise.update(local_sq / env.world_size, mean_sq / env.world_size,
                                      samples / env.world_size, samples)
+            if adascale is not None:  # the gain for the next window's steps
+                adascale.gain = gain(run.noise.trace, run.noise.gradient_sq, cfg.base_batch, cfg.batch_size)
             pending = []
             if i < steps - 1 and (due or every_steps and i + 1 - saved_at >= every_steps):
                 save_mid_epoch(i + 1, totals, time.perf_counter() - start)
@@ -221,6 +226,15 @@ def read_window(window: torch.Tensor, n: int, due: bool, records: list[dict], lo
             progress.message(f"iteration {record['iter']}: {notice}")
         progress.advance(step_loss, record["lr"])
     return sums[:n], bool(sums[-1, 0] > 0)
+
+
+def noise_record(run: Run) -> dict:
+    """What an epoch line says of the noise: B_simple (--noise-scale), AdaScale's gain and scale-invariant epochs."""
+    record = {"noise_scale": run.noise.value} if run.cfg.noise_scale else {}
+    factor = run.scheduler.lr_lambdas[0]
+    if isinstance(factor, AdaScaleFactor):
+        record.update(adascale_gain=factor.gain, scale_invariant_epochs=factor.progress / factor.base.steps_per_epoch)
+    return record
 
 
 def end_epoch(run: Run, epoch: int, totals: torch.Tensor, images_per_s: float) -> dict:

@@ -2,8 +2,9 @@
 
 Every point of the grid is one ordinary `scalesgd train` run in `OUT/runs/`, trained in turn; a second
 call skips finished points and resumes the one that was cut short. The report is the final test error
-against the global minibatch, one line per recipe, and the training curves of each size against the
-smallest.
+against the global minibatch, one line per recipe, with each recipe's limit (the largest batch within
+LIMIT_POINTS of its smallest batch) beside the gradient noise scale measured at the smallest batch, which
+predicts it (McCandlish et al. 2018); and the training curves of each size against the smallest.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from scalesgd.checks import all_of, distinct, each, each_once, output_dir, seed
 from scalesgd.config import TrainConfig
 from scalesgd.errors import UsageError, option_name
 from scalesgd.optim import OPTIMIZERS
-from scalesgd.options import check_fields, ints, option, record, words
+from scalesgd.options import check_fields, floats_of, ints, option, record, words
 from scalesgd.recipe.scaling import SCALING_RULES
 from scalesgd.recipe.schedule import SCHEDULES, WARMUPS
 from scalesgd.train.metrics import read
@@ -27,6 +28,7 @@ from scalesgd.train.rundir import METRICS_NAME, SUMMARY_NAME
 from scalesgd.train.study import failed, train_once
 
 SETS = ("batch_size", "lr_scaling", "warmup", "seed", "run_dir", "resume")  # train options every point sets
+LIMIT_POINTS = 1.0  # a batch is within the limit while its error is at most this many points above the smallest's
 
 
 @dataclass
@@ -46,13 +48,19 @@ class SweepConfig:
                                         shown_default="as the train options say")
     seeds: tuple[int, ...] = option((0,), "each point trains once per seed", parse=ints,
                                     check=all_of(distinct, each(seed)))
+    base_lrs: tuple[float, ...] = option((), "base rates to try, each recipe once per rate (a short search for "
+                                         "the rate each recipe wants)", parse=floats_of("rates"),
+                                         check=lambda v: distinct(v) or (None if all(r > 0 for r in v)
+                                                                         else "give rates > 0"),
+                                         shown_default="as the train options say")
     out: str = option("", "output directory", shown_default="runs/sweep-<timestamp>", check=output_dir)
     train_args: tuple[str, ...] = option((), "-- then options for every run", remainder=True)
 
     def validate(self) -> SweepConfig:
         """Every option, then every point as the train options it runs with, before any run starts."""
         check_fields(self)
-        owned = [*SETS, *(["optimizer"] if self.optimizers else []), *(["schedule"] if self.schedules else [])]
+        owned = [*SETS, *(["optimizer"] if self.optimizers else []), *(["schedule"] if self.schedules else []),
+                 *(["base_lr"] if self.base_lrs else [])]
         given = [name for name in owned if option_name(name) in self.train_args]
         if given:
             raise UsageError(f"{', '.join(f'`{name}`' for name in given)} after --: the sweep sets it for each run")
@@ -77,11 +85,14 @@ class Point:
     optimizer: str | None
     schedule: str | None
     seed: int
+    base_lr: float | None = None
+    noise: bool = False  # measure the gradient noise scale (2+ workers)
 
     @property
     def recipe(self) -> str:
         """Everything but the batch and seed: the line this point belongs to."""
-        parts = [_phrase(self.rule, "scaling"), _phrase(self.warmup, "warmup"), self.optimizer, self.schedule]
+        parts = [_phrase(self.rule, "scaling"), _phrase(self.warmup, "warmup"), self.optimizer, self.schedule,
+                 f"η₀ {self.base_lr:g}" if self.base_lr else None]
         return " · ".join(p for p in parts if p)
 
     @property
@@ -90,7 +101,8 @@ class Point:
 
     @property
     def dirname(self) -> str:
-        parts = [f"b{self.batch}", self.rule, self.warmup, self.optimizer, self.schedule, f"seed{self.seed}"]
+        parts = [f"b{self.batch}", self.rule, self.warmup, self.optimizer, self.schedule,
+                 f"lr{self.base_lr:g}" if self.base_lr else None, f"seed{self.seed}"]
         return "-".join(p for p in parts if p)
 
     def argv(self, train_args: tuple[str, ...]) -> list[str]:
@@ -101,6 +113,10 @@ class Point:
             argv += ["--optimizer", self.optimizer]
         if self.schedule:
             argv += ["--schedule", self.schedule]
+        if self.base_lr:
+            argv += ["--base-lr", repr(self.base_lr)]
+        if self.noise:
+            argv += ["--noise-scale"]
         return argv
 
 
@@ -109,15 +125,18 @@ def _phrase(choice: str, what: str) -> str:
 
 
 def grid(cfg: SweepConfig) -> list[Point]:
-    """Every point, recipe by recipe, each recipe's batches from the smallest up."""
-    return [Point(b, r, w, o, s, seed) for o, s, r, w in itertools.product(
-                cfg.optimizers or (None,), cfg.schedules or (None,), cfg.rules, cfg.warmups)
+    """Every point, recipe by recipe, each recipe's batches from the smallest up; with 2+ workers each measures
+    the gradient noise scale (AdaScale needs it anyway)."""
+    noise = TrainConfig.from_argv(list(cfg.train_args)).workers >= 2
+    return [Point(b, r, w, o, s, seed, lr, noise) for o, s, lr, r, w in itertools.product(
+                cfg.optimizers or (None,), cfg.schedules or (None,), cfg.base_lrs or (None,), cfg.rules, cfg.warmups)
             for b in sorted(cfg.batches) for seed in cfg.seeds]
 
 
 def run_name(point: Point, base_batch: int) -> str:
     """At the base batch every rule and warmup give the same rates, so those points share one run."""
-    return replace(point, rule="linear", warmup="none").dirname if point.batch == base_batch else point.dirname
+    shared = point.batch == base_batch and point.rule != "adascale"  # AdaScale's schedule runs in its own steps
+    return replace(point, rule="linear", warmup="none").dirname if shared else point.dirname
 
 
 def run(cfg: SweepConfig, command: str) -> int:
@@ -141,6 +160,7 @@ def result_of(point: Point, run_dir: Path) -> dict:
     summary = json.loads((run_dir / SUMMARY_NAME).read_text())
     epochs = [r for r in read(run_dir / METRICS_NAME) if r["kind"] == "epoch"]
     return {"batch": point.batch, "recipe": point.recipe, "seed": point.seed, "run_dir": str(run_dir),
+            "noise_scale": summary.get("noise_scale"),
             "peak_lr": summary["peak_lr"], "steps_per_epoch": summary["steps_per_epoch"],
             "final_test_error": 1 - summary["final_test_acc"], "best_test_error": 1 - summary["best_test_acc"],
             "wall_time_s": summary["wall_time_s"],
@@ -156,32 +176,65 @@ def median_errors(results: list[dict]) -> dict[str, dict[int, float]]:
     return {recipe: {b: statistics.median(v) for b, v in sorted(row.items())} for recipe, row in table.items()}
 
 
+def limits(errors: dict[str, dict[int, float]]) -> dict[str, int]:
+    """recipe → the largest batch whose median error is within LIMIT_POINTS of the recipe's smallest batch."""
+    found = {}
+    for recipe, row in errors.items():
+        smallest = row[min(row)]
+        found[recipe] = max(b for b, e in row.items() if 100 * (e - smallest) <= LIMIT_POINTS)
+    return found
+
+
+def noise_at_smallest(results: list[dict]) -> dict[str, float | None]:
+    """recipe → the median B_simple its smallest-batch runs measured at their end (None where none measured)."""
+    smallest = min(r["batch"] for r in results)
+    found: dict[str, list[float]] = {}
+    for r in results:
+        if r["batch"] == smallest and r.get("noise_scale") is not None:
+            found.setdefault(r["recipe"], []).append(r["noise_scale"])
+    return {recipe: statistics.median(found[recipe]) if recipe in found else None
+            for recipe in dict.fromkeys(r["recipe"] for r in results)}
+
+
 def report(cfg: SweepConfig, results: list[dict], command: str) -> None:
-    """sweep.md/json: error per recipe and batch with its distance to the recipe's smallest batch; the plots."""
+    """sweep.md/json: error per recipe and batch with its distance to the recipe's smallest batch, the limit and
+    the noise scale beside it; the plots."""
     errors = median_errors(results)
     batches = sorted(cfg.batches)
-    columns = ["recipe", *(f"{b} error % (Δ)" for b in batches)]
+    limit, noise = limits(errors), noise_at_smallest(results)
+    columns = ["recipe", *(f"{b} error % (Δ)" for b in batches), f"limit (≤ {LIMIT_POINTS:g} point)",
+               f"noise scale at {batches[0]}"]
     rows = []
     for recipe, row in errors.items():
         first = row[batches[0]]
-        rows.append([recipe, *(f"{100 * row[b]:.2f} ({100 * (row[b] - first):+.2f})" for b in batches)])
+        rows.append([recipe, *(f"{100 * row[b]:.2f} ({100 * (row[b] - first):+.2f})" for b in batches), limit[recipe],
+                     f"{noise[recipe]:.0f}" if noise.get(recipe) is not None else "—"])
     out = Path(cfg.out)
     output.write(out, "sweep", {"config": cfg.to_dict(), "median_final_test_error": {
-        recipe: {str(b): e for b, e in row.items()} for recipe, row in errors.items()}, "results": results},
-        columns, rows, command)
-    plot_error(out / "sweep.png", errors, len(cfg.seeds))
+        recipe: {str(b): e for b, e in row.items()} for recipe, row in errors.items()}, "limit": limit,
+        "noise_scale_at_smallest": noise, "results": results}, columns, rows, command)
+    plot_error(out / "sweep.png", errors, len(cfg.seeds), limit, noise)
     plot_curves(out / "curves.png", results, batches)
     output.console().print(output.rich_table(f"final test error against global minibatch (median of {len(cfg.seeds)} "
                                       "seed(s); Δ: points vs the smallest batch)", columns, rows))
     output.console().print(f"written to {out}/sweep.{{json,md,png}} and curves.png", highlight=False)
 
 
-def plot_error(path: Path, errors: dict[str, dict[int, float]], seeds: int) -> None:
-    """Final test error against global minibatch, one line per recipe (Goyal et al. Figure 1)."""
+def plot_error(path: Path, errors: dict[str, dict[int, float]], seeds: int, limit: dict[str, int] | None = None,
+               noise: dict[str, float | None] | None = None) -> None:
+    """Final test error against global minibatch, one line per recipe (Goyal et al. Figure 1); each recipe's limit
+    starred, the noise scale measured at the smallest batch a dotted line of the same colour."""
     plt = output.pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for recipe, row in errors.items():
-        ax.plot(list(row), [100 * e for e in row.values()], "o-", label=recipe)
+    for i, (recipe, row) in enumerate(errors.items()):
+        ax.plot(list(row), [100 * e for e in row.values()], "o-", color=f"C{i}", label=recipe)
+        if limit:
+            ax.plot([limit[recipe]], [100 * row[limit[recipe]]], "*", ms=14, color=f"C{i}", mec="k")
+        if noise and noise.get(recipe):
+            ax.axvline(noise[recipe], color=f"C{i}", ls=":", lw=1.2)
+    if limit or noise:
+        ax.set_title(f"★ largest batch within {LIMIT_POINTS:g} point of the smallest · ⋮ noise scale B_simple",
+                     fontsize=9)
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted({b for row in errors.values() for b in row}))
     ax.get_xaxis().set_major_formatter(plt.matplotlib.ticker.ScalarFormatter())
