@@ -64,7 +64,7 @@ def accepted_or_refused(cls, changes: dict) -> None:
 def test_every_config_has_number_options_to_draw():
     assert {"timeout", "warmup_epochs", "milestones", "seed", "workers"} <= set(number_options(TrainConfig))
     assert {"sizes", "timeout", "threads"} <= set(number_options(AllreduceBenchConfig))
-    assert set(number_options(SweepConfig)) == {"batches", "seeds"}
+    assert set(number_options(SweepConfig)) == {"batches", "seeds", "base_lrs"}
 
 
 @pytest.mark.parametrize("command,name", [(command, name) for command, cls in CONFIGS.items()

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from scalesgd import output
-from scalesgd.checks import all_of, distinct, each, each_once, output_dir, seed
+from scalesgd.checks import all_of, distinct, each, each_once, output_dir, positive, seed
 from scalesgd.config import TrainConfig
 from scalesgd.errors import UsageError, option_name
 from scalesgd.optim import OPTIMIZERS
@@ -50,8 +50,7 @@ class SweepConfig:
                                     check=all_of(distinct, each(seed)))
     base_lrs: tuple[float, ...] = option((), "base rates to try, each recipe once per rate (a short search for "
                                          "the rate each recipe wants)", parse=floats_of("rates"),
-                                         check=lambda v: distinct(v) or (None if all(r > 0 for r in v)
-                                                                         else "give rates > 0"),
+                                         check=all_of(each_once, each(positive)),
                                          shown_default="as the train options say")
     out: str = option("", "output directory", shown_default="runs/sweep-<timestamp>", check=output_dir)
     train_args: tuple[str, ...] = option((), "-- then options for every run", remainder=True)
