@@ -44,3 +44,13 @@ def test_every_engine_counts_the_local_and_the_exchanged_squared_norms():
             assert counted[1].item() == pytest.approx(mean_sq.item(), rel=1e-5), path
             assert counted[1] < counted[0], path  # averaging over ranks shrinks the norm
             assert torch.equal(after, torch.zeros(2, dtype=torch.float64)), path  # popping starts the next step
+
+
+def test_a_measured_codec_is_its_inner_codec_to_everything_else_and_copies():
+    from scalesgd.comm.codecs import make_codec
+    from scalesgd.comm.gradient_norms import MeasuredCodec
+
+    measured = MeasuredCodec(make_codec("topk"), GradientNorms())
+    assert (measured.name, measured.density, measured.encode_in_backward) == ("topk", 0.1, True)
+    again = copy.copy(measured)  # looks up __setstate__ before its fields exist
+    assert again.inner is measured.inner and again.state_dict() == {"buckets": {}}

@@ -133,6 +133,7 @@ def test_a_resumed_schedule_is_this_runs_at_the_stored_step_and_keeps_adascales_
 
     old = scheduler(LrFactor(100, 10, warmup="none", schedule="cosine"))
     for _ in range(40):
+        old.optimizer.step()
         old.step()
     longer = scheduler(LrFactor(200, 10, warmup="none", schedule="cosine"), lr=2.0)  # resumed with more epochs
     resume_schedule(longer, old.state_dict())

@@ -48,6 +48,8 @@ class MeasuredCodec(Codec):
                              encode_in_backward=inner.encode_in_backward)
 
     def __getattr__(self, name):  # anything not defined here is the inner codec's
+        if "inner" not in self.__dict__:  # being copied or unpickled: not built yet
+            raise AttributeError(name)
         return getattr(self.__dict__["inner"], name)
 
     def encode(self, flat: torch.Tensor, bucket: BucketView, channel: Channel) -> torch.Tensor:
