@@ -158,8 +158,10 @@ def result_of(point: Point, run_dir: Path) -> dict:
     """A finished point's final and best test error and its per-epoch curves."""
     summary = json.loads((run_dir / SUMMARY_NAME).read_text())
     epochs = [r for r in read(run_dir / METRICS_NAME) if r["kind"] == "epoch"]
+    measured = [r["noise_scale"] for r in epochs if r.get("noise_scale") is not None]
     return {"batch": point.batch, "recipe": point.recipe, "seed": point.seed, "run_dir": str(run_dir),
-            "noise_scale": summary.get("noise_scale"),
+            # B_simple grows as training converges (|G|² shrinks): the run's median over its epochs stands for it
+            "noise_scale": statistics.median(measured) if measured else None,
             "peak_lr": summary["peak_lr"], "steps_per_epoch": summary["steps_per_epoch"],
             "final_test_error": 1 - summary["final_test_acc"], "best_test_error": 1 - summary["best_test_acc"],
             "wall_time_s": summary["wall_time_s"],
@@ -185,7 +187,8 @@ def limits(errors: dict[str, dict[int, float]]) -> dict[str, int]:
 
 
 def noise_at_smallest(results: list[dict]) -> dict[str, float | None]:
-    """recipe → the median B_simple its smallest-batch runs measured at their end (None where none measured)."""
+    """recipe → the median over its smallest-batch runs of each run's median B_simple over its epochs (None where
+    none was measured)."""
     smallest = min(r["batch"] for r in results)
     found: dict[str, list[float]] = {}
     for r in results:
