@@ -251,18 +251,6 @@ def test_step_runs_the_closure_and_returns_its_loss():
     torch.testing.assert_close(w.detach(), expected, rtol=1e-12, atol=0)
 
 
-@pytest.fixture
-def no_host_sync(monkeypatch):
-    """Any tensor value read on the host (item, bool, float, int, tolist, numpy) raises."""
-    def refuse(self, *args, **kwargs):
-        raise AssertionError("host synchronisation inside step()")
-
-    def install():
-        for name in ("item", "__bool__", "__float__", "__int__", "__index__", "tolist", "numpy"):
-            monkeypatch.setattr(torch.Tensor, name, refuse)
-    return install
-
-
 @pytest.mark.parametrize("bias_correction", [True, False])
 def test_lamb_step_reads_no_tensor_value_on_the_host(no_host_sync, bias_correction):
     def run(patched: bool) -> LAMB:

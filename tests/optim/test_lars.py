@@ -228,18 +228,6 @@ def test_step_runs_the_closure_and_returns_its_loss():
     torch.testing.assert_close(w.detach(), expected[0], rtol=1e-12, atol=0)
 
 
-@pytest.fixture
-def no_host_sync(monkeypatch):
-    """Any tensor value read on the host (item, bool, float, int, tolist, numpy) raises."""
-    def refuse(self, *args, **kwargs):
-        raise AssertionError("host synchronisation inside step()")
-
-    def install():
-        for name in ("item", "__bool__", "__float__", "__int__", "__index__", "tolist", "numpy"):
-            monkeypatch.setattr(torch.Tensor, name, refuse)
-    return install
-
-
 @pytest.mark.parametrize("nesterov", [False, True])
 def test_lars_step_reads_no_tensor_value_on_the_host(no_host_sync, nesterov):
     expected, _, _ = run_both(LARS, torch.float32, steps=3, nesterov=nesterov)
