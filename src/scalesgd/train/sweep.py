@@ -90,8 +90,12 @@ class Point:
     @property
     def recipe(self) -> str:
         """Everything but the batch and seed: the line this point belongs to."""
-        parts = [_phrase(self.rule, "scaling"), _phrase(self.warmup, "warmup"), self.optimizer, self.schedule,
-                 f"η₀ {self.base_lr:g}" if self.base_lr else None]
+        return " · ".join(p for p in (self.family, f"η₀ {self.base_lr:g}" if self.base_lr else None) if p)
+
+    @property
+    def family(self) -> str:
+        """The recipe but its base rate: the points a rate search compares."""
+        parts = [_phrase(self.rule, "scaling"), _phrase(self.warmup, "warmup"), self.optimizer, self.schedule]
         return " · ".join(p for p in parts if p)
 
     @property
@@ -159,7 +163,8 @@ def result_of(point: Point, run_dir: Path) -> dict:
     summary = json.loads((run_dir / SUMMARY_NAME).read_text())
     epochs = [r for r in read(run_dir / METRICS_NAME) if r["kind"] == "epoch"]
     measured = [r["noise_scale"] for r in epochs if r.get("noise_scale") is not None]
-    return {"batch": point.batch, "recipe": point.recipe, "seed": point.seed, "run_dir": str(run_dir),
+    return {"batch": point.batch, "recipe": point.recipe, "family": point.family, "base_lr": point.base_lr,
+            "seed": point.seed, "run_dir": str(run_dir),
             # B_simple grows as training converges (|G|² shrinks): the run's median over its epochs stands for it
             "noise_scale": statistics.median(measured) if measured else None,
             "peak_lr": summary["peak_lr"], "steps_per_epoch": summary["steps_per_epoch"],
@@ -175,6 +180,21 @@ def median_errors(results: list[dict]) -> dict[str, dict[int, float]]:
     for r in results:
         table.setdefault(r["recipe"], {}).setdefault(r["batch"], []).append(r["final_test_error"])
     return {recipe: {b: statistics.median(v) for b, v in sorted(row.items())} for recipe, row in table.items()}
+
+
+def best_rates(results: list[dict]) -> dict[str, dict[int, float]]:
+    """family (the recipe but its rate) → batch → the searched base rate with the lowest median error (the
+    smaller rate on a tie); empty without a rate search."""
+    errors: dict[tuple, list[float]] = {}
+    for r in results:
+        if r.get("base_lr") is not None:
+            errors.setdefault((r["family"], r["batch"], r["base_lr"]), []).append(r["final_test_error"])
+    best: dict[str, dict[int, tuple[float, float]]] = {}
+    for (family, batch, lr), found in sorted(errors.items()):
+        candidate = (statistics.median(found), lr)
+        best.setdefault(family, {})
+        best[family][batch] = min(best[family].get(batch, candidate), candidate)
+    return {family: {b: lr for b, (_, lr) in sorted(row.items())} for family, row in best.items()}
 
 
 def limits(errors: dict[str, dict[int, float]]) -> dict[str, int]:
@@ -203,7 +223,7 @@ def report(cfg: SweepConfig, results: list[dict], command: str) -> None:
     the noise scale beside it; the plots."""
     errors = median_errors(results)
     batches = sorted(cfg.batches)
-    limit, noise = limits(errors), noise_at_smallest(results)
+    limit, noise, rates = limits(errors), noise_at_smallest(results), best_rates(results)
     columns = ["recipe", *(f"{b} error % (Δ)" for b in batches), f"limit (≤ {LIMIT_POINTS:g} point)",
                f"noise scale at {batches[0]}"]
     rows = []
@@ -214,11 +234,16 @@ def report(cfg: SweepConfig, results: list[dict], command: str) -> None:
     out = Path(cfg.out)
     output.write(out, "sweep", {"config": cfg.to_dict(), "median_final_test_error": {
         recipe: {str(b): e for b, e in row.items()} for recipe, row in errors.items()}, "limit": limit,
-        "noise_scale_at_smallest": noise, "results": results}, columns, rows, command)
+        "noise_scale_at_smallest": noise, "best_base_lr": {family: {str(b): lr for b, lr in row.items()}
+                                                           for family, row in rates.items()},
+        "results": results}, columns, rows, command)
     plot_error(out / "sweep.png", errors, len(cfg.seeds), limit, noise)
     plot_curves(out / "curves.png", results, batches)
     output.console().print(output.rich_table(f"final test error against global minibatch (median of {len(cfg.seeds)} "
                                       "seed(s); Δ: points vs the smallest batch)", columns, rows))
+    for family, row in rates.items():
+        output.console().print(f"best base rate, {family}: " + ", ".join(f"{lr:g} at {b}" for b, lr in row.items()),
+                               highlight=False)
     output.console().print(f"written to {out}/sweep.{{json,md,png}} and curves.png", highlight=False)
 
 

@@ -51,6 +51,30 @@ def test_at_recompute_steps_the_threshold_selects_exactly_the_top_k():
             assert set(idx.tolist()) == by_threshold
 
 
+@pytest.mark.parametrize("growth", [1.0, -0.9], ids=["growing", "shrinking"])
+def test_a_reused_threshold_sends_between_half_and_twice_k(growth):
+    """Gradients that grow (shrink) each step make the last exact threshold let ever more (fewer) through:
+    outside k/2…2k the exact top-k is taken again, so the bytes stay within 2× of the density's."""
+    codec = TopkCodec("topk", density=0.01, reuse=100)
+    k = math.ceil(0.01 * 5000)
+    g = torch.Generator().manual_seed(0)
+    sent, retaken = [], 0
+    for step in range(8):
+        grad = torch.randn(5000, generator=g) * (1 + growth * step / 8) ** 4
+        before = codec._state[0].residual.clone() if 0 in codec._state else torch.zeros(5000)
+        old = codec._state[0].threshold if 0 in codec._state else None
+        codec.encode(grad.clone(), VIEW, LOCAL)
+        idx = codec._sent.pop(0)[0]
+        sent.append(len(idx))
+        passed = int(((before + grad).abs() >= old).sum()) if old else k
+        if not k / 2 <= passed <= 2 * k:  # the reused threshold would have sent too much or too little
+            retaken += 1
+            assert len(idx) == k and codec._state[0].threshold != old
+        else:
+            assert len(idx) == passed
+    assert k / 2 <= min(sent) and max(sent) <= 2 * k and retaken >= 2
+
+
 def test_state_round_trip_continues_identically():
     first, second = TopkCodec("topk", 0.1, 3), TopkCodec("topk", 0.1, 3)
     steps = grads(6)

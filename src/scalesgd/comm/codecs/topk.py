@@ -5,10 +5,12 @@ warm-up, local gradient clipping.
 Per bucket (a layer, or a group of layers merged by the planner) and per rank:
 v = residual + gradient; the entries with |v| ≥ H are sent, the rest stay as the next residual.
 H is the exact threshold — the k-th largest |v|, k = ⌈ρ·n⌉ — recomputed every `reuse` steps and
-reused in between (DLGS); `reuse=1` is an exact top-k every step (LAGS per layer, global Top-K on
-one bucket holding everything). With momentum correction v accumulates the local momentum
-u = m·u + g instead of g, and u is zeroed where v was sent; the optimizer then applies no momentum of
-its own to the gradient (`scalesgd.optim.MomentumCorrectedSGD`).
+reused in between (DLGS), unless the reused H would send more than 2k or fewer than k/2 entries (a threshold
+that drifted as the gradients grew or shrank: the bytes stay within 2× of what the density promises); `reuse=1`
+is an exact top-k
+every step (LAGS per layer, global Top-K on one bucket holding everything). With momentum correction v
+accumulates the local momentum u = m·u + g instead of g, and u is zeroed where v was sent; the optimizer
+then applies no momentum of its own to the gradient (`scalesgd.optim.MomentumCorrectedSGD`).
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ class TopkCodec(Codec):
     """
 
     encode_in_backward = True
+    MAX_DRIFT = 2.0  # a reused threshold sends between k ÷ this and k × this; outside, the exact top-k is taken again
 
     def __init__(self, name: str = "topk", density: float = 0.1, reuse: int = 1, dgc: DgcOptions = DgcOptions()):
         found = problems(density, reuse)
@@ -123,16 +126,19 @@ class TopkCodec(Codec):
         return flat
 
     def select(self, v: torch.Tensor, st: _Sparse, density: float | None = None) -> torch.Tensor:
-        """Indices to send: the exact top-k at recompute steps or when the density changed (setting H),
-        else |v| ≥ H."""
+        """Indices to send: the exact top-k at recompute steps, when the density changed, or when the reused H
+        would let through more than MAX_DRIFT·k or fewer than k ÷ MAX_DRIFT (setting H afresh); else |v| ≥ H."""
         density = self.density if density is None else density
         magnitude = v.abs()
-        if (st.step - 1) % self.reuse == 0 or density != st.density:
-            top = torch.topk(magnitude, self.k(v.numel(), density), sorted=False)
-            st.threshold, st.density = float(top.values.min()), density
-            return top.indices
-        keep = magnitude >= st.threshold if st.threshold > 0 else magnitude > 0  # H = 0: nothing is zero-worthy
-        return torch.nonzero(keep).view(-1)
+        k = self.k(v.numel(), density)
+        if (st.step - 1) % self.reuse != 0 and density == st.density:
+            keep = magnitude >= st.threshold if st.threshold > 0 else magnitude > 0  # H = 0: nothing is zero-worthy
+            idx = torch.nonzero(keep).view(-1)
+            if k / self.MAX_DRIFT <= idx.numel() <= self.MAX_DRIFT * k:
+                return idx
+        top = torch.topk(magnitude, k, sorted=False)
+        st.threshold, st.density = float(top.values.min()), density
+        return top.indices
 
     def communicate(self, wire: torch.Tensor, bucket: BucketView, channel: Channel) -> int:
         idx, values, not_finite = self._sent[bucket.index]
