@@ -51,11 +51,12 @@ def test_the_rate_search_names_each_familys_best_rate_per_batch():
     points = grid(SweepConfig(batches=(16, 32), base_lrs=(0.1, 0.05), seeds=(0, 1), train_args=("--workers", "1")))
     assert {p.family for p in points} == {"linear scaling · gradual warmup"}
     error = {(16, 0.1): (0.10, 0.30), (16, 0.05): (0.20, 0.20), (32, 0.1): (0.30, 0.10), (32, 0.05): (0.40, 0.50)}
-    results = [{"family": p.family, "batch": p.batch, "base_lr": p.base_lr,
+    results = [{"recipe": p.recipe, "family": p.family, "batch": p.batch, "base_lr": p.base_lr,
                 "final_test_error": error[p.batch, p.base_lr][p.seed]} for p in points]
+    errors = median_errors(results)
     # at 16 both rates' medians tie at 0.2: the smaller rate wins; at 32, 0.1's median 0.2 beats 0.05's 0.45
-    assert best_rates(results) == {"linear scaling · gradual warmup": {16: 0.05, 32: 0.1}}
-    assert best_rates([{**r, "base_lr": None} for r in results]) == {}  # no search, no rates
+    assert best_rates(errors, results) == {"linear scaling · gradual warmup": {16: 0.05, 32: 0.1}}
+    assert best_rates(errors, [{**r, "base_lr": None} for r in results]) == {}  # no search, no rates
 
 
 def test_median_errors_per_recipe_and_batch():

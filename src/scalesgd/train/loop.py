@@ -145,7 +145,7 @@ def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None, progress: 
     steps = len(sampler)
     every_steps, every_s = cfg.checkpoint_interval
     sampler.set_epoch(epoch)
-    adascale = run.scheduler.lr_lambdas[0] if isinstance(run.scheduler.lr_lambdas[0], AdaScaleFactor) else None
+    adascale = adascale_factor(run)
     tracer.enabled = bool(cfg.trace) and epoch == cfg.epochs  # the last epoch's timeline
     progress.start_epoch(epoch, steps - resumed.step)
     net.train()
@@ -228,11 +228,17 @@ def read_window(window: torch.Tensor, n: int, due: bool, records: list[dict], lo
     return sums[:n], bool(sums[-1, 0] > 0)
 
 
+def adascale_factor(run: Run) -> AdaScaleFactor | None:
+    """The schedule's AdaScale factor (one, shared by every param group), or None for the other rules."""
+    factor = run.scheduler.lr_lambdas[0]
+    return factor if isinstance(factor, AdaScaleFactor) else None
+
+
 def noise_record(run: Run) -> dict:
     """What an epoch line says of the noise: B_simple (--noise-scale), AdaScale's gain and scale-invariant epochs."""
     record = {"noise_scale": run.noise.value} if run.cfg.noise_scale else {}
-    factor = run.scheduler.lr_lambdas[0]
-    if isinstance(factor, AdaScaleFactor):
+    factor = adascale_factor(run)
+    if factor is not None:
         record.update(adascale_gain=factor.gain, scale_invariant_epochs=factor.progress / factor.base.steps_per_epoch)
     return record
 

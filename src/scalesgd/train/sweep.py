@@ -182,18 +182,15 @@ def median_errors(results: list[dict]) -> dict[str, dict[int, float]]:
     return {recipe: {b: statistics.median(v) for b, v in sorted(row.items())} for recipe, row in table.items()}
 
 
-def best_rates(results: list[dict]) -> dict[str, dict[int, float]]:
-    """family (the recipe but its rate) → batch → the searched base rate with the lowest median error (the
-    smaller rate on a tie); empty without a rate search."""
-    errors: dict[tuple, list[float]] = {}
-    for r in results:
-        if r.get("base_lr") is not None:
-            errors.setdefault((r["family"], r["batch"], r["base_lr"]), []).append(r["final_test_error"])
+def best_rates(errors: dict[str, dict[int, float]], results: list[dict]) -> dict[str, dict[int, float]]:
+    """family (the recipe but its rate) → batch → the searched base rate whose recipe has the lowest median error
+    (`median_errors`; the smaller rate on a tie); empty without a rate search."""
+    rated = {r["recipe"]: (r["family"], r["base_lr"]) for r in results if r.get("base_lr") is not None}
     best: dict[str, dict[int, tuple[float, float]]] = {}
-    for (family, batch, lr), found in sorted(errors.items()):
-        candidate = (statistics.median(found), lr)
-        best.setdefault(family, {})
-        best[family][batch] = min(best[family].get(batch, candidate), candidate)
+    for recipe, (family, lr) in rated.items():
+        row = best.setdefault(family, {})
+        for batch, error in errors[recipe].items():
+            row[batch] = min(row.get(batch, (error, lr)), (error, lr))
     return {family: {b: lr for b, (_, lr) in sorted(row.items())} for family, row in best.items()}
 
 
@@ -223,7 +220,7 @@ def report(cfg: SweepConfig, results: list[dict], command: str) -> None:
     the noise scale beside it; the plots."""
     errors = median_errors(results)
     batches = sorted(cfg.batches)
-    limit, noise, rates = limits(errors), noise_at_smallest(results), best_rates(results)
+    limit, noise, rates = limits(errors), noise_at_smallest(results), best_rates(errors, results)
     columns = ["recipe", *(f"{b} error % (Δ)" for b in batches), f"limit (≤ {LIMIT_POINTS:g} point)",
                f"noise scale at {batches[0]}"]
     rows = []

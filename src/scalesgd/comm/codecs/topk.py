@@ -7,10 +7,9 @@ v = residual + gradient; the entries with |v| ≥ H are sent, the rest stay as t
 H is the exact threshold — the k-th largest |v|, k = ⌈ρ·n⌉ — recomputed every `reuse` steps and
 reused in between (DLGS), unless the reused H would send more than 2k or fewer than k/2 entries (a threshold
 that drifted as the gradients grew or shrank: the bytes stay within 2× of what the density promises); `reuse=1`
-is an exact top-k
-every step (LAGS per layer, global Top-K on one bucket holding everything). With momentum correction v
-accumulates the local momentum u = m·u + g instead of g, and u is zeroed where v was sent; the optimizer
-then applies no momentum of its own to the gradient (`scalesgd.optim.MomentumCorrectedSGD`).
+is an exact top-k every step (LAGS per layer, global Top-K on one bucket holding everything). With momentum
+correction v accumulates the local momentum u = m·u + g instead of g, and u is zeroed where v was sent; the
+optimizer then applies no momentum of its own to the gradient (`scalesgd.optim.MomentumCorrectedSGD`).
 """
 
 from __future__ import annotations
