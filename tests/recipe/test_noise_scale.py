@@ -24,16 +24,30 @@ def test_estimates_average_to_the_brute_force_trace_and_gradient_norm():
     true_trace = float(((grads - true_g).square().sum(1)).mean())  # tr Σ of one sample's gradient
     workers, b = 4, 16
     g = torch.Generator().manual_seed(1)
-    found = []
+    found, ns = [], NoiseScale()
     for _ in range(3000):  # each "step": 4 workers × 16 samples drawn from the population
         local = grads[torch.randint(0, len(grads), (workers, b), generator=g)].mean(1)
         small_sq = float(local.square().sum(1).mean())
         big_sq = float(local.mean(0).square().sum())
         found.append(estimates(small_sq, big_sq, b, workers * b))
+        ns.update(small_sq, big_sq, b, workers * b)
     gradient_sq, trace = torch.tensor(found).mean(0).tolist()
     assert gradient_sq == pytest.approx(true_gradient_sq, rel=0.05)
     assert trace == pytest.approx(true_trace, rel=0.05)
     assert trace / gradient_sq == pytest.approx(true_trace / true_gradient_sq, rel=0.1)
+    assert ns.average == pytest.approx(trace / gradient_sq, rel=1e-5)  # the run's average: the ratio of the sums
+
+
+def test_the_run_average_weighs_steps_by_their_gradient_and_keeps_negative_estimates():
+    ns = NoiseScale()
+    # |G|² = 4, tr Σ = 40 (B = 10), then |G|² = 1, tr Σ = 90 (B = 90), then a step whose |G|² reads −1
+    for small_sq, big_sq in ((8.0, 6.0), (10.0, 5.5), (10.0, 4.5)):
+        ns.update(small_sq, big_sq, small=10, big=20)
+    assert ns.average == pytest.approx((40 + 90 + 110) / (4 + 1 - 1))  # not the mean or median of 10, 90 and −110
+    never = NoiseScale()
+    never.update(1.0, 0.9, small=10, big=20)  # |G|² = 0.8
+    never.update(1.0, 0.0, small=10, big=20)  # |G|² = −1
+    assert never.average is None  # the summed |G|² is −0.2: noise swamps the signal over the whole run
 
 
 @settings(max_examples=50, deadline=None)
@@ -49,7 +63,10 @@ def test_the_smoothed_ratio_and_its_state_round_trip():
     for _ in range(200):
         ns.update(small_sq=3.0, big_sq=1.5, small=10, big=40)  # |G|² = 1, tr Σ = 20: B_simple = 20
     assert ns.value == pytest.approx(20.0, rel=1e-6)
+    assert ns.average == pytest.approx(20.0)
     again = NoiseScale.from_state(ns.state())
     assert again == ns
+    older = NoiseScale.from_state(ns.state()[:3])  # a checkpoint from before the run's sums were kept
+    assert older.value == ns.value and older.average is None
     with pytest.raises(ValueError, match="larger batch than each worker's"):
         estimates(1.0, 1.0, 32, 32)

@@ -16,8 +16,10 @@ def test_noise_scale_is_logged_per_epoch_summarised_and_plotted(tmp_path):
     epochs = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "epoch"]
     values = [e["noise_scale"] for e in epochs]
     assert len(values) == 2 and all(v is not None and math.isfinite(v) and v > 0 for v in values), values
+    averages = [e["noise_scale_average"] for e in epochs]  # the run so far: the ratio of its summed estimates
+    assert all(v is not None and math.isfinite(v) and v > 0 for v in averages), averages
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["noise_scale"] == values[-1]
+    assert summary["noise_scale"] == values[-1] and summary["noise_scale_average"] == averages[-1]
     assert (run / "report.png").read_bytes()[:4] == b"\x89PNG"
 
 

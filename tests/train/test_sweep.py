@@ -42,9 +42,12 @@ def test_the_limit_is_the_largest_batch_within_a_point_and_the_noise_scale_sits_
     errors = {"a": {16: 0.100, 32: 0.105, 64: 0.1095, 128: 0.125, 256: 0.108},  # 256 is back within: the largest
               "b": {16: 0.100, 32: 0.150, 64: 0.200}}
     assert limits(errors) == {"a": 256, "b": 16}
-    results = [{"recipe": "a", "batch": 16, "noise_scale": v} for v in (40.0, 60.0, 50.0)]
-    results += [{"recipe": "a", "batch": 32, "noise_scale": 900.0}, {"recipe": "b", "batch": 16, "noise_scale": None}]
-    assert noise_at_smallest(results) == {"a": 50.0, "b": None}
+    results = [{"recipe": "a", "batch": 16, "noise_scale": v, "noise_scale_average": v / 2} for v in (40.0, 60.0, 50.0)]
+    results += [{"recipe": "a", "batch": 32, "noise_scale": 900.0, "noise_scale_average": 800.0},
+                {"recipe": "b", "batch": 16, "noise_scale": None, "noise_scale_average": None}]
+    assert noise_at_smallest(results) == {"a": 25.0, "b": None}  # the run averages' median
+    assert noise_at_smallest(results, "noise_scale") == {"a": 50.0, "b": None}  # the medians over epochs'
+
 
 
 def test_the_rate_search_names_each_familys_best_rate_per_batch():
@@ -87,6 +90,8 @@ def test_every_point_is_trained_with_its_rule_and_warmup_and_a_second_call_train
     assert "| linear scaling · no warmup |" in table and "16 error % (Δ)" in table
     assert "limit (≤ 1 point)" in table and "noise scale at 16" in table
     assert any((r["noise_scale"] or 0) > 0 for r in record["results"])  # measured (None: noise swamped |G|²)
+    assert any((r["noise_scale_average"] or 0) > 0 for r in record["results"])
+    assert "median of epochs" in table and set(record["noise_scale_average_at_smallest"]) == set(record["limit"])
     for png in ("sweep.png", "curves.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     stamps = {d.name: (d / "summary.json").stat().st_mtime_ns for d in (out / "runs").iterdir()}

@@ -5,6 +5,11 @@ training already has, each worker's gradient over its b samples and their mean o
 E|g_b|² = |G|² + tr(Σ)/b for a batch of b, so the two squared norms give unbiased estimates of both terms:
 |G|² ≈ (B·|g_B|² − b·|g_b|²)/(B − b) and tr(Σ) ≈ (|g_b|² − |g_B|²)/(1/b − 1/B). Single steps are noisy; each
 term is smoothed on its own (an exponential moving average, bias-corrected as Adam's) and the ratio taken last.
+
+B_simple grows as training converges (|G|² shrinks), so one run has no single value. Besides the smoothed ratio of
+the moment, the run's sums of both estimates give its training average, tr(Σ) and |G|² each averaged over every
+step before the ratio is taken (McCandlish et al. average the two separately): steps with a large |G|² weigh most,
+and steps whose |G|² estimate comes out negative (noise swamps the signal) still count instead of being dropped.
 """
 
 from __future__ import annotations
@@ -32,11 +37,15 @@ class NoiseScale:
     gradient_sq: float = 0.0
     trace: float = 0.0
     steps: int = 0
+    gradient_sq_sum: float = 0.0  # the run's sums of the unsmoothed estimates, for `average`
+    trace_sum: float = 0.0
 
     def update(self, small_sq: float, big_sq: float, small: float, big: float) -> None:
         gradient_sq, trace = estimates(small_sq, big_sq, small, big)
         self.gradient_sq = self.decay * self.gradient_sq + (1 - self.decay) * gradient_sq
         self.trace = self.decay * self.trace + (1 - self.decay) * trace
+        self.gradient_sq_sum += gradient_sq
+        self.trace_sum += trace
         self.steps += 1
 
     @property
@@ -46,9 +55,20 @@ class NoiseScale:
             return None
         return self.trace / self.gradient_sq  # the bias corrections of both averages cancel in the ratio
 
+    @property
+    def average(self) -> float | None:
+        """B_simple averaged over the run so far: the ratio of the summed estimates; None as for `value`."""
+        if not self.steps or self.gradient_sq_sum <= 0:
+            return None
+        return self.trace_sum / self.gradient_sq_sum
+
     def state(self) -> list[float]:
-        return [self.gradient_sq, self.trace, float(self.steps)]
+        return [self.gradient_sq, self.trace, float(self.steps), self.gradient_sq_sum, self.trace_sum]
 
     @classmethod
     def from_state(cls, state) -> NoiseScale:
-        return cls(DECAY, float(state[0]), float(state[1]), int(state[2])) if state else cls()
+        """From `state()`'s list; a checkpoint written before the sums were kept starts them afresh."""
+        if not state:
+            return cls()
+        sums = [float(x) for x in state[3:5]] if len(state) >= 5 else [0.0, 0.0]
+        return cls(DECAY, float(state[0]), float(state[1]), int(state[2]), *sums)

@@ -235,8 +235,9 @@ def adascale_factor(run: Run) -> AdaScaleFactor | None:
 
 
 def noise_record(run: Run) -> dict:
-    """What an epoch line says of the noise: B_simple (--noise-scale), AdaScale's gain and scale-invariant epochs."""
-    record = {"noise_scale": run.noise.value} if run.cfg.noise_scale else {}
+    """What an epoch line says of the noise: B_simple now and averaged over the run so far (--noise-scale),
+    AdaScale's gain and scale-invariant epochs."""
+    record = {"noise_scale": run.noise.value, "noise_scale_average": run.noise.average} if run.cfg.noise_scale else {}
     factor = adascale_factor(run)
     if factor is not None:
         record.update(adascale_gain=factor.gain, scale_invariant_epochs=factor.progress / factor.base.steps_per_epoch)
@@ -286,8 +287,8 @@ def finish(run: Run, done: Progress, record: dict, images_per_s: list[float], pr
     if run.planned:
         measured = [t["compute_s"] + t["exposed_comm_s"] for t in timed]
         summary["planner"] = {**run.planned, "measured_iteration_s": statistics.median(measured)}
-    if run.cfg.noise_scale:  # B_simple in samples at the end, beside the batch trained with
-        summary["noise_scale"] = run.noise.value
+    if run.cfg.noise_scale:  # B_simple in samples at the end and over the run, beside the batch trained with
+        summary.update(noise_scale=run.noise.value, noise_scale_average=run.noise.average)
     if run.auto:  # predicted against measured: the step is in both
         summary["auto"] = {**run.auto, "measured_iteration_s": summary["iteration"].get("median_iteration_s")}
     if run.env.is_main:

@@ -85,9 +85,13 @@ def read_curves(run_dir: Path) -> Curves:
 
 
 def plot_noise_scale(ax, epochs: list[dict], batch: int | None) -> None:
-    """B_simple at each epoch's end against the global batch in use: above it, a larger batch would still pay."""
-    ax.plot([e["iter"] for e in epochs], [e["noise_scale"] if e["noise_scale"] is not None else float("nan")
-                                          for e in epochs], "o-", label="noise scale B_simple (samples)")
+    """B_simple at each epoch's end, and averaged over the run so far, against the global batch in use: above it,
+    a larger batch would still pay."""
+    for key, style, label in (("noise_scale", "o-", "noise scale B_simple (samples)"),
+                              ("noise_scale_average", "--", "B_simple averaged over the run so far")):
+        if any(key in e for e in epochs):  # runs logged before the average was kept have only the first
+            ax.plot([e["iter"] for e in epochs], [float("nan") if e.get(key) is None else e[key] for e in epochs],
+                    style, label=label)
     if batch:
         ax.axhline(batch, color="grey", ls="--", label=f"global batch {batch}")
     ax.set_ylabel("samples")

@@ -4,7 +4,8 @@ Every point of the grid is one ordinary `scalesgd train` run in `OUT/runs/`, tra
 call skips finished points and resumes the one that was cut short. The report is the final test error
 against the global minibatch, one line per recipe, with each recipe's limit (the largest batch within
 LIMIT_POINTS of its smallest batch) beside the gradient noise scale measured at the smallest batch, which
-predicts it (McCandlish et al. 2018); and the training curves of each size against the smallest.
+predicts it (McCandlish et al. 2018), as its average over each run and its median over each run's epochs; and
+the training curves of each size against the smallest.
 """
 
 from __future__ import annotations
@@ -165,8 +166,10 @@ def result_of(point: Point, run_dir: Path) -> dict:
     measured = [r["noise_scale"] for r in epochs if r.get("noise_scale") is not None]
     return {"batch": point.batch, "recipe": point.recipe, "family": point.family, "base_lr": point.base_lr,
             "seed": point.seed, "run_dir": str(run_dir),
-            # B_simple grows as training converges (|G|² shrinks): the run's median over its epochs stands for it
+            # B_simple grows as training converges (|G|² shrinks): the run's median over its epochs, and its
+            # training average (the ratio of the run's summed estimates)
             "noise_scale": statistics.median(measured) if measured else None,
+            "noise_scale_average": summary.get("noise_scale_average"),
             "peak_lr": summary["peak_lr"], "steps_per_epoch": summary["steps_per_epoch"],
             "final_test_error": 1 - summary["final_test_acc"], "best_test_error": 1 - summary["best_test_acc"],
             "wall_time_s": summary["wall_time_s"],
@@ -203,14 +206,14 @@ def limits(errors: dict[str, dict[int, float]]) -> dict[str, int]:
     return found
 
 
-def noise_at_smallest(results: list[dict]) -> dict[str, float | None]:
-    """recipe → the median over its smallest-batch runs of each run's median B_simple over its epochs (None where
-    none was measured)."""
+def noise_at_smallest(results: list[dict], key: str = "noise_scale_average") -> dict[str, float | None]:
+    """recipe → the median over its smallest-batch runs of each run's B_simple: its training average, or with
+    key="noise_scale" its median over its epochs (None where none was measured)."""
     smallest = min(r["batch"] for r in results)
     found: dict[str, list[float]] = {}
     for r in results:
-        if r["batch"] == smallest and r.get("noise_scale") is not None:
-            found.setdefault(r["recipe"], []).append(r["noise_scale"])
+        if r["batch"] == smallest and r.get(key) is not None:
+            found.setdefault(r["recipe"], []).append(r[key])
     return {recipe: statistics.median(found[recipe]) if recipe in found else None
             for recipe in dict.fromkeys(r["recipe"] for r in results)}
 
@@ -220,21 +223,22 @@ def report(cfg: SweepConfig, results: list[dict], command: str) -> None:
     the noise scale beside it; the plots."""
     errors = median_errors(results)
     batches = sorted(cfg.batches)
-    limit, noise, rates = limits(errors), noise_at_smallest(results), best_rates(errors, results)
+    limit, rates = limits(errors), best_rates(errors, results)
+    noise, noise_median = noise_at_smallest(results), noise_at_smallest(results, "noise_scale")
     columns = ["recipe", *(f"{b} error % (Δ)" for b in batches), f"limit (≤ {LIMIT_POINTS:g} point)",
-               f"noise scale at {batches[0]}"]
+               f"noise scale at {batches[0]}: run average", "median of epochs"]
     rows = []
     for recipe, row in errors.items():
         first = row[batches[0]]
         rows.append([recipe, *(f"{100 * row[b]:.2f} ({100 * (row[b] - first):+.2f})" for b in batches), limit[recipe],
-                     f"{noise[recipe]:.0f}" if noise.get(recipe) is not None else "—"])
+                     *(f"{n[recipe]:.0f}" if n.get(recipe) is not None else "—" for n in (noise, noise_median))])
     out = Path(cfg.out)
     output.write(out, "sweep", {"config": cfg.to_dict(), "median_final_test_error": {
         recipe: {str(b): e for b, e in row.items()} for recipe, row in errors.items()}, "limit": limit,
-        "noise_scale_at_smallest": noise, "best_base_lr": {family: {str(b): lr for b, lr in row.items()}
+        "noise_scale_average_at_smallest": noise, "noise_scale_at_smallest": noise_median, "best_base_lr": {family: {str(b): lr for b, lr in row.items()}
                                                            for family, row in rates.items()},
         "results": results}, columns, rows, command)
-    plot_error(out / "sweep.png", errors, len(cfg.seeds), limit, noise)
+    plot_error(out / "sweep.png", errors, len(cfg.seeds), limit, noise, noise_median)
     plot_curves(out / "curves.png", results, batches)
     output.console().print(output.rich_table(f"final test error against global minibatch (median of {len(cfg.seeds)} "
                                       "seed(s); Δ: points vs the smallest batch)", columns, rows))
@@ -245,20 +249,23 @@ def report(cfg: SweepConfig, results: list[dict], command: str) -> None:
 
 
 def plot_error(path: Path, errors: dict[str, dict[int, float]], seeds: int, limit: dict[str, int] | None = None,
-               noise: dict[str, float | None] | None = None) -> None:
+               noise: dict[str, float | None] | None = None,
+               noise_median: dict[str, float | None] | None = None) -> None:
     """Final test error against global minibatch, one line per recipe (Goyal et al. Figure 1); each recipe's limit
-    starred, the noise scale measured at the smallest batch a dotted line of the same colour."""
+    starred, the noise scale measured at the smallest batch a vertical line of the same colour: its run average
+    dash-dotted, its median over epochs dotted."""
     plt = output.pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, (recipe, row) in enumerate(errors.items()):
         ax.plot(list(row), [100 * e for e in row.values()], "o-", color=f"C{i}", label=recipe)
         if limit:
             ax.plot([limit[recipe]], [100 * row[limit[recipe]]], "*", ms=14, color=f"C{i}", mec="k")
-        if noise and noise.get(recipe):
-            ax.axvline(noise[recipe], color=f"C{i}", ls=":", lw=1.2)
-    if limit or noise:
-        ax.set_title(f"★ largest batch within {LIMIT_POINTS:g} point of the smallest · ⋮ noise scale B_simple",
-                     fontsize=9)
+        for values, style in ((noise, "-."), (noise_median, ":")):
+            if values and values.get(recipe):
+                ax.axvline(values[recipe], color=f"C{i}", ls=style, lw=1.2)
+    if limit or noise or noise_median:
+        ax.set_title(f"★ largest batch within {LIMIT_POINTS:g} point of the smallest · noise scale B_simple: "
+                     "-· run average, ⋮ median of epochs", fontsize=9)
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted({b for row in errors.values() for b in row}))
     ax.get_xaxis().set_major_formatter(plt.matplotlib.ticker.ScalarFormatter())
