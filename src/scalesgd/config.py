@@ -83,7 +83,8 @@ class TrainConfig:
     classes: int = option(10, "synthetic classes", group=DATA, check=checks.at_least(2, "classes to tell apart"))
     model: str = option("resnet8", "the network trained", choices=MODELS, group=DATA)
     batch_size: int = option(128, "global minibatch kn", group=RECIPE, check=checks.positive)
-    epochs: int = option(30, "passes over the training set", group=RECIPE, check=checks.positive)
+    epochs: int = option(30, "passes over the training set (with --lr-scaling adascale, the base batch's: the run "
+                         "goes on until its scale-invariant schedule is done)", group=RECIPE, check=checks.positive)
     base_lr: float = option(0.1, "rate tuned at --base-batch", group=RECIPE, check=checks.positive)
     base_batch: int = option(256, "global minibatch --base-lr was tuned at; --lr-scaling scales the rate by "
                              "--batch-size ÷ this", group=RECIPE, check=checks.positive)

@@ -30,3 +30,17 @@ def test_the_schedule_runs_in_scale_invariant_steps():
         factor.advance()
     assert factor.progress == 200.0
     assert factor(123) == pytest.approx(4 / 8 * base(200))  # the step count LambdaLR passes is not used
+
+
+def test_the_run_ends_when_the_base_schedule_is_done():
+    base = LrFactor(total_steps=800, steps_per_epoch=80, warmup="none", schedule="cosine")
+    factor = AdaScaleFactor.over(base, 8.0)  # 10 steps an epoch at 8× the base batch of 80
+    assert factor.epochs_at_most(10) == 80  # at gain 1, one base step a step: 8× the base batch's epochs
+    factor.gain = 3.0
+    steps = 0
+    while not factor.done:
+        factor.advance()
+        steps += 1
+    assert steps == 267 and factor.progress == 801.0  # the first step at or past 800 ends it
+    factor.progress = 799.5
+    assert not factor.done

@@ -12,7 +12,8 @@ import torch
 
 from scalesgd.errors import UsageError
 
-from scalesgd.train.checkpoint import save_atomic
+from scalesgd.config import TrainConfig
+from scalesgd.train.checkpoint import finished, save_atomic
 from scalesgd.train.metrics import read
 from tests.train.cli import load_ckpt, scalesgd, wait_for_checkpoint
 
@@ -28,6 +29,21 @@ def test_resume_with_a_conflicting_option_is_refused_and_changes_nothing(finishe
     proc = scalesgd("train", "--resume", str(run))
     assert proc.returncode == 2 and "already finished all 2 epochs" in proc.stderr
     assert (run / "checkpoint.pt").read_bytes() == before
+
+
+def test_an_adascale_run_is_finished_when_its_schedule_is_done_not_at_its_epoch_count():
+    stored = TrainConfig.from_argv(["--lr-scaling", "adascale", "--workers", "2", "--epochs", "2"])
+    more = TrainConfig.from_argv(["--lr-scaling", "adascale", "--workers", "2", "--epochs", "3"])
+
+    def state(epoch, progress):
+        factor = {"schedule": {"total_steps": 100}, "progress": progress}
+        return {"epoch": epoch, "scheduler": {"lr_lambdas": [factor]}}
+
+    assert not finished(state(5, 99.0), stored, stored)  # past --epochs, its schedule not yet done: it goes on
+    assert finished(state(5, 100.5), stored, stored)
+    assert not finished(state(5, 100.5), stored, more)  # more epochs stretch the schedule
+    linear = TrainConfig.from_argv(["--epochs", "2", "--warmup-epochs", "1"])
+    assert finished(state(2, 0.0), linear, linear) and not finished(state(1, 0.0), linear, linear)
 
 
 RESUME_RUN = ["--quiet", "--dataset", "synthetic", "--samples", "1600", "--image-size", "12",

@@ -36,5 +36,11 @@ def test_adascale_trains_at_the_measured_gain_without_warmup(tmp_path):
     assert all(0 < r["lr"] <= base_lr * scale for r in iters)
     gains = [e["adascale_gain"] for e in epochs]
     assert all(1.0 <= g <= scale for g in gains) and max(gains) > 1.0
-    assert 0 < epochs[0]["scale_invariant_epochs"] < epochs[1]["scale_invariant_epochs"] <= 2 * scale
+    progress = [e["scale_invariant_epochs"] for e in epochs]
+    assert 0 < progress[0] < progress[1] and progress == sorted(progress)
+    # as the paper's loop, it trains on past --epochs 2 until the base schedule is done, and stops at the step that
+    # finishes it: one step moves τ by at most S base steps (steps_per_epoch × S of them make a base epoch)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["epochs"] == 2 and 2 < summary["epochs_trained"] == len(epochs) <= 2 * scale
+    assert progress[-2] < 2 <= progress[-1] < 2 + 1 / summary["steps_per_epoch"]
     assert epochs[-1]["test_acc"] > 0.3

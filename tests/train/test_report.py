@@ -43,3 +43,9 @@ def test_the_figure_is_titled_by_model_codec_and_batch_and_its_rate_axis_is_loga
 def test_an_auto_run_is_titled_by_the_codec_it_chose():
     cfg = dataclasses.replace(TrainConfig(), exchange="auto", engine="scalesgd", codec="fp8").to_dict()
     assert "codec fp8 (scalesgd engine, chosen by --exchange auto)" in report.title(cfg)
+
+
+def test_the_summary_names_the_epochs_adascale_trained_beside_its_base_epochs():
+    assert report.epochs_trained({"epochs": 30, "epochs_trained": 30}) == "30"
+    assert report.epochs_trained({"epochs": 30}) == "30"  # a summary from before the count was kept
+    assert report.epochs_trained({"epochs": 30, "epochs_trained": 57}) == "57 (--epochs 30, scale-invariant)"

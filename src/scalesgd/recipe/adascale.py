@@ -4,12 +4,15 @@ batch ratio, so no warmup needs tuning.
 With S = B ÷ base batch, the gain r = (σ² + |G|²) ÷ (σ²/S + |G|²) ∈ [1, S], σ² = tr(Σ) ÷ base batch being the
 variance of a base-batch gradient: r ≈ S while noise dominates (the large batch is worth S small steps), r → 1
 once the gradient does. Each step trains at base rate × r and the schedule advances r "scale-invariant
-iterations": the base batch's schedule, with its epochs in base-batch steps. r comes from the smoothed noise
-estimates of `scalesgd.recipe.noise_scale`, which the loop reads every --sync-every steps (no per-step host sync).
+iterations": the base batch's schedule, with its epochs in base-batch steps. As in the paper's algorithm, the run
+ends when that schedule is done (τ reaches its total), not after a fixed number of epochs: with r < S it takes
+more epochs than the base batch's, at most S times as many. r comes from the smoothed noise estimates of
+`scalesgd.recipe.noise_scale`, which the loop reads every --sync-every steps (no per-step host sync).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from scalesgd.recipe.schedule import LrFactor
@@ -46,6 +49,15 @@ class AdaScaleFactor:
 
     def __call__(self, step: int) -> float:
         return self.gain / self.scale * self.base(self.progress)
+
+    @property
+    def done(self) -> bool:
+        """Whether τ has covered the base batch's whole schedule: where the run ends."""
+        return self.progress >= self.base.total_steps
+
+    def epochs_at_most(self, steps_per_epoch: int) -> int:
+        """The most epochs of `steps_per_epoch` steps the run can take: r ≥ 1, so τ gains at least one a step."""
+        return math.ceil(self.base.total_steps / steps_per_epoch)
 
     def advance(self) -> None:
         """One step taken at the current gain: τ moves on by r."""

@@ -111,6 +111,15 @@ def mean_state(states: list):
     return first
 
 
+def finished(state: dict, stored: TrainConfig, wanted: TrainConfig) -> bool:
+    """Whether a checkpoint has nothing left to train for `wanted`: all its epochs, or with AdaScale (which ends when
+    its schedule is done, after however many epochs) its scale-invariant steps, unless `wanted` adds epochs."""
+    if wanted.lr_scaling != "adascale":
+        return state["epoch"] >= wanted.epochs
+    factor = state["scheduler"]["lr_lambdas"][0]
+    return wanted.epochs == stored.epochs and factor["progress"] >= factor["schedule"]["total_steps"]
+
+
 def resume_config(run_dir: Path, given: dict) -> TrainConfig:
     """The stored configuration of `run_dir`, with the runtime options in `given`; UsageError on any other change."""
     state = load_latest(run_dir, say=True)
@@ -127,7 +136,7 @@ def resume_config(run_dir: Path, given: dict) -> TrainConfig:
     if wanted.epochs < stored.epochs:
         raise UsageError(f"`resume` {run_dir}: `epochs` {wanted.epochs} is fewer than the run's {stored.epochs}; "
                          "a resumed run may only train longer")
-    if state["epoch"] >= wanted.epochs:
+    if finished(state, stored, wanted):
         raise UsageError(f"`resume` {run_dir}: the run already finished all {wanted.epochs} epochs "
                          "(`epochs` more continues it)")
     changed = wanted.inexact_changes(stored)

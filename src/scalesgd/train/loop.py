@@ -69,7 +69,10 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
         metrics.truncate_after(run_dir / METRICS_NAME, done.iteration(len(run.sampler)))
         checkpoint.remove_temporaries(run_dir)
     log = metrics.MetricsLog(run_dir / METRICS_NAME) if run.env.is_main else None
-    progress = EpochProgress(run.env.is_main and not cfg.quiet, cfg.epochs)
+    adascale, last_epoch = adascale_factor(run), cfg.epochs
+    if adascale is not None:  # it trains until its schedule is done: epochs up to a bound
+        last_epoch = adascale.epochs_at_most(len(run.sampler))
+    progress = EpochProgress(run.env.is_main and not cfg.quiet, last_epoch if adascale is None else f"≤{last_epoch}")
     elapsed_before, images_per_s, record = done.elapsed_s, [], {}
 
     def save_mid_epoch(step: int, totals: torch.Tensor, epoch_s: float) -> None:
@@ -81,7 +84,9 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
                                 noise=run.noise.state(),
                                 elapsed_s=elapsed_before + time.perf_counter() - wall_start), run.env)
 
-    for epoch in range(done.epoch + 1, cfg.epochs + 1):
+    for epoch in range(done.epoch + 1, last_epoch + 1):
+        if adascale is not None and adascale.done:
+            break
         totals, seconds = train_epoch(run, epoch, log, progress, done if epoch == done.epoch + 1 else Progress(),
                                       save_mid_epoch)
         images_per_s.append(totals[2].item() / seconds)
@@ -139,6 +144,7 @@ def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None, progress: 
     epoch's end) one allreduce sums them across ranks and the host reads them, so no step waits for
     the host (a non-finite loss stops the run at that read, naming its iteration). At those reads a
     mid-epoch checkpoint is taken when `checkpoint_every` says one is due (rank 0's clock, shared by the read).
+    AdaScale's run ends within the epoch, at the step its schedule is done (every rank knows it from the same gains).
     """
     cfg, env, data, sampler, tracer = run.cfg, run.env, run.data, run.sampler, run.tracer
     net, opt = run.exchange.model, run.exchange.optimizer
@@ -179,13 +185,14 @@ def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None, progress: 
             row[3:] = run.exchange.pop_norms()
         if adascale is not None:
             adascale.advance()
+        last = i == steps - 1 or (adascale is not None and adascale.done)
         run.scheduler.step()
         opt.zero_grad(set_to_none=True)
         counters = run.exchange.counters()
         run.timings.append({**iteration_timing(run.exchange.stats(), t0, t1, time.perf_counter()), **counters})
         pending.append({"kind": "iter", "epoch": epoch, "iter": (epoch - 1) * steps + i + 1, "lr": lr, **counters,
                         "notices": run.exchange.notices()})
-        if len(pending) == cfg.sync_every or i == steps - 1:
+        if len(pending) == cfg.sync_every or last:
             clock_due = env.is_main and every_s > 0 and time.perf_counter() - last_saved >= every_s
             rows, due = read_window(window, len(pending), clock_due, pending, log, progress)
             totals += rows[:, :3].sum(0)
@@ -196,9 +203,11 @@ def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None, progress: 
             if adascale is not None:  # the gain for the next window's steps
                 adascale.gain = gain(run.noise.trace, run.noise.gradient_sq, cfg.base_batch, cfg.batch_size)
             pending = []
-            if i < steps - 1 and (due or every_steps and i + 1 - saved_at >= every_steps):
+            if not last and (due or every_steps and i + 1 - saved_at >= every_steps):
                 save_mid_epoch(i + 1, totals, time.perf_counter() - start)
                 last_saved, saved_at = time.perf_counter(), i + 1
+        if last:
+            break
     return totals, time.perf_counter() - start
 
 
@@ -279,7 +288,7 @@ def finish(run: Run, done: Progress, record: dict, images_per_s: list[float], pr
     summary = {
         "final_test_acc": record.get("test_acc", done.best_test_acc), "best_test_acc": done.best_test_acc,
         "wall_time_s": done.elapsed_s, "images_per_s": statistics.fmean(images_per_s) if images_per_s else 0.0,
-        "epochs": run.cfg.epochs, "steps_per_epoch": len(run.sampler), "peak_lr": run.cfg.peak_lr,
+        "epochs": run.cfg.epochs, "epochs_trained": done.epoch, "steps_per_epoch": len(run.sampler), "peak_lr": run.cfg.peak_lr,
         "world_size": run.env.world_size, "run_dir": str(run.run_dir),
         "iteration": {**breakdown(timed), "first_iteration_s": run.timings[0]["iteration_s"] if run.timings else 0.0},
         "config": run.cfg.to_dict(),

@@ -12,7 +12,8 @@ from scalesgd import output
 class EpochProgress:
     """One progress bar per epoch (terminal), one line per epoch (pipe), silence (`quiet`)."""
 
-    def __init__(self, enabled: bool, total_epochs: int):
+    def __init__(self, enabled: bool, total_epochs: int | str):
+        """`total_epochs`: shown after each epoch's number (a bound, such as "≤64", where the run decides its end)."""
         self.enabled = enabled
         self.total_epochs = total_epochs
         self.console = output.console(file=sys.stdout)

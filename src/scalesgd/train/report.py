@@ -28,7 +28,7 @@ def summary_table(summary: dict):
         ("model / dataset", f"{cfg['model']} / {cfg['dataset']}"),
         ("workers × per-worker batch", f"{cfg['workers']} × {cfg['batch_size'] // cfg['workers']}"),
         ("peak learning rate", f"{summary['peak_lr']:.4g}"),
-        ("epochs", str(summary["epochs"])),
+        ("epochs", epochs_trained(summary)),
         ("final test accuracy", f"{100 * summary['final_test_acc']:.2f} %"),
         ("best test accuracy", f"{100 * summary['best_test_acc']:.2f} %"),
         ("train throughput", f"{summary['images_per_s']:.0f} images/s"),
@@ -82,6 +82,12 @@ def read_curves(run_dir: Path) -> Curves:
     iters = [r for r in records if r["kind"] == "iter"]
     epochs = [r for r in records if r["kind"] == "epoch"]
     return Curves(iters, epochs, sorted({k for r in iters for k in r} - set(ITER_KEYS)))
+
+
+def epochs_trained(summary: dict) -> str:
+    """The epochs trained, and --epochs beside them where AdaScale's scale-invariant schedule took more."""
+    trained = summary.get("epochs_trained", summary["epochs"])
+    return str(trained) if trained == summary["epochs"] else f"{trained} (--epochs {summary['epochs']}, scale-invariant)"
 
 
 def plot_noise_scale(ax, epochs: list[dict], batch: int | None) -> None:
