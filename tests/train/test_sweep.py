@@ -84,7 +84,7 @@ def test_every_point_is_trained_with_its_rule_and_warmup_and_a_second_call_train
             assert r["recipe"] == {"gradual": "linear scaling · gradual warmup",
                                    "none": "linear scaling · no warmup"}[cfg["warmup"]]
         assert r["peak_lr"] == pytest.approx(0.1 * r["batch"] / 16)  # the linear rule
-        assert [c["epoch"] for c in r["curve"]] == [1, 2]
+        assert [c["epoch"] for c in r["curve"]] == [1, 2] and r["epochs_trained"] == 2
         assert 0 <= r["final_test_error"] <= 1
     table = (out / "sweep.md").read_text()
     assert "| linear scaling · no warmup |" in table and "16 error % (Δ)" in table

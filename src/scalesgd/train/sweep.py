@@ -171,6 +171,7 @@ def result_of(point: Point, run_dir: Path) -> dict:
             "noise_scale": statistics.median(measured) if measured else None,
             "noise_scale_average": summary.get("noise_scale_average"),
             "peak_lr": summary["peak_lr"], "steps_per_epoch": summary["steps_per_epoch"],
+            "epochs_trained": summary.get("epochs_trained", summary["epochs"]),  # AdaScale's may exceed --epochs
             "final_test_error": 1 - summary["final_test_acc"], "best_test_error": 1 - summary["best_test_acc"],
             "wall_time_s": summary["wall_time_s"],
             "curve": [{"epoch": r["epoch"], "train_error": 1 - r["train_acc"], "train_loss": r["train_loss"],
@@ -264,8 +265,8 @@ def plot_error(path: Path, errors: dict[str, dict[int, float]], seeds: int, limi
             if values and values.get(recipe):
                 ax.axvline(values[recipe], color=f"C{i}", ls=style, lw=1.2)
     if limit or noise or noise_median:
-        ax.set_title(f"★ largest batch within {LIMIT_POINTS:g} point of the smallest · noise scale B_simple: "
-                     "-· run average, ⋮ median of epochs", fontsize=9)
+        ax.set_title(f"★ largest batch within {LIMIT_POINTS:g} point of the smallest\nnoise scale B_simple at the "
+                     "smallest: -· its run average, ⋮ its median over epochs", fontsize=9)
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted({b for row in errors.values() for b in row}))
     ax.get_xaxis().set_major_formatter(plt.matplotlib.ticker.ScalarFormatter())
