@@ -288,8 +288,8 @@ def finish(run: Run, done: Progress, record: dict, images_per_s: list[float], pr
     summary = {
         "final_test_acc": record.get("test_acc", done.best_test_acc), "best_test_acc": done.best_test_acc,
         "wall_time_s": done.elapsed_s, "images_per_s": statistics.fmean(images_per_s) if images_per_s else 0.0,
-        "epochs": run.cfg.epochs, "epochs_trained": done.epoch, "steps_per_epoch": len(run.sampler), "peak_lr": run.cfg.peak_lr,
-        "world_size": run.env.world_size, "run_dir": str(run.run_dir),
+        "epochs": run.cfg.epochs, "epochs_trained": done.epoch, "steps_per_epoch": len(run.sampler),
+        "peak_lr": run.cfg.peak_lr, "world_size": run.env.world_size, "run_dir": str(run.run_dir),
         "iteration": {**breakdown(timed), "first_iteration_s": run.timings[0]["iteration_s"] if run.timings else 0.0},
         "config": run.cfg.to_dict(),
     }

@@ -87,7 +87,9 @@ def read_curves(run_dir: Path) -> Curves:
 def epochs_trained(summary: dict) -> str:
     """The epochs trained, and --epochs beside them where AdaScale's scale-invariant schedule took more."""
     trained = summary.get("epochs_trained", summary["epochs"])
-    return str(trained) if trained == summary["epochs"] else f"{trained} (--epochs {summary['epochs']}, scale-invariant)"
+    if trained == summary["epochs"]:
+        return str(trained)
+    return f"{trained} (--epochs {summary['epochs']}, scale-invariant)"
 
 
 def plot_noise_scale(ax, epochs: list[dict], batch: int | None) -> None:

@@ -236,8 +236,8 @@ def report(cfg: SweepConfig, results: list[dict], command: str) -> None:
     out = Path(cfg.out)
     output.write(out, "sweep", {"config": cfg.to_dict(), "median_final_test_error": {
         recipe: {str(b): e for b, e in row.items()} for recipe, row in errors.items()}, "limit": limit,
-        "noise_scale_average_at_smallest": noise, "noise_scale_at_smallest": noise_median, "best_base_lr": {family: {str(b): lr for b, lr in row.items()}
-                                                           for family, row in rates.items()},
+        "noise_scale_average_at_smallest": noise, "noise_scale_at_smallest": noise_median,
+        "best_base_lr": {family: {str(b): lr for b, lr in row.items()} for family, row in rates.items()},
         "results": results}, columns, rows, command)
     plot_error(out / "sweep.png", errors, len(cfg.seeds), limit, noise, noise_median)
     plot_curves(out / "curves.png", results, batches)
