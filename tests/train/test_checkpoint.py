@@ -36,7 +36,7 @@ def test_an_adascale_run_is_finished_when_its_schedule_is_done_not_at_its_epoch_
     more = TrainConfig.from_argv(["--lr-scaling", "adascale", "--workers", "2", "--epochs", "3"])
 
     def state(epoch, progress):
-        factor = {"schedule": {"total_steps": 100}, "progress": progress}
+        factor = {"schedule": {"total_steps": 100}, "scale": 4.0, "gain": 2.0, "progress": progress}  # as stored
         return {"epoch": epoch, "scheduler": {"lr_lambdas": [factor]}}
 
     assert not finished(state(5, 99.0), stored, stored)  # past --epochs, its schedule not yet done: it goes on

@@ -52,12 +52,13 @@ class AdaScaleFactor:
 
     @property
     def done(self) -> bool:
-        """Whether τ has covered the base batch's whole schedule: where the run ends."""
-        return self.progress >= self.base.total_steps
+        """Whether τ has covered the base batch's whole schedule: where the run ends (asked every step, so read
+        from the stored fields rather than through `base`)."""
+        return self.progress >= self.schedule["total_steps"]
 
     def epochs_at_most(self, steps_per_epoch: int) -> int:
         """The most epochs of `steps_per_epoch` steps the run can take: r ≥ 1, so τ gains at least one a step."""
-        return math.ceil(self.base.total_steps / steps_per_epoch)
+        return math.ceil(self.schedule["total_steps"] / steps_per_epoch)
 
     def advance(self) -> None:
         """One step taken at the current gain: τ moves on by r."""

@@ -17,6 +17,7 @@ from torch import nn
 from scalesgd.comm.exchange import GradientExchange
 from scalesgd.config import TrainConfig
 from scalesgd.errors import UsageError, as_flags
+from scalesgd.recipe.adascale import AdaScaleFactor
 from scalesgd.runtime.process_group import DistEnv
 from scalesgd.train.rundir import CHECKPOINT_NAME, PREVIOUS_CHECKPOINT_NAME
 
@@ -116,8 +117,7 @@ def finished(state: dict, stored: TrainConfig, wanted: TrainConfig) -> bool:
     its schedule is done, after however many epochs) its scale-invariant steps, unless `wanted` adds epochs."""
     if wanted.lr_scaling != "adascale":
         return state["epoch"] >= wanted.epochs
-    factor = state["scheduler"]["lr_lambdas"][0]
-    return wanted.epochs == stored.epochs and factor["progress"] >= factor["schedule"]["total_steps"]
+    return wanted.epochs == stored.epochs and AdaScaleFactor(**state["scheduler"]["lr_lambdas"][0]).done
 
 
 def resume_config(run_dir: Path, given: dict) -> TrainConfig:
