@@ -45,7 +45,7 @@ def _entry(rank, fn, world_size, port, out_dir, args, backend, environ):
 
 # Workers fork from one server process that has imported these already: each test's workers start in a fraction
 # of the seconds a fresh interpreter takes to import torch (the server never initialises a process group or threads).
-PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "scalesgd.comm.engine", "scalesgd.comm.exchange",
+PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "scalesgd.comm.engine", "scalesgd.comm.engine.exchange",
            "scalesgd.models", "tests.spawn_util"]
 
 

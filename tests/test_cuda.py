@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from scalesgd.comm.codecs import CODECS, CodecSettings
-from scalesgd.comm.exchange import ExchangeSetup, build_exchange
-from scalesgd.comm.profile import time_layers
+from scalesgd.comm.engine.exchange import ExchangeSetup, build_exchange
+from scalesgd.comm.cost.profile import time_layers
 from scalesgd.models import build_model
 from tests.spawn_util import CUDA_BACKEND, run_workers
 

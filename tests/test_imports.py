@@ -8,12 +8,14 @@ import scalesgd
 
 PACKAGE = Path(scalesgd.__file__).parent
 
-# Each top-level part of the package and its layer: a module imports only from lower layers or its own part.
+# Each part of the package and its layer: a module imports only from lower layers or its own part. The parts are
+# the top-level modules and packages, and the gradient exchange's own concerns inside `comm`, bottom up: the wire,
+# the codecs, the engines that drive them, the cost model that measures and plans them.
 LAYERS = {
     "errors": 0, "registry": 0, "checks": 0, "trace": 0, "output": 0, "units": 0,
     "options": 1,
     "models": 2, "data": 2, "optim": 2,
-    "recipe": 3, "comm": 3,
+    "recipe": 3, "comm.wire": 3.1, "comm.codecs": 3.2, "comm.engine": 3.3, "comm.cost": 3.4, "comm": 3.5,
     "config": 4, "runtime": 4,
     "sim": 5,
     "train": 6, "testbed": 6,
@@ -32,8 +34,12 @@ MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
 
 
 def part_of(module: str) -> str:
-    """The top-level part a module belongs to (`scalesgd` itself is its __init__)."""
-    return module.split(".")[1] if "." in module else "__init__"
+    """The part a module belongs to (`scalesgd` itself is its __init__; `comm`'s subpackages are parts of their
+    own)."""
+    parts = module.split(".")
+    if len(parts) > 2 and parts[1] == "comm" and f"comm.{parts[2]}" in LAYERS:
+        return f"comm.{parts[2]}"
+    return parts[1] if len(parts) > 1 else "__init__"
 
 
 def project_imports(module: str) -> list[tuple[str, ast.stmt]]:

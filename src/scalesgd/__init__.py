@@ -1,7 +1,7 @@
 """scalesgd: data-parallel training that is accurate at large minibatches and fast on slow networks."""
 
-from scalesgd.comm.ddp_hooks import CodecHookState, codec_hook
-from scalesgd.comm.engine import DistributedOptimizer
+from scalesgd.comm.engine.ddp_hook import CodecHookState, codec_hook
+from scalesgd.comm.engine.optimizer import DistributedOptimizer
 
 __version__ = "0.1.0"
 

@@ -15,7 +15,8 @@ from pathlib import Path
 from scalesgd import output, testbed
 from scalesgd.bench import BENCHES
 from scalesgd.bench.launch import command_line, in_process, on_workers
-from scalesgd.comm.buckets import model_tensors, plan_buckets
+from scalesgd.comm.cost import planner
+from scalesgd.comm.engine.buckets import model_tensors, plan_buckets
 from scalesgd.config import TrainConfig
 from scalesgd.errors import EXIT_USAGE, UsageError, as_flags
 from scalesgd.models import MODELS, build_model
@@ -23,7 +24,7 @@ from scalesgd.options import OptionParser, add_options, given, require_choice
 from scalesgd.runtime import launcher, process_group
 from scalesgd.sim import command as simulate
 from scalesgd.sim.command import SimulateConfig
-from scalesgd.train import checkpoint, compare, planning, rundir, sweep, worker
+from scalesgd.train import checkpoint, compare, rundir, sweep, worker
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -200,7 +201,7 @@ def _run(argv: list[str] | None) -> int:
         if command == "plan":
             return plan_command(options)
         if command == "profile":
-            planning.show_profile(Path(options["run_dir"]))
+            planner.show_profile(Path(options["run_dir"]))
             return 0
         if command == "testbed":
             return testbed_command(options)

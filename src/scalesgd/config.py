@@ -14,18 +14,18 @@ from dataclasses import dataclass, fields, replace
 from typing import NamedTuple
 
 from scalesgd import checks
-from scalesgd.comm.buckets import parse_spec
 from scalesgd.comm.codecs import CODECS, CodecEntry, CodecSettings, DgcOptions, Fp8Options
-from scalesgd.comm.collectives import ALGORITHMS
-from scalesgd.comm.exchange import ENGINES, ExchangeSetup
-from scalesgd.comm.planner import PLANNERS
+from scalesgd.comm.cost.planner import PLANNERS
+from scalesgd.comm.engine.buckets import parse_spec
+from scalesgd.comm.engine.exchange import ENGINES, ExchangeSetup
+from scalesgd.comm.wire.collectives import ALGORITHMS
 from scalesgd.data import DATASETS, DataError
 from scalesgd.errors import UsageError
 from scalesgd.models import MODELS
 from scalesgd.optim import OPTIMIZERS
+from scalesgd.options import check_fields, floats_of, option, parse, refuse, require_choice, runtime_fields, words
 from scalesgd.recipe.adascale import AdaScaleFactor
 from scalesgd.recipe.params import build_optimizer
-from scalesgd.options import check_fields, floats_of, option, parse, refuse, require_choice, runtime_fields, words
 from scalesgd.recipe.scaling import SCALING_RULES, scaled_lr
 from scalesgd.recipe.schedule import SCHEDULES, WARMUPS, LrFactor, default_milestones
 from scalesgd.trace import Tracer

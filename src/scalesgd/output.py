@@ -33,6 +33,11 @@ def rich_table(title: str, columns: list[str], rows: list[list]):
     return table
 
 
+def write_json(path: Path, record: dict) -> None:
+    """A record as indented JSON, one file (run directories' config, summary, profile and decisions)."""
+    Path(path).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+
 def write(out_dir: Path, name: str, record: dict, columns: list[str], rows: list[list], command: str) -> None:
     """<name>.json (every measurement) and <name>.md (the table and the command that produced it)."""
     out_dir.mkdir(parents=True, exist_ok=True)

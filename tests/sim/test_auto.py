@@ -6,7 +6,7 @@ import torch
 
 from scalesgd.comm.codecs import CodecSettings
 from scalesgd.models import build_model
-from scalesgd.sim.auto import FINALIST_MARGIN, FINALISTS, PLANS, RESOLUTION, Decision, choose, decide, finalists
+from scalesgd.sim.auto import FINALIST_MARGIN, FINALISTS, PLANS, RESOLUTION, Decision, decide, finalists, pick
 from tests.spawn_util import run_workers
 
 
@@ -41,9 +41,9 @@ def test_every_rank_gets_rank_zeros_choice_of_the_fastest_candidate():
 def test_a_tie_goes_to_the_fewest_buckets():
     table = [{"iteration_s": 1.00, "groups": [[3], [2], [1], [0]]}, {"iteration_s": 1.02, "groups": [[3, 2, 1, 0]]},
              {"iteration_s": 1.50, "groups": []}]
-    assert choose(table) is table[1]
+    assert pick(table) is table[1]
     table[1]["iteration_s"] = 1.2  # no longer within the model's resolution
-    assert choose(table) is table[0]
+    assert pick(table) is table[0]
 
 
 def _row(codec, seconds, buckets=1):
@@ -53,7 +53,7 @@ def _row(codec, seconds, buckets=1):
 def test_finalists_are_the_best_plan_of_each_codec_the_model_cannot_rank_apart():
     table = [_row("fp32", 1.00, 4), _row("fp16", 0.90), _row("fp16", 0.91, 4), _row("fp8", 1.10), _row("bf16", 1.20),
              _row("topk", 2.00)]
-    best = choose(table)
+    best = pick(table)
     assert best is table[1]
     chosen = finalists(table, best)
     assert [r["codec"] for r in chosen] == ["fp16", "fp32", "fp8"][:FINALISTS]

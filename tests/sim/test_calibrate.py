@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from scalesgd.comm.link import LinkCost
+from scalesgd.comm.cost.link import LinkCost
 from scalesgd.sim.calibrate import BenchRecord, Calibration, NotABenchDir, golden_min, validate_against
 from scalesgd.sim.compute import ComputeProfile
 from scalesgd.sim.exchange import Costs, predict

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scalesgd.comm.link import LinkCost
+from scalesgd.comm.cost.link import LinkCost
 from scalesgd.sim import network
 from scalesgd.sim.network import Cluster
 

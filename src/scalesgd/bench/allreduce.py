@@ -13,7 +13,7 @@ import torch.distributed as dist
 from scalesgd import checks, output
 from scalesgd.bench.launch import BenchLaunch
 from scalesgd.comm.codecs import CODECS, BucketView, Channel, make_codec
-from scalesgd.comm.collectives import ALGORITHMS, allreduce
+from scalesgd.comm.wire.collectives import ALGORITHMS, allreduce
 from scalesgd.errors import UsageError
 from scalesgd.options import check_fields, option, words
 from scalesgd.options import sizes as element_counts

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from scalesgd import checks, output
-from scalesgd.comm import fp8
+from scalesgd.comm.codecs.fp8 import kernels as fp8
 from scalesgd.options import check_fields, option, record, words
 from scalesgd.options import sizes as element_counts
 

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from scalesgd import checks, output
-from scalesgd.comm import fp8
-from scalesgd.comm.codecs.fp8_range import Fp8Options, sample_quantiles
+from scalesgd.comm.codecs.fp8 import kernels as fp8
+from scalesgd.comm.codecs.fp8.ranges import Fp8Options, sample_quantiles
 from scalesgd.data import load_synthetic_bundle
 from scalesgd.models import MODELS, build_model
 from scalesgd.options import check_fields, floats_of, ints, option, record, words

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from scalesgd import checks, output
 from scalesgd.bench.launch import BenchLaunch
-from scalesgd.comm.link import PINGS, LinkCost, both_ways, round_trip
+from scalesgd.comm.cost.link import PINGS, LinkCost, both_ways, round_trip
 from scalesgd.options import check_fields, option
 from scalesgd.runtime import process_group
 

@@ -20,18 +20,18 @@ from torch import nn
 from scalesgd import checks, testbed
 from scalesgd.bench import train_report
 from scalesgd.bench.launch import BenchLaunch
-from scalesgd.comm import link, profile
 from scalesgd.comm.codecs import CODECS
-from scalesgd.comm.exchange import GradientExchange, build_exchange
+from scalesgd.comm.cost import link, planner, profile
+from scalesgd.comm.engine.exchange import GradientExchange, build_exchange
 from scalesgd.config import AUTO_CODECS, NO_PLANNER, TrainConfig
 from scalesgd.errors import UsageError
 from scalesgd.models import MODELS, build_model
 from scalesgd.options import check_fields, option, words
 from scalesgd.recipe import build_sgd, initialize
 from scalesgd.runtime import process_group
+from scalesgd.sim import auto as auto_exchange
 from scalesgd.sim.modes import MODES_HELP, Mode, parse_mode
 from scalesgd.units import RATE
-from scalesgd.train import auto_exchange, planning
 
 BATCHES = 8  # distinct synthetic batches each mode cycles through
 
@@ -219,8 +219,8 @@ def build_runner(cfg: TrainBenchConfig, mode: Mode, env, batches: list) -> Runne
         train_cfg, plan, auto = auto_exchange.choose(train_cfg, model, batches, nn.functional.cross_entropy,
                                                      env_for_mode, None, False, quiet=True)
     elif mode.planner != NO_PLANNER:
-        plan, planned = planning.plan_exchange(train_cfg, model, batches[0], nn.functional.cross_entropy,
-                                               env_for_mode)
+        plan, planned = planner.plan_exchange(train_cfg.planner, train_cfg.density, train_cfg.topk_reuse, model,
+                                              batches[0], nn.functional.cross_entropy, group)
     exchange = build_exchange(train_cfg.engine, model, optimizer,
                               train_cfg.exchange_setup(group, env.topology_groups, plan=plan))
     return Runner(mode, exchange, exchange.model, exchange.optimizer, [], [], [], planned, auto)

@@ -9,7 +9,6 @@ from scalesgd import output
 from scalesgd.units import mbit_s
 
 
-
 def ratio_spread(baseline: dict, row: dict) -> tuple[float, float, float]:
     """baseline ÷ mode: over the whole run (median of medians) and its min and max over rounds, where round r of
     both is the same minute of the machine."""

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import codecs
 import pickle
-from types import MappingProxyType
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np

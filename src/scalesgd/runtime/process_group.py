@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from scalesgd import checks
-from scalesgd.comm.topology import Topology, build_groups
+from scalesgd.comm.wire.topology import Topology, build_groups
 from scalesgd.errors import EXIT_PEER_LOST, PeerLost, UsageError
 from scalesgd.runtime.launcher import LAUNCHED_MARK
 
@@ -176,13 +176,6 @@ def peer_lost(err: BaseException) -> int:
         print(f"scalesgd: rank {os.environ.get('RANK', 0)}: a collective failed, a peer died or timed out: {first}",
               file=sys.stderr)
     return EXIT_PEER_LOST
-
-
-def broadcast_object(obj, src: int = 0, group=None):
-    """The Python object of `group`'s rank `src` on every rank of `group` (default: the whole world)."""
-    box = [obj]
-    dist.broadcast_object_list(box, src=dist.get_global_rank(group, src) if group is not None else src, group=group)
-    return box[0]
 
 
 def sync_buffers(module: torch.nn.Module, src: int = 0) -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from scalesgd.comm.codecs import CODECS, make_codec
-from scalesgd.comm.link import LinkCost
+from scalesgd.comm.cost.link import LinkCost
 from scalesgd.sim.compute import ComputeProfile, from_layers
 from scalesgd.sim.exchange import Costs, check_modelled, nominal_sparse_bytes, predict
 from scalesgd.sim.modes import parse_mode

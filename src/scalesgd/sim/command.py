@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scalesgd import checks, output
-from scalesgd.comm.link import LinkCost
-from scalesgd.comm.profile import fit_line
+from scalesgd.comm.cost.link import LinkCost
+from scalesgd.comm.cost.profile import fit_line
 from scalesgd.errors import UsageError
 from scalesgd.models import MODELS
 from scalesgd.options import check_fields, ints, option, record, words

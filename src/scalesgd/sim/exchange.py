@@ -6,10 +6,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from scalesgd.comm.buckets import TensorInfo, ddp_buckets, plan_buckets
 from scalesgd.comm.codecs import CODECS
-from scalesgd.comm.planner import PLANNERS
-from scalesgd.comm.timing import timeline
+from scalesgd.comm.cost.planner import PLANNERS
+from scalesgd.comm.cost.timing import timeline
+from scalesgd.comm.engine.buckets import TensorInfo, ddp_buckets, plan_buckets
 from scalesgd.sim import network
 from scalesgd.sim.compute import ComputeProfile
 from scalesgd.sim.modes import Mode

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from scalesgd.comm.link import LinkCost
+from scalesgd.comm.cost.link import LinkCost
 
 SPARSE_ENTRY_BYTES = 8  # an int32 index and an fp32 value
 SEED_HIERARCHICAL = "hierarchical_hd"  # simulated only: in the server, halving/doubling across servers (SPEC §1)

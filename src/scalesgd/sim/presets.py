@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from scalesgd.comm.link import LinkCost
+from scalesgd.comm.cost.link import LinkCost
 from scalesgd.sim import compute
 from scalesgd.sim.calibrate import golden_min
 from scalesgd.sim.exchange import Costs, predict

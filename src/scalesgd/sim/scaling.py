@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from scalesgd.comm.link import LinkCost
+from scalesgd.comm.cost.link import LinkCost
 from scalesgd.sim.compute import ComputeProfile
 from scalesgd.sim.exchange import Costs, predict
 from scalesgd.sim.modes import Mode

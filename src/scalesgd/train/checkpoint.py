@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scalesgd.comm.exchange import GradientExchange
+from scalesgd.comm.engine.exchange import GradientExchange
 from scalesgd.config import TrainConfig
 from scalesgd.errors import UsageError, as_flags
 from scalesgd.recipe.adascale import AdaScaleFactor

@@ -15,8 +15,9 @@ from pathlib import Path
 from scalesgd import output
 from scalesgd.checks import output_dir
 from scalesgd.errors import UsageError
+from scalesgd.sim.auto import AUTO_NAME
 from scalesgd.train.report import Curves, read_curves, read_json, run_config
-from scalesgd.train.rundir import AUTO_NAME, CONFIG_NAME, METRICS_NAME, SUMMARY_NAME
+from scalesgd.train.rundir import CONFIG_NAME, METRICS_NAME, SUMMARY_NAME
 
 PNG_NAME = "compare.png"
 MD_NAME = "compare.md"

@@ -13,9 +13,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scalesgd.comm.engine import IterationStats
-from scalesgd.comm.gradient_norms import GradientNorms
-from scalesgd.comm.exchange import GradientExchange, build_exchange
+from scalesgd.comm.cost import planner
+from scalesgd.comm.engine.exchange import GradientExchange, build_exchange
+from scalesgd.comm.engine.optimizer import IterationStats
+from scalesgd.comm.engine.policies import GradientNorms
 from scalesgd.config import NO_PLANNER, TrainConfig
 from scalesgd.data import DataBundle, GlobalBatchSampler, Split, load_bundle, random_crop_flip
 from scalesgd.errors import NonFiniteLoss
@@ -24,8 +25,9 @@ from scalesgd.recipe import build_scheduler, global_batch_loss, initialize, use_
 from scalesgd.recipe.adascale import AdaScaleFactor, gain
 from scalesgd.recipe.noise_scale import NoiseScale
 from scalesgd.runtime.process_group import DistEnv, sync_buffers
+from scalesgd.sim import auto
 from scalesgd.trace import Tracer, write_chrome_trace
-from scalesgd.train import auto_exchange, checkpoint, metrics, planning, report
+from scalesgd.train import checkpoint, metrics, report
 from scalesgd.train.checkpoint import Progress
 from scalesgd.train.progress import EpochProgress
 from scalesgd.train.rundir import BUCKETS_NAME, METRICS_NAME, write_json
@@ -119,20 +121,21 @@ def setup(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool) 
     scheduler = build_scheduler(optimizer, cfg.lr_schedule(len(sampler)).factor)
     criterion = nn.CrossEntropyLoss(reduction="sum", label_smoothing=cfg.label_smoothing)
     tracer = Tracer(False)
-    plan, planned, auto = None, {}, {}
+    plan, planned, chosen = None, {}, {}
     if cfg.planner != NO_PLANNER or cfg.exchange == "auto":
         batches = [(data.train.x[i].to(env.device), data.train.y[i].to(env.device))  # fixed batches: no RNG drawn
                    for i in torch.arange(len(data.train.y)).split(cfg.per_worker_batch)[:PROBE_BATCHES]]
         if cfg.exchange == "auto":
-            cfg, plan, auto = auto_exchange.choose(cfg, model, batches, criterion, env, run_dir, resume, cfg.quiet)
+            cfg, plan, chosen = auto.choose(cfg, model, batches, criterion, env, run_dir, resume, cfg.quiet)
         else:
-            plan, planned = planning.plan_exchange(cfg, model, batches[0], criterion, env, run_dir, resume)
+            plan, planned = planner.plan_exchange(cfg.planner, cfg.density, cfg.topk_reuse, model, batches[0], criterion,
+                                                  env.exchange_group, run_dir, resume)
     norms = GradientNorms() if cfg.measures_noise else None
     exchange = build_exchange(cfg.engine, model, optimizer, cfg.exchange_setup(
         env.exchange_group, env.topology_groups, tracer, plan, len(sampler), norms))
     if env.is_main and exchange.plan is not None:
         write_json(run_dir / BUCKETS_NAME, exchange.plan.to_dict())
-    return Run(cfg, run_dir, env, data, model, exchange, scheduler, sampler, criterion, tracer, planned, auto)
+    return Run(cfg, run_dir, env, data, model, exchange, scheduler, sampler, criterion, tracer, planned, chosen)
 
 
 def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None, progress: EpochProgress,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from scalesgd.config import TrainConfig
 from scalesgd.errors import UsageError
+from scalesgd.output import write_json
 
 CONFIG_NAME = "config.json"
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -15,9 +16,7 @@ PREVIOUS_CHECKPOINT_NAME = "checkpoint.prev.pt"  # the one before: used when the
 METRICS_NAME = "metrics.jsonl"
 SUMMARY_NAME = "summary.json"
 REPORT_NAME = "report.png"
-PROFILE_NAME = "profile.json"
 BUCKETS_NAME = "buckets.json"
-AUTO_NAME = "auto.json"
 
 
 def default_run_dir() -> Path:
@@ -52,7 +51,3 @@ def write_config(cfg: TrainConfig, run_dir: Path) -> None:
 
 def read_config(run_dir: Path) -> TrainConfig:
     return TrainConfig.from_dict(json.loads((Path(run_dir) / CONFIG_NAME).read_text(encoding="utf-8")))
-
-
-def write_json(path: Path, record: dict) -> None:
-    Path(path).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")

@@ -8,13 +8,14 @@ import os
 import sys
 from pathlib import Path
 
+from scalesgd.comm.wire.collectives import broadcast_object
 from scalesgd.config import TrainConfig
 from scalesgd.data import DataError
 from scalesgd.errors import EXIT_NON_FINITE, EXIT_USAGE, NonFiniteLoss, UsageError, as_flags
 from scalesgd.runtime import launcher, process_group
 from scalesgd.train import rundir
-from scalesgd.train.rundir import CHECKPOINT_NAME
 from scalesgd.train.loop import train
+from scalesgd.train.rundir import CHECKPOINT_NAME
 
 
 def spawn(cfg: TrainConfig, run_dir: Path, resume: bool) -> int:
@@ -42,7 +43,7 @@ def run(cfg: TrainConfig, run_dir: Path | None, resume: bool) -> int:
                                            procs_per_node=procs_per_node(cfg))
         if run_dir is None:  # torchrun: rank 0 names the run directory
             env = pending.result()
-            run_dir = Path(process_group.broadcast_object(str(rundir.prepare_new_run(cfg)) if env.is_main else None))
+            run_dir = Path(broadcast_object(str(rundir.prepare_new_run(cfg)) if env.is_main else None))
         train(cfg, run_dir, pending, resume)
         process_group.finish()
         return 0

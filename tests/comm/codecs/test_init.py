@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 
 from scalesgd.cli import main
 from scalesgd.comm.codecs import CODECS, BucketView, Channel, Codec, CodecEntry, make_codec
-from scalesgd.comm.exchange import ENGINES
+from scalesgd.comm.engine.exchange import ENGINES
 from scalesgd.runtime.process_group import exit_process
 
 

@@ -12,16 +12,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from scalesgd.comm import torch_hooks
-from scalesgd.comm.codecs import topk
+from scalesgd.comm.codecs import pytorch as torch_hooks
 from scalesgd.comm.codecs.base import BucketView, Channel, Codec
 from scalesgd.comm.codecs.cast import CastCodec
 from scalesgd.comm.codecs.dense_first import DenseFirst
-from scalesgd.comm.codecs.fp8 import Fp8Codec
-from scalesgd.comm.codecs.fp8_range import Fp8Options
-from scalesgd.comm.codecs.topk import DgcOptions, TopkCodec
-from scalesgd.comm.codecs.topk_nodes import NodeTopkCodec
-from scalesgd.comm.torch_hooks import DdpHook
+from scalesgd.comm.codecs.fp8.codec import Fp8Codec
+from scalesgd.comm.codecs.fp8.ranges import Fp8Options
+from scalesgd.comm.codecs.pytorch import DdpHook
+from scalesgd.comm.codecs.topk import codec as topk
+from scalesgd.comm.codecs.topk.codec import DgcOptions, TopkCodec
+from scalesgd.comm.codecs.topk.nodes import NodeTopkCodec
 from scalesgd.registry import Registry
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from scalesgd.comm.collectives import allreduce
+from scalesgd.comm.wire.collectives import allreduce
 
 
 @dataclass

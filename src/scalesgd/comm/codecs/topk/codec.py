@@ -1,0 +1,238 @@
+"""Top-k sparsification with residuals (SPEC §3): DLGS's reused thresholds, or an exact top-k each step; and
+Deep Gradient Compression's corrections (Lin et al.): momentum correction with factor masking, density
+warm-up, local gradient clipping.
+
+Per bucket (a layer, or a group of layers merged by the planner) and per rank:
+v = residual + gradient; the entries with |v| ≥ H are sent, the rest stay as the next residual.
+H is the exact threshold — the k-th largest |v|, k = ⌈ρ·n⌉ — recomputed every `reuse` steps and
+reused in between (DLGS), unless the reused H would send more than 2k or fewer than k/2 entries (a threshold
+that drifted as the gradients grew or shrank: the bytes stay within 2× of what the density promises); `reuse=1`
+is an exact top-k every step (LAGS per layer, global Top-K on one bucket holding everything). With momentum
+correction v accumulates the local momentum u = m·u + g instead of g, and u is zeroed where v was sent; the
+optimizer then applies no momentum of its own to the gradient (`scalesgd.optim.MomentumCorrectedSGD`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import torch
+
+from scalesgd import checks
+from scalesgd.comm.codecs.base import BucketView, Channel, Codec
+from scalesgd.comm.wire.sparse import allgather_sparse, mean_of_sparse
+
+
+@dataclass(frozen=True)
+class DgcOptions:
+    """DGC's corrections; the defaults leave DLGS as the seed has it."""
+
+    momentum: float = 0.0  # > 0: momentum correction with this momentum (the optimizer's)
+    nesterov: bool = False
+    warmup_epochs: int = 0  # density rises exponentially to its target over this many epochs
+    steps_per_epoch: int = 1
+    clip: float = 0.0  # > 0: each tensor's local gradient clipped to this norm ÷ √ranks before it accumulates
+
+    def density_at(self, density: float, step: int) -> float:
+        """The density of a step during warm-up: ρ^((e+1)/(W+1)) in epoch e < W (DGC's exponential ramp)."""
+        epoch = step // max(self.steps_per_epoch, 1)
+        if epoch >= self.warmup_epochs:
+            return density
+        return max(density ** ((epoch + 1) / (self.warmup_epochs + 1)), density)
+
+
+class _Sparse:
+    """One bucket's residual (the accumulated velocity with momentum correction), momentum, threshold, step, and
+    the parameters it holds in order (`keys`, `sizes`; None for a bucket that is not made of whole parameters)."""
+
+    def __init__(self, numel: int, device: torch.device, momentum: bool, keys: tuple[int, ...] | None = None,
+                 sizes: tuple[int, ...] | None = None):
+        self.residual = torch.zeros(numel, device=device)
+        self.momentum = torch.zeros(numel, device=device) if momentum else None
+        self.threshold = 0.0
+        self.density = 0.0  # the density the threshold was computed for
+        self.step = 0
+        self.keys, self.sizes = keys, sizes
+
+    def pieces(self):
+        """(parameter number, its residual, its momentum) for each parameter the bucket holds."""
+        offsets = itertools.accumulate(self.sizes or (), initial=0)
+        for key, start, size in zip(self.keys or (), offsets, self.sizes or ()):
+            yield key, self.residual[start:start + size], (
+                self.momentum[start:start + size] if self.momentum is not None else None)
+
+
+def problems(density: float, reuse: int) -> dict[str, str]:
+    """Setting → what is wrong with it: the fraction sent, and how many steps a threshold serves."""
+    return checks.problems({"density": density, "reuse": reuse},
+                           {"density": checks.within(0, 1, low_open=True),
+                            "reuse": checks.at_least(1, "1 recomputes the threshold every step")})
+
+
+class TopkCodec(Codec):
+    """Send ⌈density·n⌉ (about, between recomputations) entries per bucket as (index, value) pairs.
+
+    Selection runs in backward as soon as a bucket is full, as DLGS's timing model has it. A bucket
+    whose local gradient is not finite sends nothing, keeps its residual, and raises a flag that makes
+    the exchanged bucket NaN on every rank.
+    """
+
+    encode_in_backward = True
+    MAX_DRIFT = 2.0  # a reused threshold sends between k ÷ this and k × this; outside, the exact top-k is taken again
+
+    def __init__(self, name: str = "topk", density: float = 0.1, reuse: int = 1, dgc: DgcOptions = DgcOptions()):
+        found = problems(density, reuse)
+        if found:
+            given = {"density": density, "reuse": reuse}
+            raise ValueError("; ".join(f"{setting} {given[setting]}: {problem}" for setting, problem in found.items()))
+        self.name, self.density, self.reuse, self.dgc = name, density, reuse, dgc
+        self._state: dict[int, _Sparse] = {}
+        self._owner: dict[int, _Sparse] = {}  # parameter number → the bucket state holding its residual
+        self._sent: dict[int, tuple] = {}
+        self._counts = torch.zeros(4, dtype=torch.float64)  # sent, elements, Σ residual², Σ gradient²
+
+    def k(self, numel: int, density: float | None = None) -> int:
+        return max(1, math.ceil((self.density if density is None else density) * numel))
+
+    def encode(self, flat: torch.Tensor, bucket: BucketView, channel: Channel) -> torch.Tensor:
+        """Accumulate, select, keep the rest; what travels is held until `communicate`."""
+        st = self._bucket(bucket, flat)
+        density = self.dgc.density_at(self.density, st.step)
+        st.step += 1
+        if not bool(torch.isfinite(flat).all()):
+            self._sent[bucket.index] = (flat.new_empty(0, dtype=torch.int32), flat.new_empty(0), True)
+            return flat
+        if self.dgc.clip > 0:
+            self._clip(flat, bucket, channel.world_size)
+        gradient_sq = flat.square().sum()
+        if st.momentum is None:
+            v = st.residual.add_(flat)
+        elif self.dgc.nesterov:
+            v = st.residual.add_(st.momentum.add_(flat).mul_(self.dgc.momentum)).add_(flat)
+        else:
+            v = st.residual.add_(st.momentum.mul_(self.dgc.momentum).add_(flat))
+        idx = self.select(v, st, density)
+        values = v[idx]
+        v[idx] = 0  # what is sent leaves the residual; the rest stays
+        if st.momentum is not None:
+            st.momentum[idx] = 0  # momentum factor masking
+        wire_idx = idx.to(torch.int32) if flat.numel() < 2 ** 31 else idx  # 4 bytes per index on the wire
+        self._sent[bucket.index] = (wire_idx, values, False)
+        self._counts += torch.stack([torch.tensor(float(idx.numel())), torch.tensor(float(flat.numel())),
+                                     v.square().sum().double().cpu(), gradient_sq.double().cpu()])
+        return flat
+
+    def select(self, v: torch.Tensor, st: _Sparse, density: float | None = None) -> torch.Tensor:
+        """Indices to send: the exact top-k at recompute steps, when the density changed, or when the reused H
+        would let through more than MAX_DRIFT·k or fewer than k ÷ MAX_DRIFT (setting H afresh); else |v| ≥ H."""
+        density = self.density if density is None else density
+        magnitude = v.abs()
+        k = self.k(v.numel(), density)
+        if (st.step - 1) % self.reuse != 0 and density == st.density:
+            keep = magnitude >= st.threshold if st.threshold > 0 else magnitude > 0  # H = 0: nothing is zero-worthy
+            idx = torch.nonzero(keep).view(-1)
+            if k / self.MAX_DRIFT <= idx.numel() <= self.MAX_DRIFT * k:
+                return idx
+        top = torch.topk(magnitude, k, sorted=False)
+        st.threshold, st.density = float(top.values.min()), density
+        return top.indices
+
+    def communicate(self, wire: torch.Tensor, bucket: BucketView, channel: Channel) -> int:
+        idx, values, not_finite = self._sent[bucket.index]
+        all_idx, all_val, sent, flagged = allgather_sparse(idx, values, channel.group, not_finite)
+        self._sent[bucket.index] = (all_idx, all_val, flagged)
+        return sent
+
+    def decode(self, wire: torch.Tensor, bucket: BucketView, out: torch.Tensor, channel: Channel) -> None:
+        all_idx, all_val, flagged = self._sent.pop(bucket.index)
+        if flagged:
+            out.fill_(math.nan)  # some rank's gradient was not finite: every rank sees it
+        else:
+            mean_of_sparse(out, all_idx, all_val)
+
+    def after_dense(self, out: torch.Tensor, bucket: BucketView) -> None:
+        """A dense step (before compression starts) still carries momentum when the optimizer has none."""
+        if self.dgc.momentum <= 0:
+            return
+        st = self._bucket(bucket, out)
+        if self.dgc.nesterov:
+            out.add_(st.momentum.add_(out).mul_(self.dgc.momentum))
+        else:
+            out.copy_(st.momentum.mul_(self.dgc.momentum).add_(out))
+
+    def _bucket(self, bucket: BucketView, like: torch.Tensor) -> _Sparse:
+        """The bucket's state; when the bucket now holds other parameters than before (DDP rebuilds its buckets
+        after the first iteration), a new state that carries each parameter's residual and momentum over."""
+        keys = tuple(self.key(p) for p in bucket.params) if bucket.params else None
+        st = self._state.get(bucket.index)
+        if st is not None and st.residual.numel() == like.numel() and (st.keys == keys or st.keys is None):
+            if st.keys is None and keys is not None:  # a state saved before buckets were keyed: adopt these
+                st.keys, st.sizes = keys, tuple(p.numel() for p in bucket.params)
+                self._own(st)
+            return st
+        st = self._state[bucket.index] = _Sparse(like.numel(), like.device, self.dgc.momentum > 0, keys,
+                                                 tuple(p.numel() for p in bucket.params) if keys else None)
+        if keys is not None:
+            self._carry_over(st)
+        return st
+
+    def _carry_over(self, st: _Sparse) -> None:
+        """Fill a new bucket state from the states that held its parameters. The same parameters in another order
+        (DDP's first bucket, then its rebuilt one, also after a resume) keep their threshold and step; any other
+        regrouping computes a threshold afresh."""
+        before = {id(owner): owner for owner in (self._owner.get(key) for key in st.keys) if owner is not None}
+        for key, residual, momentum in st.pieces():
+            if key not in self._owner:
+                continue
+            _, old_residual, old_momentum = next(piece for piece in self._owner[key].pieces() if piece[0] == key)
+            residual.copy_(old_residual)
+            if momentum is not None and old_momentum is not None:
+                momentum.copy_(old_momentum)
+        (same,) = before.values() if len(before) == 1 else (None,)
+        if same is not None and set(same.keys) == set(st.keys):
+            st.threshold, st.density, st.step = same.threshold, same.density, same.step
+        else:  # density -1: no threshold yet, the next selection sets one
+            st.step, st.density = max((owner.step for owner in before.values()), default=0), -1.0
+        self._own(st)
+
+    def _own(self, st: _Sparse) -> None:
+        for key in st.keys or ():
+            self._owner[key] = st
+
+    def _clip(self, flat: torch.Tensor, bucket: BucketView, ranks: int) -> None:
+        """DGC's local clipping: each tensor's gradient to norm clip·ranks^(−1/2), before it accumulates."""
+        limit = self.dgc.clip / math.sqrt(ranks)
+        for start, p in zip(bucket.offsets, bucket.params):
+            part = flat[start:start + p.numel()]
+            part.mul_(torch.clamp(limit / (part.norm() + 1e-6), max=1.0))
+
+    def counters(self) -> dict[str, float]:
+        sent, elements, residual_sq, gradient_sq = self._counts.tolist()
+        self._counts.zero_()
+        if not elements:
+            return {}
+        return {"topk_density": sent / elements,
+                "topk_residual_ratio": math.sqrt(residual_sq / gradient_sq) if gradient_sq else 0.0}
+
+    def state_dict(self) -> dict:
+        return {"buckets": {i: {"residual": s.residual, "momentum": s.momentum, "threshold": s.threshold,
+                                "density": s.density, "step": s.step,
+                                "keys": list(s.keys) if s.keys is not None else None,
+                                "sizes": list(s.sizes) if s.sizes is not None else None}
+                            for i, s in self._state.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._state, self._owner = {}, {}
+        for i, saved in state["buckets"].items():
+            keys, sizes = saved.get("keys"), saved.get("sizes")
+            st = self._state[int(i)] = _Sparse(saved["residual"].numel(), saved["residual"].device,
+                                               saved["momentum"] is not None,
+                                               tuple(int(k) for k in keys) if keys is not None else None,
+                                               tuple(int(n) for n in sizes) if sizes is not None else None)
+            st.residual.copy_(saved["residual"])
+            if st.momentum is not None:
+                st.momentum.copy_(saved["momentum"])
+            st.threshold, st.density, st.step = float(saved["threshold"]), float(saved["density"]), int(saved["step"])
+            self._own(st)

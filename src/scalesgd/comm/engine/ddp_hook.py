@@ -1,0 +1,169 @@
+"""scalesgd's codecs as DDP communication hooks, for users who keep DistributedDataParallel (plain, in Lightning's
+`DDPStrategy`, or after Accelerate's `prepare`).
+
+    state = CodecHookState("fp8", model=model)
+    ddp.register_comm_hook(state, codec_hook)
+
+The hook is a pure function of (state, bucket); the state holds the codec (its ranges and residuals persist across
+iterations, keyed by parameter, and go into checkpoints through `state_dict`), where it exchanges, and one thread
+that runs the exchanges in bucket order while backward goes on. Codecs with a grouping of their own exchange in it
+whatever DDP's buckets: `lags` one parameter at a time, `topk-global` everything at once after the last bucket.
+"""
+
+# No `from __future__ import annotations`: DDP checks that the hook's `bucket` annotation is the
+# real `dist.GradBucket`, not a string.
+import itertools
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+import torch.distributed as dist
+
+from scalesgd.comm.codecs import CODECS, BucketView, Channel, Codec, CodecSettings, make_codec
+from scalesgd.comm.codecs.pytorch import new_future, on_thread, settle
+from scalesgd.comm.wire.topology import Topology
+
+
+class CodecHookState:
+    """A codec (a registered name or an instance), the process group it exchanges in (a new one by default), and
+    the worker thread that runs the exchanges.
+
+    Pass the `model` so per-parameter codec state is keyed by its parameter order, which a resumed run repeats
+    whatever order DDP's buckets come in. The state may be made before the process group exists (a Lightning
+    script builds its strategy first): it then joins the group at the first exchange. It pickles (the codec and
+    its state travel; the group and the thread are made again, and `bind` numbers the model's parameters again).
+    """
+
+    def __init__(self, codec="fp8", process_group=None, topology=None, settings: CodecSettings = None,
+                 model: torch.nn.Module = None):
+        self.codec: Codec = make_codec(codec, settings) if isinstance(codec, str) else codec
+        self.grouping = _grouping(self.codec)
+        self.bytes_sent = 0  # what this rank has sent for the gradients, counted as the codec posts it
+        self._group, self._topology, self.channel = process_group, topology, None
+        self._held: list = []
+        self._worker = _thread()
+        if model is not None:
+            self.bind(model)
+        if dist.is_available() and dist.is_initialized():
+            self.connect()  # collective: every rank, together
+
+    def bind(self, model: torch.nn.Module) -> None:
+        """Number the model's parameters (in its order) for the codec's per-parameter state."""
+        self.codec.bind(list(model.parameters()))
+
+    def connect(self) -> Channel:
+        """The channel the exchanges use, made on first use (collective: a new group, and node groups for codecs
+        that sum in two stages)."""
+        if self.channel is None:
+            group = self._group if self._group is not None else dist.new_group()
+            topology = self._topology
+            if topology is None and self.codec.needs_topology:
+                topology = Topology.from_env().groups()
+            self.channel = Channel(group, dist.get_world_size(group), "ring", topology)
+        return self.channel
+
+    def exchange(self, flat: torch.Tensor, view: BucketView) -> None:
+        """Replace `flat` by the mean over ranks with the codec; count what was sent."""
+        self.bytes_sent += self.codec.exchange(flat, view, self.connect())
+
+    def counters(self) -> dict[str, float]:
+        """The codec's guardrail counters since the last call (fp8 saturation, top-k density, …)."""
+        return self.codec.counters()
+
+    def state_dict(self) -> dict:
+        """This rank's codec state (ranks differ: residuals are each rank's own)."""
+        return self.codec.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.codec.load_state_dict(state)
+
+    def state_dicts_of_all_ranks(self) -> list[dict]:
+        """Every rank's `state_dict`, on every rank (collective, in the default group): what a checkpoint written by
+        rank 0 alone must hold for each rank to resume exactly; load yours with `load_state_dict(states[rank])`."""
+        states = [None] * dist.get_world_size()
+        dist.all_gather_object(states, _to_cpu(self.state_dict()))
+        return states
+
+    def close(self) -> None:
+        """Stop the worker thread once the exchanges in flight are done."""
+        self._worker.shutdown(wait=True)
+
+    def __getstate__(self) -> dict:
+        return {"codec": self.codec, "grouping": self.grouping, "bytes_sent": self.bytes_sent}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._group, self._topology, self.channel, self._held, self._worker = None, None, None, [], _thread()
+
+
+def codec_hook(state: CodecHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Encode → sum → decode the bucket with the state's codec; the future holds the mean gradient."""
+    flat, params = bucket.buffer(), bucket.parameters()
+    if state.grouping == "single":
+        return _hold_until_last(state, flat, params, bucket.is_last())
+    if state.grouping == "layer":
+        parts = [(BucketView(state.codec.key(p), [p], [0], p.numel()), flat[start:start + p.numel()])
+                 for p, start in zip(params, _offsets(params))]
+    else:
+        parts = [(BucketView(bucket.index(), params, _offsets(params), flat.numel()), flat)]
+
+    def exchange() -> torch.Tensor:
+        for view, part in parts:
+            state.exchange(part, view)
+        return flat
+
+    return on_thread(state._worker, exchange, flat.device)
+
+
+def _hold_until_last(state: CodecHookState, flat: torch.Tensor, params: list, last: bool) -> torch.futures.Future:
+    """`topk-global`: keep each bucket until DDP hands over the last, then exchange all gradients as one, in the
+    engine's order (the model's parameters, last first), and settle every bucket's future."""
+    future = new_future(flat.device)
+    state._held.append((flat, params, future))
+    if not last:
+        return future
+    held, state._held = state._held, []
+
+    def exchange() -> None:
+        parts = sorted(((p, buffer[start:start + p.numel()]) for buffer, ps, _ in held
+                        for p, start in zip(ps, _offsets(ps))), key=lambda part: -state.codec.key(part[0]))
+        whole = torch.cat([part for _, part in parts])
+        state.exchange(whole, BucketView(0, [p for p, _ in parts], _offsets([p for p, _ in parts]), whole.numel()))
+        for (_, part), mean in zip(parts, whole.split([part.numel() for _, part in parts])):
+            part.copy_(mean)
+
+    def run() -> None:
+        try:
+            exchange()
+        except BaseException as err:  # every bucket's future fails alike; DDP raises it where backward waits
+            for _, _, waiting in held:
+                waiting.set_exception(err)
+            return
+        for buffer, _, waiting in held:
+            settle(waiting, lambda buffer=buffer: buffer)
+
+    state._worker.submit(run)
+    return future
+
+
+def _grouping(codec: Codec) -> str | None:
+    """The codec's own grouping (`layer`, `single`) when its registration has one; None: DDP's buckets."""
+    return CODECS[codec.name].buckets if codec.name in CODECS else None
+
+
+def _offsets(params: list[torch.Tensor]) -> list[int]:
+    return list(itertools.accumulate((p.numel() for p in params[:-1]), initial=0))
+
+
+def _thread() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="scalesgd-ddp-hook")
+
+
+def _to_cpu(state):
+    """A state with its tensors on the CPU (what pickles for `all_gather_object` and loads on any device)."""
+    if isinstance(state, torch.Tensor):
+        return state.cpu()
+    if isinstance(state, dict):
+        return {k: _to_cpu(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(_to_cpu(v) for v in state)
+    return state

@@ -1,0 +1,152 @@
+"""The one object a training loop talks to, whichever engine exchanges the gradients: PyTorch DDP or ours.
+
+    exchange = build_exchange("scalesgd", model, optimizer, ExchangeSetup(codec="fp8"))
+    exchange.model(x) … backward()                # buckets travel while backward goes on
+    exchange.optimizer.step()                      # with the mean gradient
+    exchange.stats(), exchange.state_dict(), exchange.close()
+"""
+
+from __future__ import annotations
+
+from abc import ABC
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from scalesgd.comm.codecs import CODECS, Codec, CodecEntry, CodecSettings, DdpHook, make_codec
+from scalesgd.comm.codecs.pytorch import allreduce
+from scalesgd.comm.engine.buckets import BucketPlan
+from scalesgd.comm.engine.ddp_hook import CodecHookState, codec_hook
+from scalesgd.comm.engine.optimizer import DistributedOptimizer, IterationStats
+from scalesgd.comm.engine.policies import GradientNorms, MeasuredCodec, MeasuredHook, measured_hook
+from scalesgd.registry import Registry
+from scalesgd.trace import Tracer
+
+
+@dataclass
+class ExchangeSetup:
+    """How gradients travel: the codec and its settings, the allreduce, the bucket plan, the groups, the tracer."""
+
+    codec: str = "fp32"
+    settings: CodecSettings = field(default_factory=CodecSettings)
+    algorithm: str = "ring"
+    buckets: str | BucketPlan = "size:1"  # a plan spec, or a plan (the planner's)
+    group: object = None  # the exchange's own process group (None: a new one where the engine needs it)
+    topology: object = None  # prebuilt node and cross-node groups (None: built when needed)
+    tracer: Tracer = field(default_factory=Tracer)
+    norms: GradientNorms | None = None  # given: each step's local and mean squared norms are counted into it
+
+
+class GradientExchange(ABC):
+    """The model to call, the optimizer to step, the codec (its state differs per rank), and the run's view of it."""
+
+    def __init__(self, model: nn.Module, optimizer, codec: Codec | None, plan: BucketPlan | None = None,
+                 bare: nn.Module | None = None, norms: GradientNorms | None = None):
+        self.model = model
+        self.norms = norms
+        self.optimizer = optimizer
+        self.codec = codec
+        self.plan = plan  # the buckets, where the engine has its own plan
+        self._names = {id(p): name for name, p in (bare or model).named_parameters()}
+
+    @staticmethod
+    def uses_own_group(codec: CodecEntry) -> bool:
+        """Whether `codec` is exchanged in a process group of its own (which the run creates at start-up)."""
+        return True
+
+    def pop_norms(self) -> torch.Tensor:
+        """This step's (local, mean) squared gradient norms on the device, where `ExchangeSetup.norms` was given."""
+        return self.norms.pop() if self.norms is not None else torch.zeros(2, dtype=torch.float64)
+
+    def stats(self) -> IterationStats | None:
+        """This rank's exchange times and bytes since the last call; None where the engine does not measure them."""
+        return None
+
+    def counters(self) -> dict[str, float]:
+        """This rank's codec guardrail counters since the last call (saturation, density, overflow …)."""
+        return self.codec.counters() if self.codec is not None else {}
+
+    def notices(self) -> list[str]:
+        """What the codec changed on its own since the last call, each naming its parameter."""
+        if self.codec is None:
+            return []
+        return [f"{self._names.get(id(param), 'a parameter')}: {text}" for param, text in self.codec.pop_notices()]
+
+    def state_dict(self) -> dict:
+        """This rank's state: the optimizer's, and the codec's (residuals and ranges differ between ranks)."""
+        return {"optimizer": self.optimizer.state_dict(),
+                "codec": self.codec.state_dict() if self.codec is not None else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.codec is not None and state.get("codec") is not None:
+            self.codec.load_state_dict(state["codec"])
+
+    def close(self) -> None:
+        """Stop whatever thread the exchange runs on."""
+
+
+class DdpExchange(GradientExchange):
+    """PyTorch DDP with its own allreduce, with PyTorch's hook that stands for the codec, or with ours as a hook."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, setup: ExchangeSetup):
+        entry = CODECS[setup.codec]
+        on_cuda = next(model.parameters()).is_cuda
+        self._hook_state = None
+        if entry.torch_hook is not None:
+            hook = entry.torch_hook(on_cuda)
+        else:
+            self._hook_state = CodecHookState(setup.codec, setup.group, setup.topology, setup.settings, model)
+            hook = DdpHook(self._hook_state, codec_hook)
+        if setup.norms is not None:  # around the hook, or around DDP's own allreduce as a hook
+            inner = hook or DdpHook(None, allreduce)
+            hook = DdpHook(MeasuredHook(setup.norms, inner.state, inner.hook), measured_hook, inner.bucket_cap_mb)
+        ddp = DistributedDataParallel(model, device_ids=[next(model.parameters()).device.index] if on_cuda else None,
+                                      bucket_cap_mb=hook.bucket_cap_mb if hook is not None else None)
+        if hook is not None:
+            ddp.register_comm_hook(hook.state, hook.hook)
+        self._hook = hook
+        super().__init__(ddp, optimizer, self._hook_state.codec if self._hook_state is not None else None, bare=model,
+                         norms=setup.norms)
+
+    @staticmethod
+    def uses_own_group(codec: CodecEntry) -> bool:
+        return codec.torch_hook is None  # our hook exchanges in its own group; PyTorch's use DDP's
+
+    def close(self) -> None:
+        if self._hook is not None:
+            self._hook.close()
+
+
+class EngineExchange(GradientExchange):
+    """scalesgd's own engine (`DistributedOptimizer`): any codec, allreduce algorithm and bucket plan."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, setup: ExchangeSetup):
+        entry = CODECS[setup.codec]
+        codec = make_codec(setup.codec, setup.settings)
+        measured = MeasuredCodec(codec, setup.norms) if setup.norms is not None else codec
+        engine = DistributedOptimizer(optimizer, model, codec=measured,
+                                      algorithm=setup.algorithm, buckets=entry.buckets or setup.buckets,
+                                      group=setup.group, topology=setup.topology, tracer=setup.tracer)
+        super().__init__(model, engine, codec, engine.plan, norms=setup.norms)
+
+    def stats(self) -> IterationStats:
+        return self.optimizer.pop_stats()
+
+    def close(self) -> None:
+        self.optimizer.close()
+
+
+ENGINES: Registry[type[GradientExchange]] = Registry("engine")
+ENGINES.add("ddp", DdpExchange)
+ENGINES.add("scalesgd", EngineExchange)
+
+
+def build_exchange(engine: str, model: nn.Module, optimizer: torch.optim.Optimizer,
+                   setup: ExchangeSetup) -> GradientExchange:
+    """Wrap `model` and `optimizer` in the registered engine (collective: every rank, together)."""
+    if not CODECS[setup.codec].runs_on(engine):
+        raise ValueError(f"codec {setup.codec!r} does not run on engine {engine!r}")
+    return ENGINES[engine](model, optimizer, setup)

@@ -1,0 +1,43 @@
+"""The sparse exchange: every rank's (indices, values) to every rank, then the dense mean.
+
+Counts travel first (they differ between ranks); then the variable-size pieces go around a ring of
+paired send/receive steps, which use the link both ways at once (gloo's own all_gather does not,
+see NOTES.md).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from scalesgd.comm.wire.collectives import ring_members, send_recv
+
+
+def allgather_sparse(indices: torch.Tensor, values: torch.Tensor, group=None, flag: bool = False
+                     ) -> tuple[list[torch.Tensor], list[torch.Tensor], int, bool]:
+    """Every rank's `indices` and `values` (same length per rank, any length across ranks), in rank
+    order, the bytes this rank sent, and whether any rank raised its `flag` (it travels with the counts)."""
+    rank, peers = ring_members(group)
+    p = len(peers)
+    count = torch.tensor([indices.numel(), int(flag)], dtype=torch.int64, device=indices.device)
+    counts = [torch.empty_like(count) for _ in range(p)]
+    dist.all_gather(counts, count, group=group)  # 2p small integers: latency only
+    gathered = torch.stack(counts).tolist()
+    sizes = [c[0] for c in gathered]
+    all_idx = [indices if r == rank else indices.new_empty(sizes[r]) for r in range(p)]
+    all_val = [values if r == rank else values.new_empty(sizes[r]) for r in range(p)]
+    right, left = peers[(rank + 1) % p], peers[(rank - 1) % p]
+    sent = 0
+    for step in range(p - 1):  # pass what arrived last step on to the right
+        out, into = (rank - step) % p, (rank - step - 1) % p
+        sent += send_recv(group, all_idx[out], right, all_idx[into], left)
+        sent += send_recv(group, all_val[out], right, all_val[into], left)
+    return all_idx, all_val, sent + count.numel() * count.element_size() * (p - 1), any(c[1] for c in gathered)
+
+
+def mean_of_sparse(out: torch.Tensor, all_idx: list[torch.Tensor], all_val: list[torch.Tensor]) -> None:
+    """out ← Σ_r scatter(all_idx[r], all_val[r]) ÷ ranks, accumulated in rank order (same bits everywhere)."""
+    out.zero_()
+    for idx, val in zip(all_idx, all_val):
+        out.index_add_(0, idx, val)
+    out.div_(len(all_idx))

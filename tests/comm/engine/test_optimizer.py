@@ -1,0 +1,186 @@
+"""DistributedOptimizer against DDP, with gradient accumulation, unused parameters and failures."""
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from scalesgd.comm.codecs import Codec
+from scalesgd.comm.wire.collectives import ALGORITHMS
+from scalesgd.comm.engine.optimizer import DistributedOptimizer
+from scalesgd.comm.wire.topology import Topology, build_groups
+from scalesgd.data import load_bundle
+from scalesgd.models import build_model
+from scalesgd.recipe import build_sgd, initialize
+from tests.spawn_util import run_workers
+
+PLANS = ("size:0.05", "growing:0.02", "layer", "single")
+ITERS, PER_RANK = 25, 32
+
+
+def _model():
+    torch.manual_seed(0)
+    return initialize(build_model("resnet8", 10, 1))
+
+
+def _train(rank, world, wrap):
+    """25 SGD iterations of resnet8 on digits, each rank on its own slice; returns the parameters."""
+    data = load_bundle("digits").train
+    model = _model()
+    if rank == 1:  # ranks start different: the engine must broadcast rank 0's parameters
+        with torch.no_grad():
+            next(model.parameters()).add_(1.0)
+    opt = build_sgd(model, lr=0.01, momentum=0.9, nesterov=False, weight_decay=1e-4)
+    net, opt = wrap(model, opt)
+    g = torch.Generator().manual_seed(5)
+    for _ in range(ITERS):
+        idx = torch.randperm(len(data), generator=g)[: PER_RANK * world].view(world, PER_RANK)[rank]
+        loss = nn.functional.cross_entropy(net(data.x[idx]), data.y[idx])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    if hasattr(opt, "close"):
+        opt.close()
+    return [p.detach().clone() for p in model.parameters()] + [b.clone() for b in model.buffers()]
+
+
+def _equivalence(rank, world):
+    reference = _train(rank, world, lambda m, o: (DistributedDataParallel(m), o))
+    groups = build_groups(Topology(world, rank, 2))
+    failures = []
+    for algorithm in ALGORITHMS:
+        for plan in PLANS:
+            got = _train(rank, world, lambda m, o: (m, DistributedOptimizer(
+                o, m, algorithm=algorithm, buckets=plan, topology=groups)))
+            if relative_distance(got, reference) > 1e-5:
+                failures.append((algorithm, plan, relative_distance(got, reference)))
+    return failures
+
+
+def relative_distance(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    """‖a − b‖ / ‖b‖ over every floating-point parameter and buffer taken as one vector."""
+    pairs = [(x.flatten(), y.flatten()) for x, y in zip(a, b) if x.is_floating_point()]
+    return (torch.cat([x - y for x, y in pairs]).norm() / torch.cat([y for _, y in pairs]).norm()).item()
+
+
+def test_twenty_five_iterations_match_ddp_for_every_algorithm_and_bucket_plan():
+    for failures in run_workers(_equivalence, 4):
+        assert failures == []
+
+
+class _BNFree(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(1, 4, 3)
+        self.fc = nn.Linear(4 * 6 * 6, 10)
+        self.unused = nn.Linear(3, 3)  # used by rank 1 only (see forward)
+
+    def forward(self, x, use_extra=False):
+        out = self.fc(torch.relu(self.conv(x)).flatten(1))
+        if use_extra:
+            out = out + self.unused(torch.ones(1, 3)).sum()
+        return out
+
+
+def _accumulate(rank, world):
+    data = load_bundle("digits").train
+    x, y = data.x[rank * 24:(rank + 1) * 24], data.y[rank * 24:(rank + 1) * 24]
+    model = _BNFree()
+    engine = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, buckets="size:0.001")
+    with engine.no_sync():
+        for part in range(2):  # two micro-batches accumulate locally
+            nn.functional.cross_entropy(model(x[part * 8:(part + 1) * 8]), y[part * 8:(part + 1) * 8],
+                                        reduction="sum").div(24).backward()
+    nn.functional.cross_entropy(model(x[16:]), y[16:], reduction="sum").div(24).backward()
+    engine.synchronize()
+    accumulated = [p.grad.clone() for p in model.parameters()]
+    engine.zero_grad()
+
+    model(x, use_extra=rank == 1).sum().mul(0).add(
+        nn.functional.cross_entropy(model(x), y)).backward()  # `unused` gets a grad on rank 1 only
+    engine.synchronize()
+    with_unused = [p.grad.clone() for p in model.parameters()]
+    engine.close()
+    return accumulated, with_unused
+
+
+def test_no_sync_accumulation_equals_the_larger_batch_and_unused_parameters_never_hang():
+    results = run_workers(_accumulate, 2)
+    data = load_bundle("digits").train
+    model = _BNFree()
+    nn.functional.cross_entropy(model(data.x[:48]), data.y[:48]).backward()
+    for got, p in zip(results[0][0], model.parameters()):
+        if p.grad is not None:
+            assert torch.allclose(got, p.grad, rtol=1e-5, atol=1e-7)
+    assert all(torch.equal(a, b) for a, b in zip(results[0][1], results[1][1]))  # same on every rank
+
+
+class _Broken(Codec):
+    name = "broken"
+
+    def encode(self, flat, bucket, exchange):
+        raise RuntimeError("codec exploded")
+
+    def decode(self, wire, bucket, out, exchange):
+        out.copy_(wire)
+
+
+def _codec_failure(rank, world):
+    model = _BNFree()
+    engine = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, codec=_Broken())
+    model(torch.randn(2, 1, 8, 8)).sum().backward()
+    try:
+        engine.step()
+    except RuntimeError as err:
+        return str(err)
+    return None
+
+
+def test_an_error_in_the_communication_thread_surfaces_in_step():
+    assert run_workers(_codec_failure, 1) == ["codec exploded"]
+
+
+def _state(rank, world):
+    model = _BNFree()
+    engine = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model,
+                                  codec="fp16", buckets="layer")
+    model(torch.randn(2, 1, 8, 8)).sum().backward()
+    engine.step()
+    state = engine.state_dict()
+    fresh = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model, codec="fp16")
+    fresh.load_state_dict(state)
+    engine.close()
+    fresh.close()
+    return state["engine"], len(fresh.optimizer.state_dict()["state"])
+
+
+def test_state_dict_round_trips_optimizer_and_engine_state():
+    (engine_state, restored), = run_workers(_state, 1)
+    assert engine_state["codec"] == "fp16" and engine_state["buckets"] == "layer"
+    assert restored == 6  # every parameter, also `unused` (its gradient is averaged zeros, on every rank)
+
+
+def _grads_in_buckets(rank, world):
+    """Every `.grad` is a view of its bucket before and after each step: autograd accumulates into the bucket."""
+    data = load_bundle("digits").train
+    model = _BNFree()
+    engine = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, buckets="size:0.001")
+    buffers = {b.buffer.untyped_storage().data_ptr() for b in engine._buckets}
+    first = [p.grad for p in model.parameters()]
+    views = []
+    for it in range(3):
+        x, y = data.x[rank * 8 + it:rank * 8 + it + 8], data.y[rank * 8 + it:rank * 8 + it + 8]
+        nn.functional.cross_entropy(model(x), y).backward()
+        views.append(all(p.grad is g for p, g in zip(model.parameters(), first)))  # the same tensors: no new grad
+        engine.step()
+        engine.zero_grad(set_to_none=True)
+        zeroed = all(p.grad is not None and not p.grad.any() for p in model.parameters())
+    storages = {p.grad.untyped_storage().data_ptr() for p in model.parameters()}
+    engine.close()
+    return views, zeroed, storages <= buffers
+
+
+def test_gradients_are_views_of_the_buckets_and_zero_grad_keeps_them():
+    for views, zeroed, in_buckets in run_workers(_grads_in_buckets, 2):
+        assert views == [True, True, True]
+        assert zeroed and in_buckets

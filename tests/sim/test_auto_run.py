@@ -1,0 +1,48 @@
+"""`scalesgd train --exchange auto`: the decision saved, used, shown against what was measured, kept on resume."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+from tests.train.cli import wait_for_checkpoint
+from tests.comm.cost.test_planner_run import scalesgd
+
+AUTO = ["--workers", "2", "--engine", "scalesgd", "--exchange", "auto", "--auto-codecs", "fp32,fp16,bf16",
+        "--dataset", "synthetic", "--samples", "3000", "--image-size", "12", "--model", "resnet8", "--batch-size",
+        "64", "--epochs", "5", "--warmup", "none", "--quiet"]
+
+
+def test_auto_saves_its_decision_trains_with_it_and_keeps_it_on_resume(tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "scalesgd", "train", *AUTO, "--run-dir", str(run)],
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    wait_for_checkpoint(run, proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    decided = json.loads((run / "auto.json").read_text())
+    assert decided["codec"] in ("fp32", "fp16", "bf16") and len(decided["candidates"]) == 3 * 4
+    finalists = decided["finalists"]
+    assert {"fp16", "bf16"} <= {f["codec"] for f in finalists}  # same bytes: the model cannot rank them
+    fastest = min(finalists, key=lambda f: f["measured_s"])  # tried for real: the measured fastest is used
+    assert (decided["codec"], decided["buckets"], decided["trial_s"]) == (
+        fastest["codec"], fastest["buckets"], fastest["measured_s"])
+    (run / "auto.json").write_text(json.dumps({**decided, "predicted_s": -1.0}))  # marks the saved decision
+    resumed = scalesgd("train", "--resume", str(run), "--quiet")
+    assert resumed.returncode == 0, resumed.stderr
+    buckets = json.loads((run / "buckets.json").read_text())
+    assert buckets["spec"] == f"auto:{decided['buckets']}"
+    assert [len(b["tensors"]) for b in buckets["buckets"]] == [len(g) for g in decided["groups"]]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["auto"]["predicted_s"] == -1.0  # decided once: the resumed run used the saved choice
+    assert summary["auto"]["codec"] == decided["codec"] and summary["auto"]["measured_iteration_s"] > 0
+    assert summary["config"]["exchange"] == "auto"
+
+
+def test_auto_chooses_for_the_scalesgd_engine_only():
+    proc = scalesgd("train", *AUTO[:2], "--exchange", "auto")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "--exchange auto chooses the scalesgd engine's codec and buckets; got --engine ddp" in proc.stderr
+    proc = scalesgd("train", *AUTO, "--auto-codecs", "fp16,powersgd")
+    assert proc.returncode == 2 and "--auto-codecs powersgd: auto chooses among" in proc.stderr
