@@ -87,5 +87,7 @@ def test_compression_starts_at_the_end_of_warmup_unless_told():
     settings = TrainConfig(engine="scalesgd", codec="topk", momentum_correction=True, density_warmup=3,
                            local_clip=2.0, nesterov=True).validate().codec_settings(steps_per_epoch=7)
     assert settings.dgc.momentum == 0.9 and settings.dgc.nesterov and settings.dgc.warmup_epochs == 3
-    assert settings.dgc.steps_per_epoch == 7 and settings.dgc.clip == 2.0 and settings.compress_after == 35
+    assert settings.dgc.steps_per_epoch == 7 and settings.dgc.clip == 2.0
+    setup = TrainConfig(engine="scalesgd", codec="topk", warmup_epochs=5).exchange_setup(steps_per_epoch=7)
+    assert setup.compress_after == 35
     assert TrainConfig(engine="scalesgd", codec="topk").codec_settings().dgc.momentum == 0.0  # off by default

@@ -107,8 +107,8 @@ def test_the_wheel_holds_the_package_alone_and_the_sdist_what_building_needs(bui
     modules = {n for n in names if n.endswith(".py")}
     in_tree = {p.relative_to(source / "src").as_posix() for p in (source / "src" / "scalesgd").rglob("*.py")}
     assert modules == in_tree, f"in the tree, not the wheel: {sorted(in_tree - modules)}; the reverse: {sorted(modules - in_tree)}"
-    for needed in ("scalesgd/__init__.py", "scalesgd/__main__.py", "scalesgd/cli.py", "scalesgd/comm/engine.py",
-                   "scalesgd/comm/ddp_hooks.py"):
+    for needed in ("scalesgd/__init__.py", "scalesgd/__main__.py", "scalesgd/cli.py", "scalesgd/comm/engine/optimizer.py",
+                   "scalesgd/comm/engine/ddp_hook.py"):
         assert needed in names
     strays = [n for n in names if not n.startswith(("scalesgd/", f"scalesgd-{version}.dist-info/"))]
     assert not strays, f"the wheel holds more than the package: {strays}"

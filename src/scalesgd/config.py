@@ -238,8 +238,7 @@ class TrainConfig:
                          saturation_limit=self.fp8_saturation_limit, saturation_window=self.fp8_saturation_window)
         dgc = DgcOptions(momentum=self.momentum if self.momentum_correction else 0.0, nesterov=self.nesterov,
                          warmup_epochs=self.density_warmup, steps_per_epoch=steps_per_epoch, clip=self.local_clip)
-        return CodecSettings(fp8, self.density, self.topk_reuse, self.seed, dgc,
-                             self.compress_after_steps(steps_per_epoch))
+        return CodecSettings(fp8, self.density, self.topk_reuse, self.seed, dgc)
 
     def build_optimizer(self, model):
         """The recipe's optimizer for `model` with this run's settings (the loop's, and auto's trial copies')."""
@@ -251,8 +250,9 @@ class TrainConfig:
                        steps_per_epoch: int = 1, norms=None) -> ExchangeSetup:
         """How this run's gradients travel, in the given groups (`plan`: the planner's buckets; `norms`: where
         the squared gradient norms are counted)."""
-        return ExchangeSetup(self.codec, self.codec_settings(steps_per_epoch), self.algorithm, plan or self.buckets,
-                             group, topology, tracer or Tracer(), norms)
+        return ExchangeSetup(self.codec, self.codec_settings(steps_per_epoch),
+                             self.compress_after_steps(steps_per_epoch), self.algorithm, plan or self.buckets, group,
+                             topology, tracer or Tracer(), norms)
 
     def lr_schedule(self, steps_per_epoch: int = 1) -> LrSchedule:
         """The scaled peak rate and the schedule as a pure function of the step (with adascale, of the

@@ -63,7 +63,7 @@ def test_scalesgd_engine_matches_ddp_through_the_cli_and_writes_a_trace(tmp_path
     events = json.loads(trace.read_text())["traceEvents"]
     spans = {(e["pid"], e["name"]) for e in events if e["ph"] == "X"}
     for rank in (0, 1):
-        for name in ("forward", "backward", "encode", "communicate", "decode", "optimizer step"):
+        for name in ("forward", "backward", "encode", "wire", "reduce", "decode", "optimizer step"):
             assert (rank, name) in spans
 
 

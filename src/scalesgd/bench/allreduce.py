@@ -12,7 +12,8 @@ import torch.distributed as dist
 
 from scalesgd import checks, output
 from scalesgd.bench.launch import BenchLaunch
-from scalesgd.comm.codecs import CODECS, BucketView, Channel, make_codec
+from scalesgd.comm.codecs import CODECS, Channel, make_codec
+from scalesgd.comm.engine.driver import BucketDriver
 from scalesgd.comm.wire.collectives import ALGORITHMS, allreduce
 from scalesgd.errors import UsageError
 from scalesgd.options import check_fields, option, words
@@ -70,10 +71,11 @@ def _codec_exchange(work: torch.Tensor, env, codecs: dict, name: str) -> int:
     n = work.numel()
     if (name, n) not in codecs:
         weights = torch.ones(n, device=work.device)
-        codecs[(name, n)] = (make_codec(name), BucketView(0, [weights], [0], n),
-                             Channel(dist.group.WORLD, env.world_size, "native", env.topology_groups))
-    codec, view, channel = codecs[(name, n)]
-    return codec.exchange(work, view, channel)
+        driver = BucketDriver(make_codec(name), Channel(dist.group.WORLD, env.world_size, "native",
+                                                        env.topology_groups))
+        codecs[(name, n)] = (driver, driver.view(0, [weights], [0], n))
+    driver, view = codecs[(name, n)]
+    return driver.exchange(work, view)
 
 
 def compressed_exchanges(names) -> dict:

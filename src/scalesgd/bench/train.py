@@ -20,7 +20,6 @@ from torch import nn
 from scalesgd import checks, testbed
 from scalesgd.bench import train_report
 from scalesgd.bench.launch import BenchLaunch
-from scalesgd.comm.codecs import CODECS
 from scalesgd.comm.cost import link, planner, profile
 from scalesgd.comm.engine.exchange import GradientExchange, build_exchange
 from scalesgd.config import AUTO_CODECS, NO_PLANNER, TrainConfig

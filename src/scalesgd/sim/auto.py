@@ -16,10 +16,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scalesgd.comm.codecs import CODECS, BucketView, Channel, CodecSettings, make_codec
+from scalesgd.comm.codecs import CODECS, Channel, CodecSettings, make_codec
 from scalesgd.comm.cost import link, profile
 from scalesgd.comm.cost.profile import fit_line
 from scalesgd.comm.engine.buckets import BucketPlan, model_tensors, plan_from_groups
+from scalesgd.comm.engine.driver import BucketDriver
 from scalesgd.comm.engine.exchange import build_exchange
 from scalesgd.comm.wire.collectives import broadcast_object
 from scalesgd.config import TrainConfig
@@ -191,18 +192,17 @@ def _exchange_for_real(codec_name: str, settings: CodecSettings, channel: Channe
     """
     weight = torch.randn(numel, device=device)
     gradient = torch.randn(numel, device=device) * 1e-3
-    view = BucketView(0, [weight], [0], numel)
     inline = total = cpu = 0.0
     for repeat in range(PROBE_REPEATS + 1):  # the first warms the codec up (kernels, scales)
         codec = make_codec(codec_name, settings)
-        codec.bind([weight])
+        driver = BucketDriver(codec, channel)
+        view = driver.view(0, [weight], [0], numel)
         flat = gradient.clone()
         dist.barrier(group=channel.group)
         start, cpu_start = time.perf_counter(), time.process_time()
-        wire = codec.encode(flat, view, channel)
+        pending = driver.prepare(flat, view)
         encoded = time.perf_counter()
-        codec.communicate(wire, view, channel)
-        codec.decode(wire, view, flat, channel)
+        driver.complete(pending)
         end, cpu_end = time.perf_counter(), time.process_time()
         saved = _reused_share(codec, gradient)
         if repeat:

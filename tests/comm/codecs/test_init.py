@@ -12,7 +12,7 @@ import torch
 import torch.multiprocessing as mp
 
 from scalesgd.cli import main
-from scalesgd.comm.codecs import CODECS, BucketView, Channel, Codec, CodecEntry, make_codec
+from scalesgd.comm.codecs import CODECS, Codec, CodecEntry, Exchange, make_codec
 from scalesgd.comm.engine.exchange import ENGINES
 from scalesgd.runtime.process_group import exit_process
 
@@ -39,18 +39,29 @@ class Float64Codec(Codec):
     def __init__(self):
         self.exchanges = 0
 
-    def encode(self, flat: torch.Tensor, bucket: BucketView, channel: Channel) -> torch.Tensor:
+    def start(self, flat, bucket, channel, scratch):
         self.exchanges += 1
-        return flat.double()
-
-    def decode(self, wire: torch.Tensor, bucket: BucketView, out: torch.Tensor, channel: Channel) -> None:
-        out.copy_(wire / channel.world_size)
+        return Float64Exchange(flat, channel)
 
     def state_dict(self) -> dict:
         return {"exchanges": self.exchanges}
 
     def load_state_dict(self, state: dict) -> None:
         self.exchanges = state["exchanges"]
+
+
+class Float64Exchange(Exchange):
+    """One piece: the bucket as float64, summed with the channel's allreduce, divided back into the bucket."""
+
+    def __init__(self, flat, channel):
+        self.flat, self.channel, self.wire = flat, channel, flat.double()
+        self.bounds = [(0, flat.numel())]
+
+    def transfer(self, piece):
+        return self.channel.allreduce_steps(self.wire, piece.tag)
+
+    def decode(self, piece):
+        self.flat.copy_(self.wire / self.channel.world_size)
 
 
 TINY = ["--dataset", "synthetic", "--samples", "256", "--image-size", "8", "--model", "resnet8", "--batch-size", "64",

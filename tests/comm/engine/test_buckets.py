@@ -1,5 +1,6 @@
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from scalesgd.comm.engine.buckets import MB, TensorInfo, model_tensors, parse_spec, plan_buckets
 from scalesgd.models import build_model

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from scalesgd.comm.engine.buckets import BucketPlan, model_tensors
 from scalesgd.comm.codecs import CODECS, CodecSettings, Fp8Options, make_codec
+from scalesgd.comm.engine.buckets import BucketPlan, model_tensors
 from scalesgd.comm.engine.ddp_hook import CodecHookState, codec_hook
 from scalesgd.comm.engine.optimizer import DistributedOptimizer
 from scalesgd.models import build_model

@@ -5,8 +5,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from scalesgd.comm.codecs import CODECS, CodecSettings
-from scalesgd.comm.engine.optimizer import DistributedOptimizer, IterationStats
 from scalesgd.comm.engine.exchange import ENGINES, DdpExchange, EngineExchange, ExchangeSetup, build_exchange
+from scalesgd.comm.engine.optimizer import DistributedOptimizer, IterationStats
 from scalesgd.models import build_model
 from tests.spawn_util import run_workers
 

@@ -1,13 +1,16 @@
-"""The squared norms the noise scale is made of, as each engine counts them: this rank's gradient before the
-exchange and the exchanged mean, whichever codec or hook carries the buckets."""
+"""What the engines apply around any codec: the squared norms the noise scale is made of (this rank's gradient
+before the exchange and the exchanged mean, whichever codec or hook carries the buckets), and dense first steps."""
 
 import copy
 
 import pytest
 import torch
+import torch.distributed as dist
 
+from scalesgd.comm.codecs import Channel, make_codec
+from scalesgd.comm.engine.driver import BucketDriver
 from scalesgd.comm.engine.exchange import ExchangeSetup, build_exchange
-from scalesgd.comm.engine.policies import GradientNorms
+from scalesgd.comm.engine.policies import DenseFirst, GradientNorms
 from scalesgd.models import build_model
 from tests.spawn_util import run_workers
 
@@ -46,11 +49,36 @@ def test_every_engine_counts_the_local_and_the_exchanged_squared_norms():
             assert torch.equal(after, torch.zeros(2, dtype=torch.float64)), path  # popping starts the next step
 
 
-def test_a_measured_codec_is_its_inner_codec_to_everything_else_and_copies():
-    from scalesgd.comm.codecs import make_codec
-    from scalesgd.comm.engine.policies import MeasuredCodec
+def dense_then_codec(rank, world):
+    params = [torch.zeros(1000)]
+    channel = Channel(dist.group.WORLD, world)
+    driver = BucketDriver(make_codec("fp8-flat"), channel, dense_steps=3)
+    view = driver.view(0, params, [0], 1000)
+    gen = torch.Generator().manual_seed(rank)
+    exact, resumed = [], None
+    for step in range(5):
+        g = torch.randn(1000, generator=gen)
+        mean = g.clone()
+        dist.all_reduce(mean)
+        mean /= world
+        out = g.clone()
+        driver.exchange(out, view)
+        exact.append(torch.equal(out, mean))
+        if step == 1:
+            resumed = BucketDriver(make_codec("fp8-flat"), channel, dense_steps=3)
+            resumed.load_state_dict(driver.state_dict())
+    return exact, resumed.state_dict()["done"], driver.state_dict()["inner"] == driver.codec.state_dict()
 
-    measured = MeasuredCodec(make_codec("topk"), GradientNorms())
-    assert (measured.name, measured.density, measured.encode_in_backward) == ("topk", 0.1, True)
-    again = copy.copy(measured)  # looks up __setstate__ before its fields exist
-    assert again.inner is measured.inner and again.state_dict() == {"buckets": {}}
+
+def test_dense_first_steps_are_the_exact_mean_then_the_codec_compresses_and_the_count_resumes():
+    for exact, done, wrapped in run_workers(dense_then_codec, 2):
+        assert exact == [True, True, True, False, False]
+        assert done == {0: 2}  # a resumed driver knows how many dense steps are behind each parameter
+        assert wrapped  # the codec's own state, beside the policy's count
+
+
+def test_dense_first_counts_each_parameter_so_a_regrouped_bucket_keeps_its_count():
+    policy = DenseFirst(2)
+    assert [policy.dense((0, 1)), policy.dense((0, 1))] == [True, True]
+    assert policy.dense((1, 2)) is False  # parameter 1 had its two dense steps, whatever bucket it is in now
+    assert policy.dense((3,)) is True  # a parameter never seen starts at its first step

@@ -14,7 +14,8 @@ def rank_entries(rank):
 
 def exchange(rank, world):
     idx, val = rank_entries(rank)
-    all_idx, all_val, sent, _ = allgather_sparse(idx, val)
+    gathered = allgather_sparse(idx, val)
+    all_idx, all_val, sent = gathered.indices, gathered.values, gathered.sent
     out = torch.empty(N)
     mean_of_sparse(out, all_idx, all_val)
     return out, sent

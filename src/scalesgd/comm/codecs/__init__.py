@@ -13,9 +13,8 @@ from dataclasses import dataclass, field
 import torch
 
 from scalesgd.comm.codecs import pytorch as torch_hooks
-from scalesgd.comm.codecs.base import BucketView, Channel, Codec
+from scalesgd.comm.codecs.base import BucketView, Channel, Codec, Exchange, Piece, Scratch
 from scalesgd.comm.codecs.cast import CastCodec
-from scalesgd.comm.codecs.dense_first import DenseFirst
 from scalesgd.comm.codecs.fp8.codec import Fp8Codec
 from scalesgd.comm.codecs.fp8.ranges import Fp8Options
 from scalesgd.comm.codecs.pytorch import DdpHook
@@ -28,14 +27,13 @@ from scalesgd.registry import Registry
 @dataclass(frozen=True)
 class CodecSettings:
     """What codecs are built with: fp8's range options, the sparse density, threshold reuse and DGC's
-    corrections, a seed, and the dense steps before any compression."""
+    corrections, and a seed."""
 
     fp8: Fp8Options = field(default_factory=Fp8Options)
     density: float = 0.1
     topk_reuse: int = 10
     seed: int = 0
     dgc: DgcOptions = field(default_factory=DgcOptions)
-    compress_after: int = 0  # steps exchanged dense (fp32) first
 
     def problems(self) -> dict[str, str]:
         """Setting → what is wrong with it, named as the train options are (fp8_eps, density, …)."""
@@ -81,9 +79,7 @@ def make_codec(name: str, settings: CodecSettings | None = None) -> Codec:
     entry = CODECS[name]
     if entry.build is None:
         raise ValueError(f"codec {name!r} has no scalesgd implementation: under DDP it is PyTorch's own hook")
-    settings = settings or CodecSettings()
-    codec = entry.build(settings)
-    return DenseFirst(codec, settings.compress_after) if settings.compress_after > 0 else codec
+    return entry.build(settings or CodecSettings())
 
 
 def _fp8(name: str, relative: bool, two_stage: bool) -> Callable[[CodecSettings], Codec]:
@@ -117,5 +113,5 @@ CODECS.add("topk-nodes", CodecEntry("top-k across nodes only: summed densely ins
 CODECS.add("lags", CodecEntry("an exact top-k per layer each step", lambda s: TopkCodec("lags", s.density, 1, s.dgc),
                               buckets="layer", sparse=True))
 
-__all__ = ["CODECS", "BucketView", "Channel", "Codec", "CodecEntry", "CodecSettings", "DdpHook", "DenseFirst",
-           "DgcOptions", "Fp8Codec", "Fp8Options", "NodeTopkCodec", "TopkCodec", "make_codec"]
+__all__ = ["CODECS", "BucketView", "Channel", "Codec", "CodecEntry", "CodecSettings", "DdpHook", "DgcOptions",
+           "Exchange", "Fp8Codec", "Fp8Options", "NodeTopkCodec", "Piece", "Scratch", "TopkCodec", "make_codec"]

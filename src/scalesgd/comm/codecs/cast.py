@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from scalesgd.comm.codecs.base import BucketView, Channel, Codec
+from scalesgd.comm.codecs.base import BucketView, Channel, Codec, Exchange, Piece, Scratch
+from scalesgd.comm.wire.pipeline import Steps
 
 
 class CastCodec(Codec):
@@ -20,22 +21,45 @@ class CastCodec(Codec):
         self.wire_dtype = wire_dtype
         self._elements, self._overflowed = 0, 0
 
-    def encode(self, flat: torch.Tensor, bucket: BucketView, channel: Channel) -> torch.Tensor:
-        if self.wire_dtype is None or self.wire_dtype == flat.dtype:
-            return flat.div_(channel.world_size)
-        wire = flat.to(self.wire_dtype)
-        self._elements += flat.numel()
-        if flat.numel():
-            lo, hi = torch.aminmax(flat)  # one vectorised pass; counting infs costs 6× the cast, so only if needed
-            if not torch.maximum(-lo, hi).item() <= torch.finfo(self.wire_dtype).max:  # (NaN: count too)
-                self._overflowed += int(torch.isinf(wire).sum() - torch.isinf(flat).sum())  # finite before, inf after
-        return wire.div_(channel.world_size)
+    def start(self, flat: torch.Tensor, bucket: BucketView, channel: Channel, scratch: Scratch) -> Exchange:
+        in_place = self.wire_dtype is None or self.wire_dtype == flat.dtype
+        wire = flat if in_place else scratch.tensor("wire", flat.numel(), self.wire_dtype, flat.device)
+        return CastExchange(self, flat, wire, channel)
 
     def counters(self) -> dict[str, float]:
         elements, overflowed = self._elements, self._overflowed
         self._elements, self._overflowed = 0, 0
         return {f"{self.name}_overflow": overflowed / elements} if elements else {}
 
-    def decode(self, wire: torch.Tensor, bucket: BucketView, out: torch.Tensor, channel: Channel) -> None:
-        if wire.data_ptr() != out.data_ptr():
-            out.copy_(wire)
+    def count_overflow(self, part: torch.Tensor, wire: torch.Tensor) -> None:
+        """Count the elements of `part` that were finite and are inf on the `wire` after the cast."""
+        self._elements += part.numel()
+        if part.numel():
+            lo, hi = torch.aminmax(part)  # one vectorised pass; counting infs costs 6× the cast, so only if needed
+            if not torch.maximum(-lo, hi).item() <= torch.finfo(wire.dtype).max:  # (NaN: count too)
+                self._overflowed += int(torch.isinf(wire).sum() - torch.isinf(part).sum())
+
+
+class CastExchange(Exchange):
+    """Each piece: cast into the wire (or divide in place), allreduce with the channel's algorithm, cast back."""
+
+    def __init__(self, codec: CastCodec, flat: torch.Tensor, wire: torch.Tensor, channel: Channel):
+        self.codec, self.flat, self.wire, self.channel = codec, flat, wire, channel
+        self.bounds = channel.bounds(flat.numel(), wire.element_size())
+
+    def encode(self, piece: Piece) -> None:
+        a, b = self.bounds[piece.index]
+        wire = self.wire[a:b]
+        if self.wire is not self.flat:
+            wire.copy_(self.flat[a:b])
+            self.codec.count_overflow(self.flat[a:b], wire)
+        wire.div_(self.channel.world_size)
+
+    def transfer(self, piece: Piece) -> Steps:
+        a, b = self.bounds[piece.index]
+        return self.channel.allreduce_steps(self.wire[a:b], tag=piece.tag)
+
+    def decode(self, piece: Piece) -> None:
+        if self.wire is not self.flat:
+            a, b = self.bounds[piece.index]
+            self.flat[a:b].copy_(self.wire[a:b])

@@ -18,8 +18,8 @@ from rich.table import Table
 
 from scalesgd import output
 from scalesgd.comm.cost.profile import Profile, profile_model
-from scalesgd.comm.cost.timing import Grouping, TimeOfSize, iteration_time
-from scalesgd.comm.engine.buckets import BucketPlan, model_tensors, plan_from_groups
+from scalesgd.comm.cost.timing import TimeOfSize, iteration_time
+from scalesgd.comm.engine.buckets import BucketPlan, Grouping, model_tensors, plan_from_groups
 from scalesgd.comm.wire.collectives import broadcast_object
 from scalesgd.errors import UsageError
 from scalesgd.registry import Registry

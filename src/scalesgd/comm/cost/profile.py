@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from scalesgd.comm.codecs.base import BucketView, Channel
+from scalesgd.comm.codecs.base import BucketView, Channel, Scratch
 from scalesgd.comm.codecs.topk.codec import TopkCodec
 from scalesgd.comm.engine.buckets import model_tensors
 from scalesgd.comm.wire.sparse import allgather_sparse, mean_of_sparse
@@ -139,7 +139,7 @@ def time_sparsify(sizes: list[int], density: float, reuse: int, repeats: int = 3
                   device: torch.device | str = "cpu") -> tuple[float, float]:
     """Fit the top-k codec's encode time (one recompute per `reuse` steps) against bucket size."""
     xs, ys = [], []
-    channel = Channel(None, 1)
+    channel, scratch = Channel(None, 1), Scratch()
     for d in sizes:
         codec = TopkCodec("topk", density, reuse)
         g = torch.randn(d, device=device)
@@ -149,7 +149,7 @@ def time_sparsify(sizes: list[int], density: float, reuse: int, repeats: int = 3
             copy = g.clone()
             synchronize(device)
             start = time.perf_counter()
-            codec.encode(copy, view, channel)
+            codec.start(copy, view, channel, scratch)
             synchronize(device)
             per_step.append(time.perf_counter() - start)
         xs.append(d)
@@ -170,7 +170,8 @@ def time_sparse_exchange(sizes: list[int], density: float, group=None, repeats: 
             synchronize(device)
             dist.barrier(group=group)
             start = time.perf_counter()
-            mean_of_sparse(out, *allgather_sparse(idx, val, group)[:2])
+            gathered = allgather_sparse(idx, val, group)
+            mean_of_sparse(out, gathered.indices, gathered.values)
             synchronize(device)
             times.append(time.perf_counter() - start)
         slowest = torch.tensor(statistics.median(times[1:]), dtype=torch.float64, device=device)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from scalesgd.comm.engine.buckets import Grouping, check_grouping
+from scalesgd.comm.engine.buckets import check_grouping
 
 TimeOfSize = Callable[[int], float]
 

@@ -6,7 +6,8 @@
 
 The hook is a pure function of (state, bucket); the state holds the codec (its ranges and residuals persist across
 iterations, keyed by parameter, and go into checkpoints through `state_dict`), where it exchanges, and one thread
-that runs the exchanges in bucket order while backward goes on. Codecs with a grouping of their own exchange in it
+that runs the exchanges in bucket order while backward goes on, each through the same pipelined path as our own
+engine's (`scalesgd.comm.engine.driver`). Codecs with a grouping of their own exchange in it
 whatever DDP's buckets: `lags` one parameter at a time, `topk-global` everything at once after the last bucket.
 """
 
@@ -19,7 +20,8 @@ import torch
 import torch.distributed as dist
 
 from scalesgd.comm.codecs import CODECS, BucketView, Channel, Codec, CodecSettings, make_codec
-from scalesgd.comm.codecs.pytorch import new_future, on_thread, settle
+from scalesgd.comm.engine.driver import BucketDriver
+from scalesgd.comm.wire.futures import new_future, on_thread, settle
 from scalesgd.comm.wire.topology import Topology
 
 
@@ -31,14 +33,16 @@ class CodecHookState:
     whatever order DDP's buckets come in. The state may be made before the process group exists (a Lightning
     script builds its strategy first): it then joins the group at the first exchange. It pickles (the codec and
     its state travel; the group and the thread are made again, and `bind` numbers the model's parameters again).
+    `compress_after`: each parameter's first steps are exchanged dense (fp32) before the codec takes over.
     """
 
     def __init__(self, codec="fp8", process_group=None, topology=None, settings: CodecSettings = None,
-                 model: torch.nn.Module = None):
+                 model: torch.nn.Module = None, compress_after: int = 0):
         self.codec: Codec = make_codec(codec, settings) if isinstance(codec, str) else codec
         self.grouping = _grouping(self.codec)
         self.bytes_sent = 0  # what this rank has sent for the gradients, counted as the codec posts it
-        self._group, self._topology, self.channel = process_group, topology, None
+        self.driver = BucketDriver(self.codec, None, dense_steps=compress_after)
+        self._group, self._topology = process_group, topology
         self._held: list = []
         self._worker = _thread()
         if model is not None:
@@ -48,22 +52,27 @@ class CodecHookState:
 
     def bind(self, model: torch.nn.Module) -> None:
         """Number the model's parameters (in its order) for the codec's per-parameter state."""
-        self.codec.bind(list(model.parameters()))
+        self.driver.bind(list(model.parameters()))
+
+    @property
+    def channel(self) -> Channel | None:
+        return self.driver.channel
 
     def connect(self) -> Channel:
         """The channel the exchanges use, made on first use (collective: a new group, and node groups for codecs
         that sum in two stages)."""
-        if self.channel is None:
+        if self.driver.channel is None:
             group = self._group if self._group is not None else dist.new_group()
             topology = self._topology
             if topology is None and self.codec.needs_topology:
                 topology = Topology.from_env().groups()
-            self.channel = Channel(group, dist.get_world_size(group), "ring", topology)
-        return self.channel
+            self.driver.channel = Channel(group, dist.get_world_size(group), "ring", topology)
+        return self.driver.channel
 
     def exchange(self, flat: torch.Tensor, view: BucketView) -> None:
         """Replace `flat` by the mean over ranks with the codec; count what was sent."""
-        self.bytes_sent += self.codec.exchange(flat, view, self.connect())
+        self.connect()
+        self.bytes_sent += self.driver.exchange(flat, view)
 
     def counters(self) -> dict[str, float]:
         """The codec's guardrail counters since the last call (fp8 saturation, top-k density, …)."""
@@ -71,10 +80,10 @@ class CodecHookState:
 
     def state_dict(self) -> dict:
         """This rank's codec state (ranks differ: residuals are each rank's own)."""
-        return self.codec.state_dict()
+        return self.driver.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        self.codec.load_state_dict(state)
+        self.driver.load_state_dict(state)
 
     def state_dicts_of_all_ranks(self) -> list[dict]:
         """Every rank's `state_dict`, on every rank (collective, in the default group): what a checkpoint written by
@@ -88,11 +97,11 @@ class CodecHookState:
         self._worker.shutdown(wait=True)
 
     def __getstate__(self) -> dict:
-        return {"codec": self.codec, "grouping": self.grouping, "bytes_sent": self.bytes_sent}
+        return {"codec": self.codec, "grouping": self.grouping, "bytes_sent": self.bytes_sent, "driver": self.driver}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._group, self._topology, self.channel, self._held, self._worker = None, None, None, [], _thread()
+        self._group, self._topology, self._held, self._worker = None, None, [], _thread()
 
 
 def codec_hook(state: CodecHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -100,11 +109,12 @@ def codec_hook(state: CodecHookState, bucket: dist.GradBucket) -> torch.futures.
     flat, params = bucket.buffer(), bucket.parameters()
     if state.grouping == "single":
         return _hold_until_last(state, flat, params, bucket.is_last())
+    driver = state.driver
     if state.grouping == "layer":
-        parts = [(BucketView(state.codec.key(p), [p], [0], p.numel()), flat[start:start + p.numel()])
+        parts = [(driver.view(driver.key(p), [p], [0], p.numel()), flat[start:start + p.numel()])
                  for p, start in zip(params, _offsets(params))]
     else:
-        parts = [(BucketView(bucket.index(), params, _offsets(params), flat.numel()), flat)]
+        parts = [(driver.view(bucket.index(), params, _offsets(params), flat.numel()), flat)]
 
     def exchange() -> torch.Tensor:
         for view, part in parts:
@@ -125,9 +135,10 @@ def _hold_until_last(state: CodecHookState, flat: torch.Tensor, params: list, la
 
     def exchange() -> None:
         parts = sorted(((p, buffer[start:start + p.numel()]) for buffer, ps, _ in held
-                        for p, start in zip(ps, _offsets(ps))), key=lambda part: -state.codec.key(part[0]))
+                        for p, start in zip(ps, _offsets(ps))), key=lambda part: -state.driver.key(part[0]))
         whole = torch.cat([part for _, part in parts])
-        state.exchange(whole, BucketView(0, [p for p, _ in parts], _offsets([p for p, _ in parts]), whole.numel()))
+        params = [p for p, _ in parts]
+        state.exchange(whole, state.driver.view(0, params, _offsets(params), whole.numel()))
         for (_, part), mean in zip(parts, whole.split([part.numel() for _, part in parts])):
             part.copy_(mean)
 

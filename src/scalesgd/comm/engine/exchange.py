@@ -19,8 +19,9 @@ from scalesgd.comm.codecs import CODECS, Codec, CodecEntry, CodecSettings, DdpHo
 from scalesgd.comm.codecs.pytorch import allreduce
 from scalesgd.comm.engine.buckets import BucketPlan
 from scalesgd.comm.engine.ddp_hook import CodecHookState, codec_hook
+from scalesgd.comm.engine.driver import BucketDriver
 from scalesgd.comm.engine.optimizer import DistributedOptimizer, IterationStats
-from scalesgd.comm.engine.policies import GradientNorms, MeasuredCodec, MeasuredHook, measured_hook
+from scalesgd.comm.engine.policies import GradientNorms, MeasuredHook, measured_hook
 from scalesgd.registry import Registry
 from scalesgd.trace import Tracer
 
@@ -31,6 +32,7 @@ class ExchangeSetup:
 
     codec: str = "fp32"
     settings: CodecSettings = field(default_factory=CodecSettings)
+    compress_after: int = 0  # each parameter's first steps exchanged dense (fp32) before the codec takes over
     algorithm: str = "ring"
     buckets: str | BucketPlan = "size:1"  # a plan spec, or a plan (the planner's)
     group: object = None  # the exchange's own process group (None: a new one where the engine needs it)
@@ -40,14 +42,16 @@ class ExchangeSetup:
 
 
 class GradientExchange(ABC):
-    """The model to call, the optimizer to step, the codec (its state differs per rank), and the run's view of it."""
+    """The model to call, the optimizer to step, the codec's driver (its state differs per rank; None where PyTorch's
+    own hook or allreduce exchanges), and the run's view of it."""
 
-    def __init__(self, model: nn.Module, optimizer, codec: Codec | None, plan: BucketPlan | None = None,
+    def __init__(self, model: nn.Module, optimizer, driver: BucketDriver | None, plan: BucketPlan | None = None,
                  bare: nn.Module | None = None, norms: GradientNorms | None = None):
         self.model = model
         self.norms = norms
         self.optimizer = optimizer
-        self.codec = codec
+        self.driver = driver
+        self.codec: Codec | None = driver.codec if driver is not None else None
         self.plan = plan  # the buckets, where the engine has its own plan
         self._names = {id(p): name for name, p in (bare or model).named_parameters()}
 
@@ -77,12 +81,12 @@ class GradientExchange(ABC):
     def state_dict(self) -> dict:
         """This rank's state: the optimizer's, and the codec's (residuals and ranges differ between ranks)."""
         return {"optimizer": self.optimizer.state_dict(),
-                "codec": self.codec.state_dict() if self.codec is not None else None}
+                "codec": self.driver.state_dict() if self.driver is not None else None}
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
-        if self.codec is not None and state.get("codec") is not None:
-            self.codec.load_state_dict(state["codec"])
+        if self.driver is not None and state.get("codec") is not None:
+            self.driver.load_state_dict(state["codec"])
 
     def close(self) -> None:
         """Stop whatever thread the exchange runs on."""
@@ -98,7 +102,8 @@ class DdpExchange(GradientExchange):
         if entry.torch_hook is not None:
             hook = entry.torch_hook(on_cuda)
         else:
-            self._hook_state = CodecHookState(setup.codec, setup.group, setup.topology, setup.settings, model)
+            self._hook_state = CodecHookState(setup.codec, setup.group, setup.topology, setup.settings, model,
+                                              setup.compress_after)
             hook = DdpHook(self._hook_state, codec_hook)
         if setup.norms is not None:  # around the hook, or around DDP's own allreduce as a hook
             inner = hook or DdpHook(None, allreduce)
@@ -108,8 +113,8 @@ class DdpExchange(GradientExchange):
         if hook is not None:
             ddp.register_comm_hook(hook.state, hook.hook)
         self._hook = hook
-        super().__init__(ddp, optimizer, self._hook_state.codec if self._hook_state is not None else None, bare=model,
-                         norms=setup.norms)
+        super().__init__(ddp, optimizer, self._hook_state.driver if self._hook_state is not None else None,
+                         bare=model, norms=setup.norms)
 
     @staticmethod
     def uses_own_group(codec: CodecEntry) -> bool:
@@ -125,12 +130,11 @@ class EngineExchange(GradientExchange):
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, setup: ExchangeSetup):
         entry = CODECS[setup.codec]
-        codec = make_codec(setup.codec, setup.settings)
-        measured = MeasuredCodec(codec, setup.norms) if setup.norms is not None else codec
-        engine = DistributedOptimizer(optimizer, model, codec=measured,
+        engine = DistributedOptimizer(optimizer, model, make_codec(setup.codec, setup.settings),
                                       algorithm=setup.algorithm, buckets=entry.buckets or setup.buckets,
-                                      group=setup.group, topology=setup.topology, tracer=setup.tracer)
-        super().__init__(model, engine, codec, engine.plan, norms=setup.norms)
+                                      group=setup.group, topology=setup.topology, tracer=setup.tracer,
+                                      compress_after=setup.compress_after, norms=setup.norms)
+        super().__init__(model, engine, engine.driver, engine.plan, norms=setup.norms)
 
     def stats(self) -> IterationStats:
         return self.optimizer.pop_stats()

@@ -2,11 +2,12 @@
 
 A gradient's path: every `.grad` is a view of its bucket's flat buffer (as DDP's
 `gradient_as_bucket_view`), so autograd accumulates straight into the bucket and the
-post-accumulate-grad hook only counts arrivals; when the bucket is full it is handed to the communication thread, which encodes it, sums it across ranks
-with the chosen allreduce algorithm and decodes the mean back into the buffer while backward goes on;
+post-accumulate-grad hook only counts arrivals; when the bucket is full it is handed to the communication
+thread, which runs its codec's exchange (`scalesgd.comm.engine.driver`: encode, sum across ranks, decode the
+mean back into the buffer, piece by piece) while backward goes on;
 `step()` waits for the last bucket (the mean is then in every `.grad`) and steps the wrapped
-optimizer; `zero_grad()` zeroes each bucket with one fill. Buckets are always exchanged in plan order, so every rank issues the same collectives in
-the same order whatever order its gradients arrive in.
+optimizer; `zero_grad()` zeroes each bucket with one fill. Buckets are always exchanged in plan order, so every
+rank issues the same collectives in the same order whatever order its gradients arrive in.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from scalesgd.comm.codecs import BucketView, Channel, Codec, make_codec
 from scalesgd.comm.engine.buckets import BucketPlan, model_tensors, plan_buckets
+from scalesgd.comm.engine.driver import BucketDriver, Pending
+from scalesgd.comm.engine.policies import GradientNorms
 from scalesgd.comm.wire.topology import Topology
 from scalesgd.trace import Tracer, now_us
 
@@ -32,9 +35,9 @@ from scalesgd.trace import Tracer, now_us
 class IterationStats:
     """Where one iteration's exchange time went, as seen by this rank."""
 
-    codec_s: float = 0.0
-    comm_s: float = 0.0
-    exposed_s: float = 0.0
+    codec_s: float = 0.0  # codec arithmetic on the communication thread (encode, the sums' reduction, decode)
+    comm_s: float = 0.0  # the communication thread waiting for the wire
+    exposed_s: float = 0.0  # the step waiting for the exchange
     bytes_sent: int = 0
     thread_cpu_s: float = 0.0  # CPU the communication thread used: taken from compute where cores are shared
 
@@ -54,13 +57,12 @@ class _Bucket:
     pending: int
     ready: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
-    wire: torch.Tensor | None = None  # encoded already (codecs that encode in backward)
-    encode_us: tuple[int, int] = (0, 0)
+    prepared: Pending | None = None  # this step's exchange, handed over
 
     def reset(self) -> None:
         self.reported = [False] * len(self.slices)
         self.pending = len(self.slices)
-        self.wire = None
+        self.prepared = None
 
 
 class DistributedOptimizer:
@@ -71,21 +73,24 @@ class DistributedOptimizer:
     `single`) or a `BucketPlan` (e.g. the planner's). `group` is the process group for the exchange;
     by default a new one, so the exchange never interleaves with the caller's own collectives.
     Parameters are broadcast from rank 0 at construction, and buffers (BN statistics)
-    before every training forward, as DDP does.
+    before every training forward, as DDP does. `compress_after`: each parameter's first steps exchanged dense
+    (fp32) before the codec takes over; `norms`: each step's squared gradient norms counted into it.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: nn.Module, codec: str | Codec = "fp32",
                  algorithm: str = "ring", buckets: str = "size:1", group=None, topology=None,
-                 broadcast_buffers: bool = True, tracer: Tracer | None = None):
+                 broadcast_buffers: bool = True, tracer: Tracer | None = None, compress_after: int = 0,
+                 norms: GradientNorms | None = None):
         self.optimizer = optimizer
         self.model = model
         self.group = group if group is not None else dist.new_group()
         self.codec = make_codec(codec) if isinstance(codec, str) else codec
-        self.codec.bind(list(model.parameters()))
         if topology is None and (algorithm == "hierarchical" or self.codec.needs_topology):
             topology = Topology.from_env().groups()  # collective: every rank builds the engine together
         self.channel = Channel(self.group, dist.get_world_size(self.group), algorithm, topology)
         self.tracer = tracer or Tracer(False)
+        self.driver = BucketDriver(self.codec, self.channel, self.tracer, compress_after, norms)
+        self.driver.bind(list(model.parameters()))
         self.broadcast_buffers = broadcast_buffers
         self._src = dist.get_global_rank(self.group, 0)
         params = [p for p in model.parameters() if p.requires_grad]
@@ -165,12 +170,12 @@ class DistributedOptimizer:
 
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(),
-                "engine": {"codec": self.codec.name, "codec_state": self.codec.state_dict(),
+                "engine": {"codec": self.codec.name, "codec_state": self.driver.state_dict(),
                            "buckets": self.plan.spec, "algorithm": self.channel.algorithm}}
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
-        self.codec.load_state_dict(state["engine"]["codec_state"])
+        self.driver.load_state_dict(state["engine"]["codec_state"])
 
     def close(self) -> None:
         """Stop the communication thread and remove the hooks."""
@@ -196,12 +201,8 @@ class DistributedOptimizer:
             self._hand_over(bucket)
 
     def _hand_over(self, bucket: _Bucket) -> None:
-        """A full bucket goes to the communication thread, encoded here first if the codec says so
-        (sparsification in backward, as DLGS's timing model has it: the next layer's backward waits)."""
-        if self.codec.encode_in_backward:
-            start = now_us()
-            bucket.wire = self.codec.encode(bucket.buffer, bucket.view, self.channel)
-            bucket.encode_us = (start, now_us())
+        """A full bucket goes to the communication thread, encoded here first if its codec says so."""
+        bucket.prepared = self.driver.prepare(bucket.buffer, bucket.view)
         bucket.ready.set()
 
     def _launch_incomplete(self, bucket: _Bucket) -> None:
@@ -237,26 +238,12 @@ class DistributedOptimizer:
                 bucket.done.set()
 
     def _exchange_bucket(self, bucket: _Bucket) -> None:
-        channel, view = self.channel, bucket.view
         cpu = time.thread_time()
-        if bucket.wire is None:
-            start = now_us()
-            wire = self.codec.encode(bucket.buffer, view, channel)
-            encoded = (start, now_us())
-        else:  # encoded in backward: that time is part of backward's, not the exchange's
-            wire, encoded = bucket.wire, None
-        begin = now_us()
-        sent = self.codec.communicate(wire, view, channel)
-        sent_at = now_us()
-        self.codec.decode(wire, view, bucket.buffer, channel)
-        end = now_us()
-        spans = [("encode", *(encoded or bucket.encode_us)), ("communicate", begin, sent_at), ("decode", sent_at, end)]
-        for name, start, stop in spans:
-            self.tracer.add(name, start, stop, "comm", bucket=view.index, bytes=sent)
+        times = self.driver.complete(bucket.prepared)
         with self._stats_lock:
-            self._stats.codec_s += ((encoded[1] - encoded[0] if encoded else 0) + end - sent_at) / 1e6
-            self._stats.comm_s += (sent_at - begin) / 1e6
-            self._stats.bytes_sent += sent
+            self._stats.codec_s += times.codec_s
+            self._stats.comm_s += times.wire_s
+            self._stats.bytes_sent += times.bytes_sent
             self._stats.thread_cpu_s += time.thread_time() - cpu
 
     # ---- set-up ----------------------------------------------------------------------------------
@@ -277,7 +264,8 @@ class DistributedOptimizer:
             total += p.numel()
         buffer = torch.zeros(total, dtype=params[0].dtype, device=params[0].device)
         slices = [buffer[o:o + p.numel()].view_as(p) for o, p in zip(offsets, params)]
-        return _Bucket(BucketView(index, params, offsets, total), buffer, slices, [False] * len(params), len(params))
+        return _Bucket(self.driver.view(index, params, offsets, total), buffer, slices, [False] * len(params),
+                       len(params))
 
     @torch.no_grad()
     def _broadcast(self, tensors: list[torch.Tensor]) -> None:

@@ -1,9 +1,15 @@
-"""Each step's squared norm of this rank's gradient before the exchange and of the exchanged mean, summed over the
-buckets: what the gradient noise scale is estimated from (`scalesgd.recipe.noise_scale`). They stay on the
-gradients' device; the training loop reads them with its own periodic allreduce, so no step waits for the host.
+"""What the engines apply around any codec: dense steps first, and counting the gradient norms.
 
-The engine measures through `MeasuredCodec` (around any codec); DDP through `measured_hook` (around any hook:
-ours, PyTorch's, or its plain allreduce)."""
+Dense first: a run's first steps are exchanged dense (fp32), as PowerSGD's start iteration is, so a lossy codec
+never meets the large, fast-changing gradients of the first iterations. Steps are counted per parameter, so
+DDP's bucket rebuild and a resume keep the count.
+
+Gradient norms: each step's squared norm of this rank's gradient before the exchange and of the exchanged mean,
+summed over the buckets: what the gradient noise scale is estimated from (`scalesgd.recipe.noise_scale`). They
+stay on the gradients' device; the training loop reads them with its own periodic allreduce, so no step waits for
+the host. Our engine counts them around its codec; DDP through `measured_hook`, around any hook (ours,
+PyTorch's, or its plain allreduce).
+"""
 
 # No `from __future__ import annotations`: DDP checks that a hook's `bucket` annotation is the real class.
 import threading
@@ -12,7 +18,29 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from scalesgd.comm.codecs.base import BucketView, Channel, Codec
+
+class DenseFirst:
+    """The first `steps` steps of every parameter are exchanged dense; `dense(keys)` counts one step of a bucket
+    (by its parameters' numbers) and says whether it is one of them."""
+
+    def __init__(self, steps: int):
+        self.steps = steps
+        self._done: dict[int, int] = {}  # parameter number → steps exchanged
+
+    def dense(self, keys: tuple[int, ...]) -> bool:
+        step = self._done.get(keys[0], 0) if keys else 0
+        for key in keys:
+            self._done[key] = step + 1
+        return step < self.steps
+
+    def wrap(self, codec_state: dict) -> dict:
+        """A checkpoint's codec state with this policy's counts beside the codec's own."""
+        return {"inner": codec_state, "done": dict(self._done)}
+
+    def unwrap(self, state: dict) -> dict:
+        """Take this policy's counts from a state `wrap` made; the codec's own state."""
+        self._done = {int(k): int(v) for k, v in state["done"].items()}
+        return state["inner"]
 
 
 class GradientNorms:
@@ -37,52 +65,6 @@ class GradientNorms:
 
 
 LOCAL, MEAN = 0, 1
-
-
-class MeasuredCodec(Codec):
-    """`inner` exchanging as ever, with the squared norms of what it is given and of the mean it writes counted.
-    Everything else (state, counters, its own attributes) is the inner codec's."""
-
-    def __init__(self, inner: Codec, norms: GradientNorms):
-        self.__dict__.update(inner=inner, norms=norms, name=inner.name, needs_topology=inner.needs_topology,
-                             encode_in_backward=inner.encode_in_backward)
-
-    def __getattr__(self, name):  # anything not defined here is the inner codec's
-        if "inner" not in self.__dict__:  # being copied or unpickled: not built yet
-            raise AttributeError(name)
-        return getattr(self.__dict__["inner"], name)
-
-    def encode(self, flat: torch.Tensor, bucket: BucketView, channel: Channel) -> torch.Tensor:
-        self.norms.add(LOCAL, flat)
-        return self.inner.encode(flat, bucket, channel)
-
-    def communicate(self, wire: torch.Tensor, bucket: BucketView, channel: Channel) -> int:
-        return self.inner.communicate(wire, bucket, channel)
-
-    def decode(self, wire: torch.Tensor, bucket: BucketView, out: torch.Tensor, channel: Channel) -> None:
-        self.inner.decode(wire, bucket, out, channel)
-        self.norms.add(MEAN, out)
-
-    def bind(self, params: list[torch.Tensor]) -> None:
-        self.inner.bind(params)
-
-    def key(self, param: torch.Tensor) -> int:
-        return self.inner.key(param)
-
-    def after_dense(self, out: torch.Tensor, bucket: BucketView) -> None:
-        self.inner.after_dense(out, bucket)
-
-    def counters(self) -> dict[str, float]:
-        return self.inner.counters()
-
-    def pop_notices(self) -> list:
-        return self.inner.pop_notices()
-
-    def state_dict(self) -> dict:
-        return self.inner.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.inner.load_state_dict(state)
 
 
 @dataclass

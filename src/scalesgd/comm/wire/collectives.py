@@ -1,9 +1,10 @@
-"""Allreduce algorithms built from torch.distributed point-to-point primitives.
+"""Allreduce algorithms built from torch.distributed point-to-point primitives, each written once as steps.
 
 Every step posts a receive and a send together (batched on NCCL) so a link carries data both ways
-at once; gloo's own `all_to_all_single`/`all_gather` do not (see NOTES.md). All algorithms sum in
-place, like `dist.all_reduce`, on any backend and any dtype torch can add, and return the number
-of bytes this rank sent.
+at once; gloo's own `all_to_all_single`/`all_gather` do not (measured: they take twice the full-duplex
+time). All algorithms sum in place, like `dist.all_reduce`, on any backend and any dtype torch can add,
+and return the number of bytes this rank sent. As steps (`scalesgd.comm.wire.pipeline`), several run
+interleaved, which is how the engine pipelines the pieces of a bucket.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from scalesgd.registry import Registry
 
 @dataclass(frozen=True)
 class Algorithm:
-    """An allreduce: `run(flat, group, topology)` sums a contiguous 1-D tensor in place, returns bytes sent."""
+    """An allreduce: `steps(flat, group, topology, tag)` sums a contiguous 1-D tensor in place, as steps that
+    return the bytes sent."""
 
-    run: Callable[[torch.Tensor, object, "Topology | TopologyGroups | None"], int]
+    steps: Callable[[torch.Tensor, object, "Topology | TopologyGroups | None", int], Steps]
     help: str
     needs_topology: bool = False  # runs in the node and cross-node groups
 
@@ -40,19 +42,26 @@ def allreduce(tensor: torch.Tensor, algorithm: str = "ring", group=None,
     passes, created eagerly at start-up), or a `Topology` whose groups are built on first use over the
     default group (default `Topology.from_env()`).
     """
-    run = ALGORITHMS[algorithm].run
+    return run_steps(allreduce_steps(tensor, algorithm, group, topology))
+
+
+def allreduce_steps(tensor: torch.Tensor, algorithm: str = "ring", group=None,
+                    topology: Topology | TopologyGroups | None = None, tag: int = 0) -> Steps:
+    """`allreduce` as steps, its messages under `tag` (pieces in flight at once need distinct tags)."""
+    steps = ALGORITHMS[algorithm].steps
     rank, peers = ring_members(group)
     if rank < 0 or len(peers) == 1:  # not a member (as dist.all_reduce: nothing to do) or alone
         return 0
     work = tensor.contiguous()  # the collectives need contiguous memory; copied back below
-    sent = run(work.view(-1), group, topology)
+    sent = yield from steps(work.view(-1), group, topology, tag)
     if work is not tensor:
         tensor.copy_(work)
     return sent
 
 
-def _native_allreduce(flat: torch.Tensor, group, topology=None) -> int:
-    dist.all_reduce(flat, group=group)
+def _native_steps(flat: torch.Tensor, group, topology=None, tag: int = 0) -> Steps:
+    """torch.distributed's own all_reduce, posted as one step (its bytes: the ring estimate)."""
+    yield [dist.all_reduce(flat, group=group, async_op=True)]
     p = dist.get_world_size(group)
     return 2 * (p - 1) * flat.numel() * flat.element_size() // p
 
@@ -172,24 +181,9 @@ def ring_allreduce_steps(flat: torch.Tensor, group, buf: torch.Tensor | None = N
     return sent + (yield from ring_allgather_steps(chunks, rank, peers, group, tag))
 
 
-def ring_reduce_scatter(chunks, rank, peers, group, buf, combine=_add_into) -> int:
-    """Blocking `ring_reduce_scatter_steps`."""
-    return run_steps(ring_reduce_scatter_steps(chunks, rank, peers, group, buf, combine))
-
-
-def ring_allgather(chunks, rank, peers, group) -> int:
-    """Blocking `ring_allgather_steps`."""
-    return run_steps(ring_allgather_steps(chunks, rank, peers, group))
-
-
-def ring_allreduce(flat: torch.Tensor, group, buf: torch.Tensor | None = None, combine=_add_into) -> int:
-    """Blocking `ring_allreduce_steps`."""
-    return run_steps(ring_allreduce_steps(flat, group, buf, combine))
-
-
 # --- halving/doubling (Rabenseifner) ---------------------------------------------------------------
 
-def _halving_doubling_allreduce(flat: torch.Tensor, group, topology=None) -> int:
+def _halving_doubling_steps(flat: torch.Tensor, group, topology=None, tag: int = 0) -> Steps:
     """Recursive-halving reduce-scatter then recursive-doubling allgather: 2·log2 p′ steps (+2 to fold).
 
     With p not a power of two, the first 2r ranks (r = p − p′) pair up: each even rank hands its
@@ -201,8 +195,10 @@ def _halving_doubling_allreduce(flat: torch.Tensor, group, topology=None) -> int
     r = p - p2
     n = flat.numel()
     if rank < 2 * r and rank % 2 == 0:  # folded away: contribute, then receive the result
-        sent = send_recv(group, send=flat, dst=peers[rank + 1])
-        send_recv(group, recv=flat, src=peers[rank + 1])
+        works, sent = post(group, send=flat, dst=peers[rank + 1], tag=tag)
+        yield works
+        works, _ = post(group, recv=flat, src=peers[rank + 1], tag=tag)
+        yield works
         return sent
     vrank = rank // 2 if rank < 2 * r else rank - r  # rank among the p′ that run the core
 
@@ -218,7 +214,8 @@ def _halving_doubling_allreduce(flat: torch.Tensor, group, topology=None) -> int
     buf = flat.new_empty(n if fold_in else bounds[p2 // 2 - 1][1])  # largest receive of this call
     sent = 0
     if fold_in:
-        send_recv(group, recv=buf, src=peers[rank - 1])
+        works, _ = post(group, recv=buf, src=peers[rank - 1], tag=tag)
+        yield works
         flat.add_(buf)
     lo, hi, d = 0, p2, p2 // 2
     while d:  # reduce-scatter: keep the half of [lo, hi) on our side of bit `d`
@@ -226,7 +223,9 @@ def _halving_doubling_allreduce(flat: torch.Tensor, group, topology=None) -> int
         keep, give = ((lo, mid), (mid, hi)) if not vrank & d else ((mid, hi), (lo, mid))
         mine = span(*keep)
         incoming = buf[:mine.numel()]
-        sent += send_recv(group, span(*give), real(vrank ^ d), incoming, real(vrank ^ d))
+        works, nbytes = post(group, span(*give), real(vrank ^ d), incoming, real(vrank ^ d), tag)
+        yield works
+        sent += nbytes
         mine.add_(incoming)
         lo, hi = keep
         d //= 2
@@ -234,17 +233,22 @@ def _halving_doubling_allreduce(flat: torch.Tensor, group, topology=None) -> int
     while d < p2:  # allgather: swap our aligned run of `d` blocks with the partner's
         partner = vrank ^ d
         theirs = (partner // d) * d
-        sent += send_recv(group, span(lo, hi), real(partner), span(theirs, theirs + d), real(partner))
+        works, nbytes = post(group, span(lo, hi), real(partner), span(theirs, theirs + d), real(partner), tag)
+        yield works
+        sent += nbytes
         lo, hi = min(lo, theirs), max(hi, theirs + d)
         d *= 2
     if fold_in:
-        sent += send_recv(group, send=flat, dst=peers[rank - 1])
+        works, nbytes = post(group, send=flat, dst=peers[rank - 1], tag=tag)
+        yield works
+        sent += nbytes
     return sent
 
 
 # --- hierarchical (Goyal et al., Oyama et al.) -----------------------------------------------------
 
-def _hierarchical_allreduce(flat: torch.Tensor, group, topology: Topology | TopologyGroups | None) -> int:
+def _hierarchical_steps(flat: torch.Tensor, group, topology: Topology | TopologyGroups | None,
+                        tag: int = 0) -> Steps:
     """Reduce-scatter in the node, ring-allreduce each part across nodes, allgather in the node.
 
     Only the inter-node phase crosses the network, carrying 1/P′ of the vector per rank.
@@ -259,15 +263,15 @@ def _hierarchical_allreduce(flat: torch.Tensor, group, topology: Topology | Topo
     rank, peers = ring_members(groups.node_group)
     chunks = chunks_of(flat, len(peers))
     buf = flat.new_empty(chunks[0].numel())
-    sent = ring_reduce_scatter(chunks, rank, peers, groups.node_group, buf)
-    sent += ring_allreduce(chunks[rank], groups.cross_group, buf)
-    return sent + ring_allgather(chunks, rank, peers, groups.node_group)
+    sent = yield from ring_reduce_scatter_steps(chunks, rank, peers, groups.node_group, buf, tag=tag)
+    sent += yield from ring_allreduce_steps(chunks[rank], groups.cross_group, buf, tag=tag)
+    return sent + (yield from ring_allgather_steps(chunks, rank, peers, groups.node_group, tag))
 
 
-ALGORITHMS.add("ring", Algorithm(lambda flat, group, topology: ring_allreduce(flat, group),
+ALGORITHMS.add("ring", Algorithm(lambda flat, group, topology, tag: ring_allreduce_steps(flat, group, tag=tag),
                                  "reduce-scatter then allgather around a ring, 2(p−1) steps"))
-ALGORITHMS.add("halving_doubling", Algorithm(_halving_doubling_allreduce,
+ALGORITHMS.add("halving_doubling", Algorithm(_halving_doubling_steps,
                                              "recursive halving then doubling, 2·log2 p steps"))
-ALGORITHMS.add("hierarchical", Algorithm(_hierarchical_allreduce, "in the node, across nodes, back",
+ALGORITHMS.add("hierarchical", Algorithm(_hierarchical_steps, "in the node, across nodes, back",
                                          needs_topology=True))
-ALGORITHMS.add("native", Algorithm(_native_allreduce, "torch.distributed's own all_reduce"))
+ALGORITHMS.add("native", Algorithm(_native_steps, "torch.distributed's own all_reduce"))

@@ -12,11 +12,16 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Generator, Iterable
 
+PIECE_BYTES = 4 << 20  # bytes on the wire per piece of a bucket: ~34 ms at 1 Gbit/s, a few kernel calls each
+DEPTH = 3  # pieces in flight: the link carries two while this process encodes, adds or decodes a third
+TAGS = 1024  # message tags the pieces cycle through (far more than are ever in flight)
+
 Steps = Generator[list, None, int]
 """A collective as steps: it yields the works it posted, is resumed once they are done, returns bytes sent.
 
-Written once as steps (`comm.collectives`), a collective runs blocking (`run_steps`) or interleaved with others
-(`run_pipelined`), which is how encoding, transfers and decoding of different pieces of a bucket overlap.
+Written once as steps (`scalesgd.comm.wire.collectives`), a collective runs blocking (`run_steps`) or interleaved
+with others (`run_pipelined`), which is how encoding, transfers and decoding of different pieces of a bucket
+overlap.
 """
 
 
@@ -50,6 +55,13 @@ def _advance(job: Steps, posted: deque, first: bool = False) -> int:
     return 0
 
 
-def run_steps(steps: Steps) -> int:
-    """Run one collective's steps one after another; return its bytes sent."""
-    return run_pipelined([steps], depth=1)
+def run_steps(steps: Steps):
+    """Run one collective's steps one after another; return what it returns (its bytes sent, for a sum)."""
+    try:
+        works = next(steps)
+        while True:
+            for work in works:
+                work.wait()
+            works = steps.send(None)
+    except StopIteration as done:
+        return 0 if done.value is None else done.value

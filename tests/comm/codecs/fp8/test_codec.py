@@ -1,4 +1,4 @@
-"""The fp8 codec (SPEC §2): its sampled ranges, its settings and its state."""
+"""The fp8 codec (Oyama et al. 2020): its sampled ranges, its settings and its state."""
 
 import copy
 import math
@@ -9,13 +9,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from scalesgd.comm.codecs import BucketView, Channel, CodecSettings, Fp8Options, make_codec
+from scalesgd.comm.codecs import Channel, CodecSettings, Fp8Options, make_codec
 from scalesgd.comm.codecs.fp8.ranges import TensorRange, sample_quantiles
 from scalesgd.comm.engine.ddp_hook import CodecHookState, codec_hook
 from scalesgd.comm.engine.optimizer import DistributedOptimizer
 from scalesgd.comm.wire.topology import Topology
 from scalesgd.models import build_model
 from scalesgd.recipe import initialize
+from tests.comm.exchanging import exchange, view_of
 from tests.spawn_util import run_workers
 
 EXACT = Fp8Options(samples=10 ** 7)  # every tensor is smaller: quantiles exact, independent of sampling
@@ -48,19 +49,19 @@ def state_round_trip(rank, world):
     groups = Topology(1, 0, 1).groups()
     channel = Channel(dist.group.WORLD, 1, "ring", groups)
     params = [torch.randn(3000), torch.randn(50)]
-    view = BucketView(0, params, [0, 3000], 3050)
+    view = view_of(params)
     opts = Fp8Options(period=2, samples=100)
     first, second = (make_codec("fp8", CodecSettings(opts, seed=1)) for _ in range(2))
     gen = torch.Generator().manual_seed(5)
     grads = [torch.randn(3050, generator=gen) * (1 + i) for i in range(5)]
     for g in grads[:3]:
-        first.exchange(g.clone(), view, channel)
+        exchange(first, g.clone(), view, channel)
     second.load_state_dict(first.state_dict())
     same = []
     for g in grads[3:]:
         a, b = g.clone(), g.clone()
-        first.exchange(a, view, channel)
-        second.exchange(b, view, channel)
+        exchange(first, a, view, channel)
+        exchange(second, b, view, channel)
         same.append(torch.equal(a, b) and not torch.equal(a, g))  # fp8 rounded it, both alike
     return same, [t["step"] for t in first.state_dict()["tensors"].values()]
 
@@ -143,7 +144,7 @@ def stale_range(rank, world):
     window its bucket goes dense and the codec says so."""
     channel = Channel(dist.group.WORLD, world, "ring", None)
     params = [torch.ones(4000), torch.ones(100)]
-    view = BucketView(0, params, [0, 4000], 4100)
+    view = view_of(params)
     codec = make_codec("fp8-flat", CodecSettings(Fp8Options(period=1000, saturation_limit=0.01,
                                                             saturation_window=3)))
     gen = torch.Generator().manual_seed(rank)
@@ -154,7 +155,7 @@ def stale_range(rank, world):
         dist.all_reduce(exact)
         exact /= world
         out = g.clone()
-        codec.exchange(out, view, channel)
+        exchange(codec, out, view, channel)
         seen.append((codec.counters(), bool(torch.equal(out, exact)), codec.pop_notices()))
     return seen
 

@@ -9,10 +9,10 @@ from scalesgd.comm.codecs.topk.codec import TopkCodec
 from scalesgd.comm.engine.optimizer import DistributedOptimizer
 from scalesgd.models import build_model
 from scalesgd.recipe import build_optimizer
+from tests.comm.exchanging import exchange, view_of
 from tests.spawn_util import run_workers
 
 VIEW = BucketView(0, [], [0], 5000)
-LOCAL = Channel(None, 1)
 
 
 def grads(steps, n=5000, seed=0):
@@ -25,8 +25,7 @@ def test_residuals_are_conserved_sent_plus_kept_equals_accumulated():
     residual = torch.zeros(5000)
     for g in grads(7):
         accumulated = residual + g
-        codec.encode(g.clone(), VIEW, LOCAL)
-        idx, values, _ = codec._sent.pop(0)
+        idx, values, _ = codec.sparsify(g.clone(), VIEW, 1)
         kept = codec._state[0].residual
         sent = torch.zeros(5000).index_put_((idx.long(),), values)
         assert torch.equal(sent + kept, accumulated)
@@ -39,8 +38,7 @@ def test_at_recompute_steps_the_threshold_selects_exactly_the_top_k():
     k = math.ceil(0.01 * 5000)
     for step, g in enumerate(grads(9)):
         before = codec._state[0].residual.clone() if 0 in codec._state else torch.zeros(5000)
-        codec.encode(g.clone(), VIEW, LOCAL)
-        idx = codec._sent.pop(0)[0]
+        idx = codec.sparsify(g.clone(), VIEW, 1)[0]
         accumulated = (before + g).abs()
         threshold = codec._state[0].threshold
         by_threshold = set(torch.nonzero(accumulated >= threshold).view(-1).tolist())
@@ -63,8 +61,7 @@ def test_a_reused_threshold_sends_between_half_and_twice_k(growth):
         grad = torch.randn(5000, generator=g) * (1 + growth * step / 8) ** 4
         before = codec._state[0].residual.clone() if 0 in codec._state else torch.zeros(5000)
         old = codec._state[0].threshold if 0 in codec._state else None
-        codec.encode(grad.clone(), VIEW, LOCAL)
-        idx = codec._sent.pop(0)[0]
+        idx = codec.sparsify(grad.clone(), VIEW, 1)[0]
         sent.append(len(idx))
         passed = int(((before + grad).abs() >= old).sum()) if old else k
         if not k / 2 <= passed <= 2 * k:  # the reused threshold would have sent too much or too little
@@ -79,12 +76,10 @@ def test_state_round_trip_continues_identically():
     first, second = TopkCodec("topk", 0.1, 3), TopkCodec("topk", 0.1, 3)
     steps = grads(6)
     for g in steps[:4]:
-        first.encode(g.clone(), VIEW, LOCAL)
+        first.sparsify(g.clone(), VIEW, 1)
     second.load_state_dict(first.state_dict())
     for g in steps[4:]:
-        first.encode(g.clone(), VIEW, LOCAL)
-        second.encode(g.clone(), VIEW, LOCAL)
-        a, b = first._sent.pop(0)[:2], second._sent.pop(0)[:2]
+        a, b = first.sparsify(g.clone(), VIEW, 1), second.sparsify(g.clone(), VIEW, 1)
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
@@ -147,8 +142,7 @@ def test_momentum_correction_accumulates_the_velocity_and_masks_what_is_sent():
     for g in grads(4):
         u = m * u + g
         v = v + u
-        codec.encode(g.clone(), VIEW, LOCAL)
-        idx, values, _ = codec._sent.pop(0)
+        idx, values, _ = codec.sparsify(g.clone(), VIEW, 1)
         idx = idx.long()
         assert torch.allclose(values, v[idx]) and len(idx) == 50  # the top 1 % of the velocity
         assert torch.equal(idx.sort().values, v.abs().topk(50).indices.sort().values)
@@ -158,11 +152,11 @@ def test_momentum_correction_accumulates_the_velocity_and_masks_what_is_sent():
 
 def test_local_clipping_bounds_each_tensors_norm_before_it_accumulates():
     params = [torch.zeros(3000), torch.zeros(2000)]
-    view = BucketView(0, params, [0, 3000], 5000)
+    view = view_of(params)
     codec = TopkCodec("topk", density=1.0, reuse=1, dgc=DgcOptions(clip=2.0))
     g = grads(1)[0] * 100
-    codec.encode(g.clone(), view, Channel(None, 4))  # 4 ranks: each tensor clipped to 2 / √4 = 1
-    sent = torch.zeros(5000).index_put_((codec._sent[0][0].long(),), codec._sent[0][1])
+    idx, values, _ = codec.sparsify(g.clone(), view, 4)  # 4 ranks: each tensor clipped to 2 / √4 = 1
+    sent = torch.zeros(5000).index_put_((idx.long(),), values)
     assert sent[:3000].norm() == pytest.approx(1.0, rel=1e-4) and sent[3000:].norm() == pytest.approx(1.0, rel=1e-4)
 
 
@@ -214,7 +208,7 @@ def flagged(rank, world):
     if rank == 0:
         g[7] = float("nan")
     out = g.clone()
-    codec.exchange(out, VIEW, Channel(dist.group.WORLD, world))
+    exchange(codec, out, VIEW, Channel(dist.group.WORLD, world))
     return bool(torch.isnan(out).all()), codec._state[0].residual.abs().sum().item()
 
 

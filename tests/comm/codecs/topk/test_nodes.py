@@ -7,12 +7,13 @@ import torch.distributed as dist
 
 from scalesgd.comm.codecs import BucketView, Channel, NodeTopkCodec
 from scalesgd.comm.wire.topology import Topology
+from tests.comm.exchanging import exchange
 from tests.spawn_util import run_workers
 
 N = 1001  # odd: the two shards differ in size
 
 
-def exchange(rank, world, density, poison=False):
+def exchanged(rank, world, density, poison=False):
     groups = Topology(world, rank, 2).groups()
     channel = Channel(dist.new_group(), world, topology=groups)
     codec = NodeTopkCodec("topk-nodes", density, reuse=1)
@@ -20,21 +21,21 @@ def exchange(rank, world, density, poison=False):
     if poison and rank == 3:
         grad[7] = math.inf
     flat = grad.clone()
-    sent = codec.exchange(flat, BucketView(0, [], [0], N), channel)
+    sent = exchange(codec, flat, BucketView(0, [], [0], N), channel)
     mean = grad.clone()
     dist.all_reduce(mean)
     return flat, mean / world, sent, codec.cross_node_bytes
 
 
 def test_at_full_density_it_is_the_mean_on_every_rank():
-    ranks = run_workers(exchange, 4, 1.0)
+    ranks = run_workers(exchanged, 4, 1.0)
     for flat, mean, _, _ in ranks:
         assert torch.allclose(flat, mean, atol=1e-6)
         assert torch.equal(flat, ranks[0][0])
 
 
 def test_between_nodes_only_each_shards_top_values_travel():
-    ranks = run_workers(exchange, 4, 0.01)
+    ranks = run_workers(exchanged, 4, 0.01)
     assert all(torch.equal(flat, ranks[0][0]) for flat, *_ in ranks)
     sent_across = [cross for *_, cross in ranks]
     # shards of 501 and 500 entries: 6 and 5 (index, value) pairs of 8 bytes to the one other node, and the
@@ -47,7 +48,7 @@ def test_between_nodes_only_each_shards_top_values_travel():
 
 
 def test_an_inf_on_one_rank_is_non_finite_on_every_rank():
-    for flat, *_ in run_workers(exchange, 4, 0.01, True):
+    for flat, *_ in run_workers(exchanged, 4, 0.01, True):
         assert not torch.isfinite(flat[:501]).all()
 
 

@@ -1,4 +1,5 @@
-"""Top-k sparsification with residuals (SPEC §3): DLGS's reused thresholds, or an exact top-k each step; and
+"""Top-k sparsification with residuals after Ju et al. 2024 (DLGS, dynamic layer-wise gradient sparsification and
+gradient merging): DLGS's reused thresholds, or an exact top-k each step; and
 Deep Gradient Compression's corrections (Lin et al.): momentum correction with factor masking, density
 warm-up, local gradient clipping.
 
@@ -21,8 +22,9 @@ from dataclasses import dataclass
 import torch
 
 from scalesgd import checks
-from scalesgd.comm.codecs.base import BucketView, Channel, Codec
-from scalesgd.comm.wire.sparse import allgather_sparse, mean_of_sparse
+from scalesgd.comm.codecs.base import BucketView, Channel, Codec, Exchange, Piece, Scratch
+from scalesgd.comm.wire.pipeline import Steps
+from scalesgd.comm.wire.sparse import Gathered, allgather_sparse_steps, mean_of_sparse
 
 
 @dataclass(frozen=True)
@@ -90,22 +92,26 @@ class TopkCodec(Codec):
         self.name, self.density, self.reuse, self.dgc = name, density, reuse, dgc
         self._state: dict[int, _Sparse] = {}
         self._owner: dict[int, _Sparse] = {}  # parameter number → the bucket state holding its residual
-        self._sent: dict[int, tuple] = {}
         self._counts = torch.zeros(4, dtype=torch.float64)  # sent, elements, Σ residual², Σ gradient²
 
     def k(self, numel: int, density: float | None = None) -> int:
         return max(1, math.ceil((self.density if density is None else density) * numel))
 
-    def encode(self, flat: torch.Tensor, bucket: BucketView, channel: Channel) -> torch.Tensor:
-        """Accumulate, select, keep the rest; what travels is held until `communicate`."""
+    def start(self, flat: torch.Tensor, bucket: BucketView, channel: Channel, scratch: Scratch) -> Exchange:
+        """Accumulate, select, keep the rest: all of the encoding, on backward's path."""
+        idx, values, not_finite = self.sparsify(flat, bucket, channel.world_size)
+        return TopkExchange(flat, idx, values, not_finite, channel.group)
+
+    def sparsify(self, flat: torch.Tensor, bucket: BucketView, ranks: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """(indices, values, whether the gradient was not finite) to send for `flat`; what is not sent stays as the
+        bucket's residual."""
         st = self._bucket(bucket, flat)
         density = self.dgc.density_at(self.density, st.step)
         st.step += 1
         if not bool(torch.isfinite(flat).all()):
-            self._sent[bucket.index] = (flat.new_empty(0, dtype=torch.int32), flat.new_empty(0), True)
-            return flat
+            return flat.new_empty(0, dtype=torch.int32), flat.new_empty(0), True
         if self.dgc.clip > 0:
-            self._clip(flat, bucket, channel.world_size)
+            self._clip(flat, bucket, ranks)
         gradient_sq = flat.square().sum()
         if st.momentum is None:
             v = st.residual.add_(flat)
@@ -119,10 +125,9 @@ class TopkCodec(Codec):
         if st.momentum is not None:
             st.momentum[idx] = 0  # momentum factor masking
         wire_idx = idx.to(torch.int32) if flat.numel() < 2 ** 31 else idx  # 4 bytes per index on the wire
-        self._sent[bucket.index] = (wire_idx, values, False)
         self._counts += torch.stack([torch.tensor(float(idx.numel())), torch.tensor(float(flat.numel())),
                                      v.square().sum().double().cpu(), gradient_sq.double().cpu()])
-        return flat
+        return wire_idx, values, False
 
     def select(self, v: torch.Tensor, st: _Sparse, density: float | None = None) -> torch.Tensor:
         """Indices to send: the exact top-k at recompute steps, when the density changed, or when the reused H
@@ -139,19 +144,6 @@ class TopkCodec(Codec):
         st.threshold, st.density = float(top.values.min()), density
         return top.indices
 
-    def communicate(self, wire: torch.Tensor, bucket: BucketView, channel: Channel) -> int:
-        idx, values, not_finite = self._sent[bucket.index]
-        all_idx, all_val, sent, flagged = allgather_sparse(idx, values, channel.group, not_finite)
-        self._sent[bucket.index] = (all_idx, all_val, flagged)
-        return sent
-
-    def decode(self, wire: torch.Tensor, bucket: BucketView, out: torch.Tensor, channel: Channel) -> None:
-        all_idx, all_val, flagged = self._sent.pop(bucket.index)
-        if flagged:
-            out.fill_(math.nan)  # some rank's gradient was not finite: every rank sees it
-        else:
-            mean_of_sparse(out, all_idx, all_val)
-
     def after_dense(self, out: torch.Tensor, bucket: BucketView) -> None:
         """A dense step (before compression starts) still carries momentum when the optimizer has none."""
         if self.dgc.momentum <= 0:
@@ -165,7 +157,7 @@ class TopkCodec(Codec):
     def _bucket(self, bucket: BucketView, like: torch.Tensor) -> _Sparse:
         """The bucket's state; when the bucket now holds other parameters than before (DDP rebuilds its buckets
         after the first iteration), a new state that carries each parameter's residual and momentum over."""
-        keys = tuple(self.key(p) for p in bucket.params) if bucket.params else None
+        keys = tuple(bucket.keys) if bucket.params else None
         st = self._state.get(bucket.index)
         if st is not None and st.residual.numel() == like.numel() and (st.keys == keys or st.keys is None):
             if st.keys is None and keys is not None:  # a state saved before buckets were keyed: adopt these
@@ -236,3 +228,24 @@ class TopkCodec(Codec):
                 st.momentum.copy_(saved["momentum"])
             st.threshold, st.density, st.step = float(saved["threshold"]), float(saved["density"]), int(saved["step"])
             self._own(st)
+
+
+class TopkExchange(Exchange):
+    """One piece: every rank's (index, value) pairs gathered around the ring, then their mean, or NaN where some
+    rank's gradient was not finite."""
+
+    def __init__(self, out: torch.Tensor, idx: torch.Tensor, values: torch.Tensor, not_finite: bool, group):
+        self.out, self.idx, self.values, self.not_finite, self.group = out, idx, values, not_finite, group
+        self.bounds = [(0, out.numel())]
+        self.gathered: Gathered | None = None
+
+    def transfer(self, piece: Piece) -> Steps:
+        self.gathered = yield from allgather_sparse_steps(self.idx, self.values, self.group, self.not_finite,
+                                                          piece.tag)
+        return self.gathered.sent
+
+    def decode(self, piece: Piece) -> None:
+        if self.gathered.flagged:
+            self.out.fill_(math.nan)  # some rank's gradient was not finite: every rank sees it
+        else:
+            mean_of_sparse(self.out, self.gathered.indices, self.gathered.values)

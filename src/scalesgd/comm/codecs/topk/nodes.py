@@ -15,57 +15,57 @@ import math
 import torch
 import torch.distributed as dist
 
-from scalesgd.comm.codecs.base import BucketView, Channel
+from scalesgd.comm.codecs.base import BucketView, Channel, Exchange, Piece, Scratch
 from scalesgd.comm.codecs.topk.codec import TopkCodec
-from scalesgd.comm.wire.sparse import allgather_sparse, mean_of_sparse
+from scalesgd.comm.wire.pipeline import Steps
+from scalesgd.comm.wire.sparse import allgather_sparse_steps, mean_of_sparse
 
 
 class NodeTopkCodec(TopkCodec):
     """`TopkCodec` on this rank's shard of its node's dense sum, exchanged with the same shard's owners on other
-    nodes. Every collective runs on the communication thread."""
+    nodes. Every collective runs in the transfer, on the engine's communication thread."""
 
     needs_topology = True
-    encode_in_backward = False  # the node sum is a collective
+    encode_in_backward = False  # the selection needs the node sum, a collective
     cross_node_bytes = 0  # what the last bucket's sparse step sent between nodes
 
-    def encode(self, flat: torch.Tensor, bucket: BucketView, channel: Channel) -> torch.Tensor:
-        groups = channel.topology
-        self._node_bytes = _ring_bytes(flat, groups.topology.procs_per_node)
-        dist.all_reduce(flat, group=groups.node_group)
-        shard = flat[_shard(flat.numel(), groups.topology)]
+    def start(self, flat: torch.Tensor, bucket: BucketView, channel: Channel, scratch: Scratch) -> Exchange:
+        return NodeTopkExchange(self, flat, bucket, channel)
+
+
+class NodeTopkExchange(Exchange):
+    """One piece: the node's dense sum, this rank's shard sparsified and summed across nodes, the shards gathered
+    back in the node."""
+
+    def __init__(self, codec: NodeTopkCodec, flat: torch.Tensor, bucket: BucketView, channel: Channel):
+        self.codec, self.flat, self.bucket, self.groups = codec, flat, bucket, channel.topology
+        self.ranks = channel.world_size
+        self.bounds = [(0, flat.numel())]
+
+    def transfer(self, piece: Piece) -> Steps:
+        flat, groups, topology = self.flat, self.groups, self.groups.topology
+        node_bytes = _ring_bytes(flat, topology.procs_per_node)
+        yield [dist.all_reduce(flat, group=groups.node_group, async_op=True)]
+        size = math.ceil(flat.numel() / topology.procs_per_node)
+        start = min(topology.local_rank * size, flat.numel())
+        shard = flat[start:min(start + size, flat.numel())]
         if shard.numel() == 0:  # a bucket smaller than the node's ranks: this rank owns none of it
-            self._sent[bucket.index] = (shard.new_empty(0, dtype=torch.int32), shard.new_empty(0), False)
-            return shard
-        return super().encode(shard, BucketView(bucket.index, [], [], shard.numel()), channel)
-
-    def communicate(self, wire: torch.Tensor, bucket: BucketView, channel: Channel) -> int:
-        idx, values, not_finite = self._sent[bucket.index]
-        all_idx, all_val, sent, flagged = allgather_sparse(idx, values, channel.topology.cross_group, not_finite)
-        self._sent[bucket.index] = (all_idx, all_val, flagged)
-        self.cross_node_bytes = sent
-        return sent + 2 * self._node_bytes  # the node sum, and the gather of the shards after decode
-
-    def decode(self, wire: torch.Tensor, bucket: BucketView, out: torch.Tensor, channel: Channel) -> None:
-        topology = channel.topology.topology
-        size = math.ceil(out.numel() / topology.procs_per_node)
-        mine = out.new_zeros(size)
-        shard = mine[:wire.numel()]
-        all_idx, all_val, flagged = self._sent.pop(bucket.index)
-        if flagged:
-            shard.fill_(math.nan)  # some rank's gradient was not finite: every rank sees it
+            idx, values, not_finite = shard.new_empty(0, dtype=torch.int32), shard.new_empty(0), False
         else:
-            mean_of_sparse(shard, all_idx, all_val)  # ÷ nodes: the mean of the node sums
-            shard.div_(topology.procs_per_node)
+            view = BucketView(self.bucket.index, [], [], shard.numel())
+            idx, values, not_finite = self.codec.sparsify(shard, view, self.ranks)
+        gathered = yield from allgather_sparse_steps(idx, values, groups.cross_group, not_finite, piece.tag)
+        self.codec.cross_node_bytes = gathered.sent
+        mine = flat.new_zeros(size)
+        if gathered.flagged:
+            mine[:shard.numel()].fill_(math.nan)  # some rank's gradient was not finite: every rank sees it
+        else:
+            mean_of_sparse(mine[:shard.numel()], gathered.indices, gathered.values)  # ÷ nodes: the mean of the sums
+            mine.div_(topology.procs_per_node)
         pieces = [torch.empty_like(mine) for _ in range(topology.procs_per_node)]
-        dist.all_gather(pieces, mine, group=channel.topology.node_group)
-        out.copy_(torch.cat(pieces)[:out.numel()])
-
-
-def _shard(numel: int, topology) -> slice:
-    """Local rank l's part of a bucket of `numel` entries: the l-th run of ⌈numel/P′⌉."""
-    size = math.ceil(numel / topology.procs_per_node)
-    start = min(topology.local_rank * size, numel)
-    return slice(start, min(start + size, numel))
+        yield [dist.all_gather(pieces, mine, group=groups.node_group, async_op=True)]
+        flat.copy_(torch.cat(pieces)[:flat.numel()])
+        return gathered.sent + 2 * node_bytes  # the node sum, and the gather of the shards
 
 
 def _ring_bytes(flat: torch.Tensor, ranks: int) -> int:

@@ -1,0 +1,187 @@
+"""One bucket's exchange, run as its codec describes it: the one path both engines take, so every codec is
+pipelined, timed and traced alike, with the engine's policies (dense first steps, gradient norms) around it.
+
+    driver = BucketDriver(codec, channel)
+    pending = driver.prepare(flat, view)   # where the bucket filled up (backward's thread)
+    times = driver.complete(pending)       # on the communication thread: the mean is in `flat` after
+
+`prepare` counts the bucket's step, and for a codec that encodes in backward starts and encodes it there;
+`complete` starts the others (their start may be a collective), then keeps up to `depth` pieces in flight:
+encode a piece, post its transfer, reduce as its steps come back, decode; then `finish`. Each part is a span
+of the trace (encode, wire, reduce, decode) and counts in `Times`: arithmetic as codec time, waiting for
+the wire as wire time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from scalesgd.comm.codecs.base import BucketView, Channel, Codec, Exchange, Piece, Scratch
+from scalesgd.comm.codecs.cast import CastCodec
+from scalesgd.comm.engine.policies import LOCAL, MEAN, DenseFirst, GradientNorms
+from scalesgd.comm.wire.pipeline import DEPTH, TAGS, Steps, run_pipelined
+from scalesgd.trace import Tracer, now_us
+
+DENSE = CastCodec("fp32", None)  # what a dense-first step exchanges
+
+
+@dataclass
+class Times:
+    """Where one bucket's exchange went on this rank: seconds and bytes."""
+
+    encode_s: float = 0.0  # encoding on the thread that prepared the bucket (backward's, for codecs that do)
+    codec_s: float = 0.0  # arithmetic on the communication thread: start, encode, the sums' reduction, decode
+    wire_s: float = 0.0  # the communication thread waiting for the wire
+    bytes_sent: int = 0
+
+
+@dataclass
+class Pending:
+    """A bucket prepared for this step: its buffer (where the mean goes), view, and its exchange once started."""
+
+    flat: torch.Tensor
+    view: BucketView
+    codec: Codec  # the bucket's codec this step (the dense one in a dense-first step)
+    exchange: Exchange | None = None  # None until started
+    encoded: bool = False  # every piece encoded already (in backward)
+    times: Times = field(default_factory=Times)
+
+
+class BucketDriver:
+    """Runs buckets' exchanges with `codec` on `channel`: the bucket's scratch kept across steps, the pieces
+    pipelined `depth` deep, every part timed and traced; the first `dense_steps` steps of each parameter dense,
+    the squared norms counted into `norms` where given.
+
+    Parameters are numbered in the order `bind` is given them (the model's order, so per-parameter state is keyed
+    alike in every run whatever the buckets), else in the order first seen.
+    """
+
+    def __init__(self, codec: Codec, channel: Channel | None, tracer: Tracer | None = None, dense_steps: int = 0,
+                 norms: GradientNorms | None = None, depth: int = DEPTH):
+        if depth < 1:
+            raise ValueError(f"pipeline depth {depth}: give at least 1")
+        self.codec, self.channel, self.depth = codec, channel, depth
+        self.tracer = tracer or Tracer(False)
+        self.dense_first = DenseFirst(dense_steps) if dense_steps > 0 else None
+        self.norms = norms
+        self._numbers: dict[int, int] = {}
+        self._scratch: dict[int, Scratch] = {}
+
+    # ---- parameters and buckets ------------------------------------------------------------------
+    def bind(self, params: list[torch.Tensor]) -> None:
+        """Number the model's parameters in the model's order."""
+        self._numbers = {id(p): i for i, p in enumerate(params)}
+
+    def key(self, param: torch.Tensor) -> int:
+        """A parameter's number: its place in the bound model, else the order the driver first saw it."""
+        return self._numbers.setdefault(id(param), len(self._numbers))
+
+    def view(self, index: int, params: list[torch.Tensor], offsets: list[int], numel: int) -> BucketView:
+        return BucketView(index, params, offsets, numel, tuple(self.key(p) for p in params))
+
+    # ---- one bucket ------------------------------------------------------------------------------
+    def prepare(self, flat: torch.Tensor, view: BucketView, lane: str = "backward") -> Pending:
+        """A full bucket's step begins: counted for the dense-first steps, and started and encoded here when its
+        codec encodes in backward (the next layer's backward waits, as DLGS's timing model has it)."""
+        dense = self.dense_first is not None and self.dense_first.dense(view.keys)
+        pending = Pending(flat, view, DENSE if dense else self.codec)
+        if pending.codec.encode_in_backward:
+            if self.norms is not None:
+                self.norms.add(LOCAL, flat)
+            start = now_us()
+            pending.exchange = self._start(pending)
+            for i in range(pending.exchange.pieces):
+                pending.exchange.encode(Piece(i))
+            pending.encoded = True
+            end = now_us()
+            pending.times.encode_s = (end - start) / 1e6
+            self.tracer.add("encode", start, end, lane, bucket=view.index)
+        return pending
+
+    def complete(self, pending: Pending) -> Times:
+        """Start (unless prepared), pipeline the pieces, finish: the mean over ranks is in the bucket after."""
+        begin = now_us()
+        times, view = pending.times, pending.view
+        if pending.exchange is None:
+            if self.norms is not None:
+                self.norms.add(LOCAL, pending.flat)
+            pending.exchange = self._timed("encode", pending, lambda: self._start(pending))
+        jobs = (self._piece(pending, Piece(i, 1 + i % TAGS, i % self.depth)) for i in range(pending.exchange.pieces))
+        times.bytes_sent = run_pipelined(jobs, self.depth)
+        self._timed("decode", pending, pending.exchange.finish)
+        if pending.codec is DENSE and self.codec is not DENSE:
+            self.codec.after_dense(pending.flat, view)
+        if self.norms is not None:
+            self.norms.add(MEAN, pending.flat)
+        times.wire_s = max((now_us() - begin) / 1e6 - times.codec_s, 0.0)
+        return times
+
+    def exchange(self, flat: torch.Tensor, view: BucketView) -> int:
+        """Replace `flat` by the mean over ranks, prepared and completed on this thread; the bytes sent."""
+        return self.complete(self.prepare(flat, view, lane="comm")).bytes_sent
+
+    def __getstate__(self) -> dict:
+        """The codec and the policies travel; the channel, tracer, scratch and parameter numbers are this
+        process's (bind again after unpickling)."""
+        return {"codec": self.codec, "depth": self.depth, "dense_first": self.dense_first, "norms": self.norms}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, channel=None, tracer=Tracer(False), _numbers={}, _scratch={})
+
+    # ---- checkpoint ------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The codec's state, with the dense-first counts beside it where there are dense-first steps."""
+        state = self.codec.state_dict()
+        return self.dense_first.wrap(state) if self.dense_first is not None else state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.codec.load_state_dict(self.dense_first.unwrap(state) if self.dense_first is not None else state)
+
+    # ---- the pieces ------------------------------------------------------------------------------
+    def _start(self, pending: Pending) -> Exchange:
+        scratch = self._scratch.setdefault(pending.view.index, Scratch())
+        return pending.codec.start(pending.flat, pending.view, self.channel, scratch)
+
+    def _piece(self, pending: Pending, piece: Piece) -> Steps:
+        """One piece as steps: encode, the transfer's steps (waits on the wire, reductions between), decode."""
+        exchange = pending.exchange
+        if not pending.encoded:
+            self._timed("encode", pending, lambda: exchange.encode(piece), piece)
+        transfer = _Stepper(exchange.transfer(piece))
+        works = self._timed("reduce", pending, transfer.advance, piece)
+        while works is not None:
+            posted = now_us()
+            yield works
+            self.tracer.add("wire", posted, now_us(), f"wire {piece.slot}", bucket=pending.view.index,
+                            piece=piece.index)
+            works = self._timed("reduce", pending, transfer.advance, piece)
+        self._timed("decode", pending, lambda: exchange.decode(piece), piece)
+        return transfer.sent
+
+    def _timed(self, name: str, pending: Pending, work, piece: Piece | None = None):
+        """Run `work()` as a span `name` of the communication thread, counted as codec time; its result."""
+        start = now_us()
+        result = work()
+        end = now_us()
+        pending.times.codec_s += (end - start) / 1e6
+        self.tracer.add(name, start, end, "comm", bucket=pending.view.index,
+                        **({"piece": piece.index} if piece is not None else {}))
+        return result
+
+
+class _Stepper:
+    """A transfer's steps advanced one at a time: the works each posts, then None and the bytes it returned."""
+
+    def __init__(self, steps: Steps):
+        self.steps, self.sent, self._started = steps, 0, False
+
+    def advance(self) -> list | None:
+        try:
+            works = self.steps.send(None) if self._started else next(self.steps)
+        except StopIteration as done:
+            self.sent = done.value or 0
+            return None
+        self._started = True
+        return works

@@ -1,0 +1,19 @@
+"""A codec run on one bucket as the engines run it: through a `BucketDriver`, pieces pipelined."""
+
+import itertools
+
+import torch
+
+from scalesgd.comm.codecs import BucketView, Channel, Codec
+from scalesgd.comm.engine.driver import BucketDriver
+
+
+def view_of(params: list[torch.Tensor], index: int = 0) -> BucketView:
+    """A bucket of `params` laid out in order, numbered 0, 1, … as a bound model would number them."""
+    offsets = list(itertools.accumulate((p.numel() for p in params[:-1]), initial=0)) if params else []
+    return BucketView(index, params, offsets, sum(p.numel() for p in params), tuple(range(len(params))))
+
+
+def exchange(codec: Codec, flat: torch.Tensor, view: BucketView, channel: Channel) -> int:
+    """Replace `flat` by the mean over ranks with `codec`; the bytes sent."""
+    return BucketDriver(codec, channel).exchange(flat, view)
