@@ -17,7 +17,7 @@ from accelerate import Accelerator  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from scalesgd import CodecHookState, codec_hook  # noqa: E402
-from scalesgd.comm.codecs import CodecSettings  # noqa: E402
+from scalesgd.comm.codecs import CodecSettings, TopkOptions  # noqa: E402
 
 
 def teacher_task(samples=4096, features=32, classes=10):
@@ -40,7 +40,7 @@ def main():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
     loader = DataLoader(teacher_task(), batch_size=128, shuffle=True, drop_last=True)
     ddp, optimizer, loader = accelerator.prepare(model, optimizer, loader)  # the loader is split among workers
-    state = CodecHookState(args.codec, settings=CodecSettings(density=args.density), model=model)
+    state = CodecHookState(args.codec, settings=CodecSettings(TopkOptions(density=args.density)), model=model)
     ddp.register_comm_hook(state, codec_hook)  # after `prepare`: `ddp` is DistributedDataParallel
     loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
 

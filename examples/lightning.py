@@ -22,7 +22,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch.utils.data import DataLoader, TensorDataset
 
 from scalesgd import CodecHookState, codec_hook
-from scalesgd.comm.codecs import CodecSettings
+from scalesgd.comm.codecs import CodecSettings, TopkOptions
 from scalesgd.recipe import LrFactor, build_scheduler
 
 
@@ -108,7 +108,7 @@ def main():
 
     L.seed_everything(0, verbose=False)
     module = Classifier(args.epochs)
-    state = CodecHookState(args.codec, settings=CodecSettings(density=args.density), model=module)
+    state = CodecHookState(args.codec, settings=CodecSettings(TopkOptions(density=args.density)), model=module)
     callbacks = [CompressorHook(state)]
     if args.checkpoint_dir:
         callbacks.append(ModelCheckpoint(dirpath=args.checkpoint_dir, save_last=True, save_top_k=0))

@@ -16,7 +16,7 @@ from scalesgd.bench.train import TrainBenchConfig
 from scalesgd.cli import main
 from scalesgd.config import TrainConfig
 from scalesgd.errors import UsageError
-from scalesgd.options import option_fields
+from scalesgd.options import build, flat_options, flatten
 from scalesgd.train.sweep import SweepConfig
 
 CONFIGS = {"train": TrainConfig, "bench allreduce": AllreduceBenchConfig, "bench train": TrainBenchConfig,
@@ -37,10 +37,10 @@ def local_launch(monkeypatch):
 def number_options(cls) -> dict[str, tuple[bool, bool]]:
     """Each number option of a config: (a list of them?, floats?)."""
     found = {}
-    for f in option_fields(cls):
-        kind = str(f.type)
+    for flat in flat_options(cls):  # a codec family's options too (fp8_headroom, density, …)
+        kind = str(flat.field.type)
         if ("int" in kind or "float" in kind) and "bool" not in kind and "str" not in kind:
-            found[f.name] = ("tuple" in kind, "float" in kind)
+            found[flat.name] = ("tuple" in kind, "float" in kind)
     return found
 
 
@@ -52,17 +52,19 @@ def values_for(is_list: bool, is_float: bool):
 def accepted_or_refused(cls, changes: dict) -> None:
     """Validating either raises UsageError (nothing else) or leaves every number option finite."""
     try:
-        cfg = cls(**changes).validate()
+        cfg = build(cls, changes).validate()
     except UsageError:
         return
+    values = flatten(cfg)
     for name in number_options(cls):
-        value = getattr(cfg, name)
+        value = values[name]
         for one in value if isinstance(value, tuple) else () if value is None else (value,):
             assert math.isfinite(one) if isinstance(one, float) else abs(one) < 2**63, (name, value)
 
 
 def test_every_config_has_number_options_to_draw():
-    assert {"timeout", "warmup_epochs", "milestones", "seed", "workers"} <= set(number_options(TrainConfig))
+    assert {"timeout", "warmup_epochs", "milestones", "seed", "workers", "fp8_headroom", "density"} <= set(
+        number_options(TrainConfig))
     assert {"sizes", "timeout", "threads"} <= set(number_options(AllreduceBenchConfig))
     assert set(number_options(SweepConfig)) == {"batches", "seeds", "base_lrs"}
 

@@ -62,10 +62,10 @@ BAD = [
     (("--local-clip", "-1"), "--local-clip -1.0: must be a finite number >= 0"),
     (("--noise-scale", "--workers", "1"), "--noise-scale compares each worker's gradient with the mean over "
                                           "workers: it needs --workers 2 or more, got 1"),
-    (("--codec", "fp8", "--momentum-correction"), "--momentum-correction applies to the sparse codecs (topk, "
+    (("--codec", "fp8", "--momentum-correction"), "--momentum-correction applies to the topk codecs (topk, "
                                                   "topk-global, topk-nodes, lags); got --codec fp8"),
     (("--engine", "scalesgd", "--codec", "topk", "--density-warmup", "2", "--codec", "fp16"),
-     "--density-warmup applies to the sparse codecs"),
+     "--density-warmup applies to the topk codecs"),
     (("--engine", "scalesgd", "--codec", "topk", "--momentum-correction", "--optimizer", "lars"),
      "--momentum-correction moves SGD's momentum into the exchange: it needs --optimizer sgd and --momentum above "
      "0; got lars"),

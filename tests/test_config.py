@@ -5,10 +5,10 @@ import json
 import pytest
 
 from scalesgd.cli import build_parser
-from scalesgd.comm.codecs import CODECS
+from scalesgd.comm.codecs import CODECS, make_codec
 from scalesgd.config import TrainConfig
 from scalesgd.errors import UsageError
-from scalesgd.options import flag_of, option_fields
+from scalesgd.options import flat_options
 
 
 def train_parser():
@@ -19,9 +19,10 @@ def test_every_field_has_a_flag_and_every_flag_a_field():
     flags = {a.dest: a.option_strings for a in train_parser()._actions if a.option_strings}
     flags.pop("help")
     assert flags.pop("resume") == ["--resume"]  # the command's own: which run to continue, not what it computes
-    fields = {f.name: [flag_of(f)] for f in option_fields(TrainConfig)}
+    fields = {flat.name: [flat.flag] for flat in flat_options(TrainConfig)}
     assert flags == fields
-    assert [f.name for f in option_fields(TrainConfig)] == list(TrainConfig.__dataclass_fields__)
+    assert fields["fp8_headroom"] == ["--fp8-headroom"] and fields["density"] == ["--density"]  # as before families
+    assert fields["topk_reuse"] == ["--topk-reuse"] and fields["momentum_correction"] == ["--momentum-correction"]
 
 
 @pytest.mark.parametrize("changes,message", [
@@ -37,7 +38,7 @@ def test_every_field_has_a_flag_and_every_flag_a_field():
 ])
 def test_bad_values_raise_errors_naming_fields_not_flags(changes, message):
     with pytest.raises(UsageError) as err:
-        TrainConfig(**changes).validate()
+        TrainConfig.from_dict(changes).validate()
     assert message in str(err.value) and "--" not in str(err.value)
 
 
@@ -57,8 +58,8 @@ def test_what_the_options_imply_comes_from_the_registries():
     assert TrainConfig(codec="fp8").own_exchange_group  # our hook under DDP
     assert not TrainConfig(codec="fp16").own_exchange_group  # PyTorch's hook, in DDP's group
     assert TrainConfig(engine="scalesgd").own_exchange_group
-    setup = TrainConfig(codec="fp8", fp8_period=7, seed=3).exchange_setup()
-    assert setup.codec == "fp8" and setup.settings.fp8.period == 7 and setup.settings.seed == 3
+    setup = TrainConfig.from_dict({"codec": "fp8", "fp8_period": 7, "seed": 3}).exchange_setup()
+    assert setup.codec == "fp8" and setup.settings.options["fp8"].period == 7 and setup.settings.seed == 3
     assert set(CODECS) >= {"fp32", "fp16", "bf16", "powersgd", "fp8", "topk"}
 
 
@@ -84,10 +85,11 @@ def test_compression_starts_at_the_end_of_warmup_unless_told():
     assert TrainConfig(warmup="none").compress_after_steps(10) == 0
     assert TrainConfig(compress_after="40").compress_after_steps(10) == 40
     assert TrainConfig(compress_after="1.5ep").compress_after_steps(10) == 15
-    settings = TrainConfig(engine="scalesgd", codec="topk", momentum_correction=True, density_warmup=3,
-                           local_clip=2.0, nesterov=True).validate().codec_settings(steps_per_epoch=7)
-    assert settings.dgc.momentum == 0.9 and settings.dgc.nesterov and settings.dgc.warmup_epochs == 3
-    assert settings.dgc.steps_per_epoch == 7 and settings.dgc.clip == 2.0
+    settings = TrainConfig.from_dict(dict(engine="scalesgd", codec="topk", momentum_correction=True, density_warmup=3,
+                                          local_clip=2.0, nesterov=True)).validate().codec_settings(steps_per_epoch=7)
+    dgc = make_codec("topk", settings).dgc
+    assert dgc.momentum == 0.9 and dgc.nesterov and dgc.warmup_epochs == 3
+    assert dgc.steps_per_epoch == 7 and dgc.clip == 2.0
     setup = TrainConfig(engine="scalesgd", codec="topk", warmup_epochs=5).exchange_setup(steps_per_epoch=7)
     assert setup.compress_after == 35
-    assert TrainConfig(engine="scalesgd", codec="topk").codec_settings().dgc.momentum == 0.0  # off by default
+    assert make_codec("topk", TrainConfig(engine="scalesgd", codec="topk").codec_settings()).dgc.momentum == 0.0

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from scalesgd.comm.codecs import CODECS, CodecSettings
+from scalesgd.comm.codecs import CODECS, CodecSettings, TopkOptions
 from scalesgd.comm.engine.exchange import ExchangeSetup, build_exchange
 from scalesgd.comm.cost.profile import time_layers
 from scalesgd.models import build_model
@@ -27,7 +27,7 @@ def mean_gradient(rank: int, world: int, engine: str, codec: str) -> torch.Tenso
     device = torch.device("cuda", rank)
     model = build_model("resnet8", 10, 3).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the weights stay, the gradient is the result
-    exchange = build_exchange(engine, model, optimizer, ExchangeSetup(codec, CodecSettings(density=0.5)))
+    exchange = build_exchange(engine, model, optimizer, ExchangeSetup(codec, CodecSettings(TopkOptions(density=0.5))))
     g = torch.Generator().manual_seed(rank)
     x, y = torch.randn(8, 3, 16, 16, generator=g).to(device), torch.randint(0, 10, (8,), generator=g).to(device)
     torch.nn.functional.cross_entropy(exchange.model(x), y).backward()

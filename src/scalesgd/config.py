@@ -7,14 +7,13 @@ naming fields in backticks (the CLI shows them as --flags).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from scalesgd import checks
-from scalesgd.comm.codecs import CODECS, CodecEntry, CodecSettings, DgcOptions, Fp8Options
+from scalesgd.comm.codecs import CODEC_OPTIONS, CODECS, CodecEntry, CodecOptions, CodecSettings
 from scalesgd.comm.cost.planner import PLANNERS
 from scalesgd.comm.engine.buckets import parse_spec
 from scalesgd.comm.engine.exchange import ENGINES, ExchangeSetup
@@ -23,7 +22,20 @@ from scalesgd.data import DATASETS, DataError
 from scalesgd.errors import UsageError
 from scalesgd.models import MODELS
 from scalesgd.optim import OPTIMIZERS
-from scalesgd.options import check_fields, floats_of, option, parse, refuse, require_choice, runtime_fields, words
+from scalesgd.options import (
+    build,
+    check_fields,
+    expanded,
+    flat_options,
+    flatten,
+    floats_of,
+    option,
+    parse,
+    refuse,
+    require_choice,
+    runtime_fields,
+    words,
+)
 from scalesgd.recipe.adascale import AdaScaleFactor
 from scalesgd.recipe.params import build_optimizer
 from scalesgd.recipe.scaling import SCALING_RULES, scaled_lr
@@ -31,7 +43,6 @@ from scalesgd.recipe.schedule import SCHEDULES, WARMUPS, LrFactor, default_miles
 from scalesgd.trace import Tracer
 
 MIN_PER_WORKER = 2  # BatchNorm needs more than one sample per worker
-DENSITY_WARMUP_EPOCHS = 4  # DGC's: the sparse codecs' density reaches its target over the first 4 epochs
 NO_PLANNER = "none"
 EXCHANGES = ("manual", "auto")
 AUTO_CODECS = ("fp32", "fp16", "bf16", "fp8")  # the dense codecs: sparse ones change what is learned, so only on request
@@ -138,30 +149,9 @@ class TrainConfig:
     procs_per_node: int = option(0, "processes per node for hierarchical exchange", group=WORKERS,
                                  shown_default="LOCAL_WORLD_SIZE",
                                  check=checks.at_least(0, "0 reads LOCAL_WORLD_SIZE"))
-    fp8_eps: float = option(1e-5, "ε of fp8's relative data g/(|w|+ε)", group=WORKERS)
-    fp8_quantile: float = option(1.0, "fp8 range: this quantile of |data| (1: the sampled maximum), times the "
-                                 "headroom, maps to the top of e5m2 (the seed's: 0.95)", group=WORKERS)
-    fp8_period: int = option(100, "fp8 range re-estimated every N steps", group=WORKERS)
-    fp8_samples: int = option(1024, "elements sampled per tensor for it", group=WORKERS)
-    fp8_headroom: float = option(128.0, "fp8 range: headroom × the quantile maps to the top (the seed's: 1)",
-                                 group=WORKERS)
-    fp8_saturation_limit: float = option(0.01, "fp8: a tensor saturating more than this fraction of its elements "
-                                         "on some rank …", group=WORKERS)
-    fp8_saturation_window: int = option(50, "… for this many steps in a row is sent dense (limit 0: never)",
-                                        group=WORKERS)
-    density: float = option(0.1, "sparse codecs: fraction of each group's entries sent", group=WORKERS)
-    topk_reuse: int = option(10, "topk: exact threshold recomputed every S steps, reused between", group=WORKERS)
     compress_after: str = option("warmup", "a lossy codec compresses after this many dense (fp32) steps: STEPS, "
                                  "EPOCHSep, or warmup (the end of the LR warmup)", group=WORKERS,
                                  check=_steps_or_epochs)
-    momentum_correction: bool = option(False, "sparse codecs: DGC's momentum correction (the exchange accumulates "
-                                       "the velocity, masked where sent; SGD keeps momentum for the decay only)",
-                                       group=WORKERS)
-    density_warmup: int = option(DENSITY_WARMUP_EPOCHS, "sparse codecs: density rises exponentially to --density "
-                                 "over this many epochs once compression starts (DGC's warm-up; measured: ρ 0.001 "
-                                 "−0.25 points instead of −4.25); 0: off", group=WORKERS, check=checks.at_least(0))
-    local_clip: float = option(0.0, "sparse codecs: each tensor's local gradient clipped to this norm ÷ √workers "
-                               "before it accumulates (DGC); 0: off", group=WORKERS, check=checks.finite_non_negative)
     exchange: str = option("manual", "auto: at start-up measure the compute, the link and each codec on this process "
                            "group, simulate every codec of --auto-codecs with every bucket plan, and use the fastest "
                            "(engine scalesgd); manual: --codec and --buckets as given", choices=EXCHANGES,
@@ -169,6 +159,8 @@ class TrainConfig:
     auto_codecs: tuple[str, ...] = option(AUTO_CODECS, "the codecs --exchange auto chooses among (sparse ones only "
                                           "when listed)", parse=words, group=WORKERS, choices=CODECS,
                                           check=checks.distinct)
+    codec_options: CodecOptions = expanded(CODEC_OPTIONS.items, CodecOptions, lambda held, family: held[family],
+                                           group="codec options: {}")  # each family's, --FAMILY-OPTION
     planner: str = option(NO_PLANNER, "sparse codecs: merge layers into groups from a measured timing model, "
                           "greedily (dlgs) or exactly (optimal); none: --buckets decides",
                           choices=lambda: (NO_PLANNER, *PLANNERS), group=WORKERS)
@@ -233,18 +225,20 @@ class TrainConfig:
         return int(self.compress_after)
 
     def codec_settings(self, steps_per_epoch: int = 1) -> CodecSettings:
-        fp8 = Fp8Options(eps=self.fp8_eps, quantile=self.fp8_quantile, period=self.fp8_period,
-                         samples=self.fp8_samples, headroom=self.fp8_headroom,
-                         saturation_limit=self.fp8_saturation_limit, saturation_window=self.fp8_saturation_window)
-        dgc = DgcOptions(momentum=self.momentum if self.momentum_correction else 0.0, nesterov=self.nesterov,
-                         warmup_epochs=self.density_warmup, steps_per_epoch=steps_per_epoch, clip=self.local_clip)
-        return CodecSettings(fp8, self.density, self.topk_reuse, self.seed, dgc)
+        """What this run's codecs are built with: each family's options and the run's seed, epoch and momentum."""
+        return CodecSettings(self.codec_options, seed=self.seed, steps_per_epoch=steps_per_epoch,
+                             momentum=self.momentum, nesterov=self.nesterov)
+
+    @property
+    def topk(self):
+        """The sparse codecs' options (density, reuse, DGC's corrections): what the planner and the optimizer read."""
+        return self.codec_options["topk"]
 
     def build_optimizer(self, model):
         """The recipe's optimizer for `model` with this run's settings (the loop's, and auto's trial copies')."""
         return build_optimizer(model, self.optimizer, self.peak_lr, self.momentum, self.nesterov,
                                self.weight_decay, self.bias_decay, self.trust_coefficient,
-                               momentum_in_exchange=self.momentum_correction)
+                               momentum_in_exchange=self.topk.momentum_correction)
 
     def exchange_setup(self, group=None, topology=None, tracer: Tracer | None = None, plan=None,
                        steps_per_epoch: int = 1, norms=None) -> ExchangeSetup:
@@ -290,13 +284,13 @@ class TrainConfig:
 
     # ---- saving and resuming ---------------------------------------------------------------------
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["milestones"] = list(self.milestones) if self.milestones is not None else None
-        return d
+        """Every option by its flat name (a codec family's as `fp8_headroom`), lists for tuples: config.json."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in flatten(self).items()}
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
-        known = {f.name for f in fields(cls)}
+        """The config `to_dict` wrote, or the options the command line gave (by flat name)."""
+        known = {flat.name for flat in flat_options(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
             raise UsageError(f"unknown configuration keys {unknown}; this version accepts {sorted(known)}")
@@ -305,7 +299,11 @@ class TrainConfig:
             d["milestones"] = tuple(float(m) for m in d["milestones"])
         if d.get("auto_codecs") is not None:  # a list in JSON
             d["auto_codecs"] = tuple(d["auto_codecs"])
-        return cls(**d)
+        return build(cls, d)
+
+    def replaced(self, **options) -> TrainConfig:
+        """A copy with these options changed, named as `to_dict` names them (`density`, `fp8_headroom`, …)."""
+        return TrainConfig.from_dict({**self.to_dict(), **options})
 
     @classmethod
     def from_argv(cls, argv: list[str]) -> TrainConfig:
@@ -314,9 +312,9 @@ class TrainConfig:
 
     def incompatible_with(self, stored: TrainConfig) -> list[str]:
         """Names of the options that differ from a stored run's and that a resumed run cannot take."""
-        runtime = runtime_fields(type(self))
-        return [f.name for f in fields(self) if f.name not in runtime and f.name not in RESUME_MAY_CHANGE
-                and getattr(self, f.name) != getattr(stored, f.name)]
+        runtime, mine, theirs = runtime_fields(type(self)), flatten(self), flatten(stored)
+        return [name for name in mine if name not in runtime and name not in RESUME_MAY_CHANGE
+                and mine[name] != theirs[name]]
 
     @property
     def checkpoint_interval(self) -> tuple[int, float]:
@@ -357,15 +355,15 @@ class TrainConfig:
             plannable = " | ".join(name for name, entry in CODECS.items() if entry.plannable)
             raise UsageError(f"`planner` {self.planner} plans the groups of `codec` {plannable} (with `engine` "
                              f"scalesgd); got `codec` {self.codec}")
-        for name, problem in self.codec_settings().problems().items():
-            raise UsageError(f"`{name}` {getattr(self, name)}: {problem}")
-        dgc = [f.name for f in fields(self) if f.name in ("momentum_correction", "density_warmup", "local_clip")
-               and getattr(self, f.name) and getattr(self, f.name) != f.default]  # on, and not as by default
-        if dgc and not self.codec_entry.sparse:
-            sparse = ", ".join(name for name, entry in CODECS.items() if entry.sparse)
-            raise UsageError(f"`{dgc[0]}` applies to the sparse codecs ({sparse}); "
-                             f"got `codec` {self.codec}")
-        if self.momentum_correction and (self.optimizer != "sgd" or self.momentum == 0):
+        values = flatten(self)
+        for flat in flat_options(type(self)):  # a family's own option, on and not as by default, needs its codec
+            value = values[flat.name]
+            if flat.field.metadata["own"] and value and value != flat.field.default \
+                    and self.codec_entry.family != flat.prefix:
+                family = ", ".join(name for name, entry in CODECS.items() if entry.family == flat.prefix)
+                raise UsageError(f"`{flat.name}` applies to the {flat.prefix} codecs ({family}); "
+                                 f"got `codec` {self.codec}")
+        if self.topk.momentum_correction and (self.optimizer != "sgd" or self.momentum == 0):
             raise UsageError(f"`momentum_correction` moves SGD's momentum into the exchange: it needs `optimizer` "
                              f"sgd and `momentum` above 0; got {self.optimizer} with momentum {self.momentum}")
         if self.procs_per_node and self.workers % self.procs_per_node:

@@ -3,14 +3,18 @@
 A config is a dataclass whose fields are made with `option(default, help, …)`. `add_options` turns
 them into argparse arguments (flag, type, help with the choices and the default), `check_fields`
 applies each field's choices and check (and to every number: finite, within 64 bits), and errors
-name fields in backticks so the CLI can show them as flags (`scalesgd.errors.as_flags`).
+name options in backticks so the CLI can show them as flags (`scalesgd.errors.as_flags`).
+
+A field made with `expanded(…)` holds option objects of its own (a whole config, or one options object per
+codec family): their options join the command line under the holder's prefix (`--fp8-headroom`), each with a
+flat name (`fp8_headroom`) that records, errors and `build` use.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from scalesgd.checks import Check, finite, number
@@ -25,7 +29,7 @@ class OptionParser(argparse.ArgumentParser):
 
 
 def parse(cls, argv: list[str], prog: str) -> dict:
-    """The options of `cls` given in `argv`, as field values (UsageError on an unknown or malformed one)."""
+    """The options of `cls` given in `argv`, by flat name (UsageError on an unknown or malformed one)."""
     parser = OptionParser(prog=prog)
     add_options(parser, cls)
     return given(parser.parse_args(argv))
@@ -35,51 +39,144 @@ def option(default: Any, help: str = "", *, choices: Iterable[str] | Callable[[]
            check: Check | None = None,
            parse: Callable[[str], Any] | None = None, flag: str | None = None, group: str = "",
            shown_default: str | None = None, runtime: bool = False, remainder: bool = False,
-           check_choices: bool = True, nonfinite: bool = False) -> Any:
+           check_choices: bool = True, nonfinite: bool = False, positional: str | None = None,
+           own: bool = False) -> Any:
     """A dataclass field with its option: help, accepted names (a registry, a tuple or a function giving
     them), a check, how to parse it.
 
-    `parse` defaults to the default's type; `flag` to --field-name (a bool defaulting to True needs
-    its --no-… flag); `shown_default` replaces the default in the help; `runtime` marks an option
-    that says where and how a run executes, not what it computes; `remainder` takes everything after
-    `--`; `check_choices` False leaves the choices to a check that knows more (the codec's, the engine);
-    `nonfinite` lets a number option take nan and ±inf, which every other one refuses.
+    `parse` defaults to the default's type; `flag` to --field-name (--prefix-field-name in an expanded holder; a
+    bool defaulting to True needs its --no-… flag); `shown_default` replaces the default in the help; `runtime`
+    marks an option that says where and how a run executes, not what it computes; `remainder` takes everything
+    after `--`; `positional` makes it an argument without a flag, taking that many values (argparse's nargs:
+    None for one, "+" for one or more); `check_choices` False leaves the choices to a check that knows more (the
+    codec's, the engine); `nonfinite` lets a number option take nan and ±inf, which every other one refuses;
+    `own` marks an option of a codec family that applies to that family's codecs alone.
     """
     return dataclasses.field(default=default, metadata={
         "help": help, "choices": choices, "check": check, "parse": parse, "flag": flag, "group": group,
         "shown_default": shown_default, "runtime": runtime, "remainder": remainder, "check_choices": check_choices,
-        "nonfinite": nonfinite})
+        "nonfinite": nonfinite, "positional": positional, "own": own})
+
+
+def expanded(parts: Callable[[], Iterable[tuple[str, type]]], make: Callable[[dict[str, Any]], Any],
+             part: Callable[[Any, str], Any], group: str = "") -> Any:
+    """A field holding option objects of its own: `parts()` names them (prefix, class) — read at each use, so a
+    registry's later entries join —, `make({prefix: object})` builds the field's value (parts not given take their
+    defaults) and `part(value, prefix)` reads one back. `group` titles their options in the help ({} is the
+    prefix)."""
+    return dataclasses.field(default_factory=lambda: make({}), metadata={
+        "parts": parts, "make": make, "part": part, "group": group})
+
+
+def nested(cls: type) -> Any:
+    """A field holding a whole config of class `cls`, its options on the command line as if they were the
+    holder's own."""
+    return expanded(lambda: [("", cls)], lambda given: given.get("") or cls(), lambda value, prefix: value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Flat:
+    """One option as the command line and the records name it: its flat name, its field, the prefix it is under
+    and the title of its group in the help."""
+
+    name: str
+    field: dataclasses.Field
+    prefix: str = ""
+    group: str = ""
+
+    @property
+    def flag(self) -> str:
+        given = self.field.metadata["flag"]
+        return given or option_name(self.name)
+
+
+def flat_name(f: dataclasses.Field, prefix: str) -> str:
+    """An option's flat name: its field's name under its prefix, or what its own flag spells (--density)."""
+    flag = f.metadata["flag"]
+    if prefix and flag and not flag.startswith("--no-"):
+        return flag[2:].replace("-", "_")
+    return f"{prefix}_{f.name}" if prefix else f.name
+
+
+def _join(prefix: str, inner: str) -> str:
+    return f"{prefix}_{inner}" if prefix and inner else prefix or inner
+
+
+def _walk(cls, config=None, prefix: str = "", group: str = "") -> Iterator[tuple[Flat, Any]]:
+    """Every option of `cls` in declaration order, expanded holders' options in place, with its value in
+    `config` (None without one)."""
+    for f in dataclasses.fields(cls):
+        meta = f.metadata
+        if "parts" in meta:
+            value = getattr(config, f.name) if config is not None else None
+            for inner, sub in meta["parts"]():
+                title = meta["group"].format(inner) if meta["group"] else group
+                held = meta["part"](value, inner) if config is not None else None
+                yield from _walk(sub, held, _join(prefix, inner), title)
+        elif "help" in meta:
+            yield Flat(flat_name(f, prefix), f, prefix, meta["group"] or group), (
+                getattr(config, f.name) if config is not None else None)
+
+
+def flat_options(cls) -> list[Flat]:
+    """Every option of a config class, expanded holders' included; ValueError where two share a flat name."""
+    found = [flat for flat, _ in _walk(cls)]
+    names = [flat.name for flat in found]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ValueError(f"options {twice} are declared twice in {cls.__name__}")
+    return found
+
+
+def flatten(config) -> dict[str, Any]:
+    """A config's option values by flat name."""
+    return {flat.name: value for flat, value in _walk(type(config), config)}
+
+
+def build(cls, values: dict[str, Any], prefix: str = ""):
+    """A config of class `cls` from option values by flat name (the others at their defaults)."""
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        meta = f.metadata
+        if "parts" in meta:
+            kwargs[f.name] = meta["make"]({inner: build(sub, values, _join(prefix, inner))
+                                           for inner, sub in meta["parts"]()})
+        elif "help" in meta and flat_name(f, prefix) in values:
+            kwargs[f.name] = values[flat_name(f, prefix)]
+    return cls(**kwargs)
 
 
 def option_fields(cls) -> list[dataclasses.Field]:
-    """The fields of a config class that are options (all of them, in a config made with `option`)."""
+    """The fields of a config class that are options themselves (not expanded holders)."""
     return [f for f in dataclasses.fields(cls) if "help" in f.metadata]
 
 
-def flag_of(f: dataclasses.Field) -> str:
-    return f.metadata["flag"] or option_name(f.name)
-
-
 def add_options(parser: argparse.ArgumentParser, cls) -> None:
-    """One argument per option field of `cls`; an option not given is absent from the parsed namespace."""
+    """One argument per option of `cls`; an option not given is absent from the parsed namespace."""
     groups: dict[str, Any] = {}
-    for f in option_fields(cls):
-        meta = f.metadata
+    for flat in flat_options(cls):
+        f, meta = flat.field, flat.field.metadata
         target = parser
-        if meta["group"]:
-            target = groups.get(meta["group"]) or groups.setdefault(meta["group"],
-                                                                    parser.add_argument_group(meta["group"]))
+        if flat.group:
+            target = groups.get(flat.group) or groups.setdefault(flat.group, parser.add_argument_group(flat.group))
         if meta["remainder"]:
-            target.add_argument(f.name, nargs=argparse.REMAINDER, default=argparse.SUPPRESS, help=help_of(f))
+            target.add_argument(flat.name, nargs=argparse.REMAINDER, default=argparse.SUPPRESS, help=help_of(f))
+        elif meta["positional"] is not None:
+            target.add_argument(flat.name, nargs=None if meta["positional"] == "1" else meta["positional"],
+                                metavar=flat.name.upper(), type=meta["parse"] or _type_of(f), help=help_of(f))
         elif isinstance(f.default, bool):
-            flag = flag_of(f)
-            if f.default and not flag.startswith("--no-"):
-                raise ValueError(f"option {f.name} defaults to True: its flag must be --no-…, got {flag}")
-            target.add_argument(flag, dest=f.name, action="store_false" if f.default else "store_true",
+            if f.default and not flat.flag.startswith("--no-"):
+                raise ValueError(f"option {flat.name} defaults to True: its flag must be --no-…, got {flat.flag}")
+            target.add_argument(flat.flag, dest=flat.name, action="store_false" if f.default else "store_true",
                                 default=argparse.SUPPRESS, help=help_of(f))
         else:
-            target.add_argument(flag_of(f), dest=f.name, type=meta["parse"] or type(f.default),
+            target.add_argument(flat.flag, dest=flat.name, type=meta["parse"] or _type_of(f),
                                 default=argparse.SUPPRESS, help=help_of(f))
+
+
+def _type_of(f: dataclasses.Field) -> Callable[[str], Any]:
+    """How an option's text becomes its value: the type of its default (a str for a list of them)."""
+    return str if isinstance(f.default, tuple) else type(f.default)
 
 
 def help_of(f: dataclasses.Field) -> str:
@@ -98,26 +195,27 @@ def help_of(f: dataclasses.Field) -> str:
 
 
 def given(namespace: argparse.Namespace, *leave_out: str) -> dict:
-    """The options the user gave, as field values (a remainder's leading `--` dropped)."""
+    """The options the user gave, by flat name (a list as a tuple, a remainder's leading `--` dropped)."""
     values = {k: v for k, v in vars(namespace).items() if k not in leave_out}
     for key, value in values.items():
-        if isinstance(value, list):  # an argparse remainder
+        if isinstance(value, list):  # an argparse remainder, or several positional values
             values[key] = tuple(value[1:] if value[:1] == ["--"] else value)
     return values
 
 
-def check_fields(config) -> None:
-    """Each option's accepted names and check, then (numbers) finite and within 64 bits, in field order; UsageError
-    naming the first bad `field`."""
-    for f in option_fields(config):
-        value = getattr(config, f.name)
+def check_fields(config, prefix: str = "") -> None:
+    """Each option's accepted names and check, then (numbers) finite and within 64 bits, in declaration order,
+    expanded holders' options included; UsageError naming the first bad option by its flat name (under `prefix`
+    for a config that is a part of another: an options object of the fp8 family checks as `fp8_…`)."""
+    for flat, value in _walk(type(config), config, prefix):
+        f = flat.field
         check = f.metadata["check"]
         if f.metadata["choices"] is not None and f.metadata["check_choices"]:
             for one in value if isinstance(value, tuple) else (value,):
-                require_choice(f.name, one, choices_of(f))
-        refuse(f.name, value, check(value) if check is not None else None)
+                require_choice(flat.name, one, choices_of(f))
+        refuse(flat.name, value, check(value) if check is not None else None)
         if not f.metadata["nonfinite"]:
-            refuse(f.name, value, finite(value))
+            refuse(flat.name, value, finite(value))
 
 
 def refuse(name: str, value: Any, problem: str | None) -> None:
@@ -140,12 +238,13 @@ def require_choice(name: str, value: Any, choices: Iterable[str], context: str =
 
 
 def record(config) -> dict:
-    """A config as written into JSON records (tuples as lists)."""
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()}
+    """A config as written into JSON records: its options by flat name, tuples as lists."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in flatten(config).items()}
 
 
 def runtime_fields(cls) -> frozenset[str]:
-    return frozenset(f.name for f in option_fields(cls) if f.metadata["runtime"])
+    """The flat names of the options that say where and how a run executes, not what it computes."""
+    return frozenset(flat.name for flat in flat_options(cls) if flat.field.metadata["runtime"])
 
 
 # ---- parsers of list options -------------------------------------------------------------------------

@@ -4,7 +4,7 @@ import json
 
 import torch
 
-from scalesgd.comm.codecs import CodecSettings
+from scalesgd.comm.codecs import CodecSettings, TopkOptions
 from scalesgd.models import build_model
 from scalesgd.sim.auto import FINALIST_MARGIN, FINALISTS, PLANS, RESOLUTION, Decision, decide, finalists, pick
 from tests.spawn_util import run_workers
@@ -15,7 +15,7 @@ def _decide(rank, world):
     model = build_model("resnet8", 10, 3)
     batch = (torch.randn(4, 3, 8, 8), torch.randint(0, 10, (4,)))
     decision = decide(model, batch, torch.nn.functional.cross_entropy, ("fp32", "fp16", "topk-global"),
-                      CodecSettings(density=0.01), "ring", None, None, 1, 4)
+                      CodecSettings(TopkOptions(density=0.01)), "ring", None, None, 1, 4)
     return decision.to_dict()
 
 

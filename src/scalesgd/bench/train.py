@@ -86,15 +86,14 @@ class TrainBenchConfig(BenchLaunch):
 def describe(mode: Mode, bench: TrainBenchConfig, world: int) -> TrainConfig:
     """The training run a mode stands for: the bench's model and synthetic batches, this exchange."""
     auto = mode.engine == "auto"
-    return TrainConfig(workers=world, dataset="synthetic", samples=BATCHES * bench.batch_size,
-                       image_size=bench.image_size, classes=bench.classes, model=bench.model,
-                       batch_size=bench.batch_size, base_batch=bench.batch_size,
-                       engine="scalesgd" if auto else mode.engine, codec="fp32" if auto else mode.codec,
-                       exchange="auto" if auto else "manual", auto_codecs=mode.auto_codecs or AUTO_CODECS,
-                       algorithm=mode.algorithm,
-                       buckets="size:1" if mode.planner != NO_PLANNER else mode.buckets,
-                       density=mode.density, planner=mode.planner, procs_per_node=bench.procs_per_node,
-                       compress_after="0", density_warmup=0)  # timed compressed from its first step
+    return TrainConfig.from_dict(dict(
+        workers=world, dataset="synthetic", samples=BATCHES * bench.batch_size, image_size=bench.image_size,
+        classes=bench.classes, model=bench.model, batch_size=bench.batch_size, base_batch=bench.batch_size,
+        engine="scalesgd" if auto else mode.engine, codec="fp32" if auto else mode.codec,
+        exchange="auto" if auto else "manual", auto_codecs=mode.auto_codecs or AUTO_CODECS, algorithm=mode.algorithm,
+        buckets="size:1" if mode.planner != NO_PLANNER else mode.buckets, density=mode.density,
+        planner=mode.planner, procs_per_node=bench.procs_per_node,
+        compress_after="0", density_warmup=0))  # timed compressed from its first step
 
 
 @dataclass
@@ -218,8 +217,8 @@ def build_runner(cfg: TrainBenchConfig, mode: Mode, env, batches: list) -> Runne
         train_cfg, plan, auto = auto_exchange.choose(train_cfg, model, batches, nn.functional.cross_entropy,
                                                      env_for_mode, None, False, quiet=True)
     elif mode.planner != NO_PLANNER:
-        plan, planned = planner.plan_exchange(train_cfg.planner, train_cfg.density, train_cfg.topk_reuse, model,
-                                              batches[0], nn.functional.cross_entropy, group)
+        plan, planned = planner.plan_exchange(train_cfg.planner, train_cfg.topk.density, train_cfg.topk.reuse,
+                                              model, batches[0], nn.functional.cross_entropy, group)
     exchange = build_exchange(train_cfg.engine, model, optimizer,
                               train_cfg.exchange_setup(group, env.topology_groups, plan=plan))
     return Runner(mode, exchange, exchange.model, exchange.optimizer, [], [], [], planned, auto)

@@ -93,7 +93,7 @@ def decide(model: nn.Module, batch, loss_fn, codecs: tuple[str, ...], settings: 
         for codec in codecs:
             plans = (CODECS[codec].buckets,) if CODECS[codec].buckets else PLANS
             for plan in plans:
-                mode = Mode(f"scalesgd-{codec}", "scalesgd", codec, algorithm, plan, settings.density)
+                mode = Mode(f"scalesgd-{codec}", "scalesgd", codec, algorithm, plan, settings.options["topk"].density)
                 p = predict(mode, compute, cluster, costs[codec])
                 table.append({"codec": codec, "buckets": plan, "iteration_s": p.iteration_s,
                               "exposed_comm_s": p.exposed_comm_s, "groups": p.groups})
@@ -171,7 +171,7 @@ def probe(codec_name: str, settings: CodecSettings, channel: Channel, cluster: C
     """Buckets of two sizes exchanged for real with `codec_name`: what a bucket costs beyond the modelled wire, as a
     fixed part and a part per element, and the CPU the whole model's exchange would take (the slowest rank's;
     collective)."""
-    mode = Mode(codec_name, "scalesgd", codec_name, channel.algorithm, "single", settings.density)
+    mode = Mode(codec_name, "scalesgd", codec_name, channel.algorithm, "single", settings.options["topk"].density)
     sizes = sorted({max(1, min(n, compute.numel)) for n in PROBE_SIZES})
     beyond, inline, cpu = [], 0.0, 0.0
     for numel in sizes:
@@ -264,7 +264,7 @@ def trial(cfg: TrainConfig, model: torch.nn.Module, batches: list, loss_fn, env:
     runs = []
     for finalist in finalists:
         net = copy.deepcopy(model)
-        setup = replace(cfg, codec=finalist["codec"], compress_after="0", density_warmup=0).exchange_setup(
+        setup = cfg.replaced(codec=finalist["codec"], compress_after="0", density_warmup=0).exchange_setup(
             dist.new_group(), env.topology_groups,
             plan=plan_from_groups(finalist["groups"], model_tensors(net), f"auto:{finalist['buckets']}"))
         runs.append(build_exchange(cfg.engine, net, cfg.build_optimizer(net), setup))

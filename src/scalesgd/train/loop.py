@@ -128,7 +128,7 @@ def setup(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool) 
         if cfg.exchange == "auto":
             cfg, plan, chosen = auto.choose(cfg, model, batches, criterion, env, run_dir, resume, cfg.quiet)
         else:
-            plan, planned = planner.plan_exchange(cfg.planner, cfg.density, cfg.topk_reuse, model, batches[0],
+            plan, planned = planner.plan_exchange(cfg.planner, cfg.topk.density, cfg.topk.reuse, model, batches[0],
                                                   criterion, env.exchange_group, run_dir, resume)
     norms = GradientNorms() if cfg.measures_noise else None
     exchange = build_exchange(cfg.engine, model, optimizer, cfg.exchange_setup(

@@ -1,20 +1,17 @@
-"""The codec registry: every entry is what it says, and a codec registered by a user trains through
-`scalesgd train` on both engines without any other file knowing about it."""
+"""The codec registry: every entry is what it says, and a codec registered from outside the package, with an
+option of its own, trains through `scalesgd train --toy-gain …` on both engines without any other file knowing."""
 
 import json
 import os
-import socket
-import tempfile
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from scalesgd.cli import main
-from scalesgd.comm.codecs import CODECS, Codec, CodecEntry, Exchange, make_codec
+from scalesgd.comm.codecs import CODECS, make_codec
 from scalesgd.comm.engine.exchange import ENGINES
-from scalesgd.runtime.process_group import exit_process
 
 
 def test_every_entry_builds_what_it_declares():
@@ -31,73 +28,92 @@ def test_every_entry_builds_what_it_declares():
     assert {n: e.buckets for n, e in CODECS.items() if e.buckets} == {"topk-global": "single", "lags": "layer"}
 
 
-class Float64Codec(Codec):
-    """A toy: gradients travel as float64, unchanged in value; it counts its exchanges (its state)."""
+PLUGIN = '''"""A codec from outside scalesgd: the mean, times --toy-gain; it counts its exchanges (its state)."""
 
-    name = "float64"
+from dataclasses import dataclass
 
-    def __init__(self):
-        self.exchanges = 0
+from scalesgd import checks
+from scalesgd.comm.codecs import CODEC_OPTIONS, CODECS, Codec, CodecEntry, Exchange
+from scalesgd.options import option
+
+
+@dataclass(frozen=True)
+class ToyOptions:
+    gain: float = option(1.0, "what the toy codec multiplies the mean by", check=checks.positive)
+
+
+class ToyCodec(Codec):
+    name = "toy"
+
+    def __init__(self, gain):
+        self.gain, self.exchanges = gain, 0
 
     def start(self, flat, bucket, channel, scratch):
         self.exchanges += 1
-        return Float64Exchange(flat, channel)
+        return ToyExchange(flat, channel, self.gain)
 
-    def state_dict(self) -> dict:
+    def counters(self):
+        return {"toy_gain": self.gain}
+
+    def state_dict(self):
         return {"exchanges": self.exchanges}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state):
         self.exchanges = state["exchanges"]
 
 
-class Float64Exchange(Exchange):
-    """One piece: the bucket as float64, summed with the channel's allreduce, divided back into the bucket."""
-
-    def __init__(self, flat, channel):
-        self.flat, self.channel, self.wire = flat, channel, flat.double()
+class ToyExchange(Exchange):
+    def __init__(self, flat, channel, gain):
+        self.flat, self.channel, self.gain = flat, channel, gain
         self.bounds = [(0, flat.numel())]
 
     def transfer(self, piece):
-        return self.channel.allreduce_steps(self.wire, piece.tag)
+        return self.channel.allreduce_steps(self.flat, piece.tag)
 
     def decode(self, piece):
-        self.flat.copy_(self.wire / self.channel.world_size)
+        self.flat.mul_(self.gain / self.channel.world_size)
 
+
+CODEC_OPTIONS.add("toy", ToyOptions)
+CODECS.add("toy", CodecEntry("a toy from a plugin", lambda s: ToyCodec(s.options["toy"].gain), family="toy"))
+'''
 
 TINY = ["--dataset", "synthetic", "--samples", "256", "--image-size", "8", "--model", "resnet8", "--batch-size", "64",
         "--epochs", "1", "--warmup", "none", "--quiet"]
 
 
-def _worker(rank: int, world: int, port: int, argv: list[str], codes: str) -> None:
-    """One rank of a torchrun-like launch that knows the toy codec (registered here, in the worker only)."""
-    CODECS.add("float64", CodecEntry("a toy: float64 on the wire", lambda settings: Float64Codec()))
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    code = main(["train", *argv])
-    Path(codes, str(rank)).write_text(str(code))
-    exit_process(0)
+def install_plugin(folder: Path) -> dict:
+    """The toy codec as an installed distribution would bring it: its module and an entry point in the group
+    `scalesgd.codecs`; the environment that puts it on the path (workers inherit it)."""
+    (folder / "toy_codec.py").write_text(PLUGIN)
+    info = folder / "toy_codec-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-codec\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[scalesgd.codecs]\ntoy = toy_codec\n")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), os.environ.get("PYTHONPATH", "")])}
 
 
-def train_with_the_toy(run_dir: Path, *engine: str) -> list[int]:
-    with socket.socket() as s, tempfile.TemporaryDirectory() as codes:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-        s.close()
-        argv = [*TINY, *engine, "--codec", "float64", "--run-dir", str(run_dir)]
-        mp.start_processes(_worker, args=(2, port, argv, codes), nprocs=2, join=True, start_method="spawn")
-        return [int(Path(codes, str(r)).read_text()) for r in range(2)]
+def scalesgd(env: dict, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "scalesgd", *argv], capture_output=True, text=True, env=env,
+                          timeout=300)
 
 
-def test_a_registered_codec_trains_on_both_engines(tmp_path):
-    assert "float64" not in CODECS  # known to the workers alone
+def test_a_plugin_codec_with_an_option_of_its_own_trains_on_both_engines(tmp_path):
+    env = install_plugin(tmp_path)
+    assert "toy" not in CODECS  # this process never saw it: only the plugin's environment knows it
+    shown = scalesgd(env, "train", "--help").stdout
+    assert "--toy-gain" in shown and "what the toy codec multiplies the mean by" in shown
     for engine in ("scalesgd", "ddp"):
         run = tmp_path / engine
-        assert train_with_the_toy(run, "--engine", engine) == [0, 0]
+        proc = scalesgd(env, "train", *TINY, "--engine", engine, "--codec", "toy", "--toy-gain", "0.5",
+                        "--run-dir", str(run))
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads((run / "config.json").read_text())["toy_gain"] == 0.5
+        steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        gains = [s["toy_gain"] for s in steps if s["kind"] == "iter"]
+        assert gains == [0.5] * 4, engine  # 256 samples, global batch 64: every step went through the toy
         state = torch.load(run / "checkpoint.pt", weights_only=True)
-        steps = 4  # 256 samples, global batch 64
-        assert [s["exchanges"] >= steps for s in state["codec_states"]] == [True, True], engine
-        assert state["config"]["codec"] == "float64"
-    summary = json.loads((tmp_path / "scalesgd" / "summary.json").read_text())
-    params = sum(t.numel() for k, t in state["model"].items() if "running" not in k and "num_batches" not in k)
-    bytes_sent = summary["iteration"]["mean_bytes_sent"]
-    assert bytes_sent == 2 * (2 - 1) / 2 * params * 8  # the ring moves float64: twice fp32's bytes
+        assert [s["exchanges"] > 0 for s in state["codec_states"]] == [True, True], engine
+    bad = scalesgd(env, "train", *TINY, "--codec", "toy", "--toy-gain", "-1", "--run-dir", str(tmp_path / "bad"))
+    assert bad.returncode == 2 and bad.stderr == "scalesgd: error: --toy-gain -1.0: must be a positive number\n"
+    assert not (tmp_path / "bad").exists()

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from scalesgd.comm.codecs import CODECS, CodecSettings, Fp8Options, make_codec
+from scalesgd.comm.codecs import CODECS, CodecSettings, Fp8Options, TopkOptions, make_codec
 from scalesgd.comm.engine.buckets import BucketPlan, model_tensors
 from scalesgd.comm.engine.ddp_hook import CodecHookState, codec_hook
 from scalesgd.comm.engine.optimizer import DistributedOptimizer
@@ -17,7 +17,7 @@ from scalesgd.models import build_model
 from tests.spawn_util import run_workers
 
 EXACT = Fp8Options(samples=10 ** 7)  # every tensor is smaller: quantiles exact, independent of sampling
-SETTINGS = CodecSettings(EXACT, density=0.05, topk_reuse=2)
+SETTINGS = CodecSettings(EXACT, TopkOptions(density=0.05, reuse=2))
 HOOK_CODECS = [name for name, entry in CODECS.items() if entry.build is not None and name != "fp32"]
 CAP_MB = 0.05  # resnet8 (0.3 MB) in 4 DDP buckets once DDP rebuilds them after the first iteration
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from scalesgd.comm.codecs import Channel, CodecSettings, Fp8Options, make_codec
+from scalesgd.comm.codecs import Channel, CodecSettings, Fp8Options, TopkOptions, make_codec
 from scalesgd.comm.engine.driver import BucketDriver
 from scalesgd.comm.wire.topology import Topology
 from scalesgd.trace import Tracer
@@ -65,7 +65,7 @@ def traced(rank, world, name):
     """Two steps of a 3-piece bucket with the tracer on: the spans, and the driver's times."""
     channel = Channel(dist.group.WORLD, world, "ring", Topology(world, rank, 1).groups(), piece_bytes=4000)
     tracer = Tracer(True)
-    driver = BucketDriver(make_codec(name, CodecSettings(density=0.1)), channel, tracer)
+    driver = BucketDriver(make_codec(name, CodecSettings(TopkOptions(density=0.1))), channel, tracer)
     params = [torch.randn(3000) + 2]
     view = driver.view(0, params, [0], 3000)
     times = []

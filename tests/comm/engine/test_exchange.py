@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from scalesgd.comm.codecs import CODECS, CodecSettings
+from scalesgd.comm.codecs import CODECS, CodecSettings, TopkOptions
 from scalesgd.comm.engine.exchange import ENGINES, DdpExchange, EngineExchange, ExchangeSetup, build_exchange
 from scalesgd.comm.engine.optimizer import DistributedOptimizer, IterationStats
 from scalesgd.models import build_model
@@ -28,7 +28,7 @@ def every_engine(rank, world):
         torch.manual_seed(0)
         model = build_model("resnet8", 10, 3)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        exchange = build_exchange(engine, model, optimizer, ExchangeSetup(codec, CodecSettings(density=0.5)))
+        exchange = build_exchange(engine, model, optimizer, ExchangeSetup(codec, CodecSettings(TopkOptions(density=0.5))))
         one_step(exchange, rank)
         stats = exchange.stats()
         state = exchange.state_dict()

@@ -1,10 +1,13 @@
-"""Uncompressed (fp32) and 16-bit (fp16, bf16) exchange: cast, sum, cast back."""
+"""Uncompressed (fp32) and 16-bit (fp16, bf16) exchange: cast, sum, cast back; registered with the PyTorch hook that
+stands for each under DDP (and PyTorch's PowerSGD, which has no cast of ours)."""
 
 from __future__ import annotations
 
 import torch
 
+from scalesgd.comm.codecs import pytorch as torch_hooks
 from scalesgd.comm.codecs.base import BucketView, Channel, Codec, Exchange, Piece, Scratch
+from scalesgd.comm.codecs.registry import CODECS, CodecEntry
 from scalesgd.comm.wire.pipeline import Steps
 
 
@@ -63,3 +66,14 @@ class CastExchange(Exchange):
         if self.wire is not self.flat:
             a, b = self.bounds[piece.index]
             self.flat[a:b].copy_(self.wire[a:b])
+
+
+CODECS.add("fp32", CodecEntry("uncompressed", lambda s: CastCodec("fp32", None), torch_hook=torch_hooks.builtin,
+                              wire_bytes=4))
+CODECS.add("fp16", CodecEntry("half precision (with ddp: PyTorch's fp16_compress_hook)",
+                              lambda s: CastCodec("fp16", torch.float16), torch_hook=torch_hooks.fp16, wire_bytes=2))
+CODECS.add("bf16", CodecEntry("bfloat16 (with ddp: PyTorch's bf16_compress_hook)",
+                              lambda s: CastCodec("bf16", torch.bfloat16), torch_hook=torch_hooks.bf16, wire_bytes=2))
+# PowerSGD has no cast of ours: under DDP it is PyTorch's own hook, as each cast is
+CODECS.add("powersgd", CodecEntry("PyTorch's PowerSGD hook, rank 4", None, engines=("ddp",),
+                                  torch_hook=torch_hooks.powersgd, warm_start=torch_hooks.POWERSGD_START_ITER))

@@ -14,7 +14,9 @@ from scalesgd.comm.codecs.fp8.ranges import TensorRange, sample_quantiles
 from scalesgd.comm.engine.ddp_hook import CodecHookState, codec_hook
 from scalesgd.comm.engine.optimizer import DistributedOptimizer
 from scalesgd.comm.wire.topology import Topology
+from scalesgd.errors import UsageError
 from scalesgd.models import build_model
+from scalesgd.options import check_fields
 from scalesgd.recipe import initialize
 from tests.comm.exchanging import exchange, view_of
 from tests.spawn_util import run_workers
@@ -36,13 +38,16 @@ def test_sampled_quantile_matches_torch_quantile_on_large_samples():
     assert abs(q_direct[0] / torch.quantile(g.abs()[::2], 0.95) - 1) < 0.03
 
 
-def test_options_name_what_is_wrong():
-    assert Fp8Options().problems() == {}
-    assert Fp8Options(eps=0, quantile=1.5, period=0, samples=0).problems() == {
-        "eps": "must be a positive number", "quantile": "must be in (0, 1]",
-        "period": "must be >= 1 (steps)", "samples": "must be >= 1"}
-    with pytest.raises(ValueError, match="fp8 quantile 0: must be in"):
-        make_codec("fp8", CodecSettings(Fp8Options(quantile=0)))
+def test_options_name_what_is_wrong_as_the_command_line_names_them():
+    check_fields(Fp8Options(), prefix="fp8")  # the defaults are valid
+    for bad, message in ((Fp8Options(eps=0), "`fp8_eps` 0: must be a positive number"),
+                         (Fp8Options(quantile=1.5), "`fp8_quantile` 1.5: must be in (0, 1]"),
+                         (Fp8Options(period=0), "`fp8_period` 0: must be >= 1 (steps)"),
+                         (Fp8Options(samples=0), "`fp8_samples` 0: must be >= 1"),
+                         (Fp8Options(headroom=math.nan), "`fp8_headroom` nan: must be >= 1")):
+        with pytest.raises(UsageError) as err:
+            make_codec("fp8-flat", CodecSettings(bad))
+        assert str(err.value).startswith(message)
 
 
 def state_round_trip(rank, world):

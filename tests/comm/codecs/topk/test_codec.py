@@ -4,9 +4,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from scalesgd.comm.codecs import BucketView, Channel, CodecSettings, DgcOptions, make_codec
+from scalesgd.comm.codecs import BucketView, Channel, CodecSettings, DgcOptions, TopkOptions, make_codec
 from scalesgd.comm.codecs.topk.codec import TopkCodec
 from scalesgd.comm.engine.optimizer import DistributedOptimizer
+from scalesgd.errors import UsageError
 from scalesgd.models import build_model
 from scalesgd.recipe import build_optimizer
 from tests.comm.exchanging import exchange, view_of
@@ -83,11 +84,11 @@ def test_state_round_trip_continues_identically():
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
-def test_bad_settings_are_named():
-    with pytest.raises(ValueError, match="density"):
-        make_codec("topk", CodecSettings(density=0))
-    with pytest.raises(ValueError, match="reuse"):
-        TopkCodec("topk", 0.1, 0)
+def test_bad_settings_are_named_as_the_command_line_names_them():
+    with pytest.raises(UsageError, match=r"^`density` 0: must be in \(0, 1\]$"):
+        make_codec("topk", CodecSettings(TopkOptions(density=0)))
+    with pytest.raises(UsageError, match=r"^`topk_reuse` 0: must be >= 1"):
+        make_codec("lags", CodecSettings(TopkOptions(reuse=0)))  # checked for every codec of the family
 
 
 def engine_grads(rank, world, codec, density):
@@ -97,7 +98,8 @@ def engine_grads(rank, world, codec, density):
     x, y = torch.randn(4, 3, 16, 16, generator=g), torch.randint(0, 10, (4,), generator=g)
     buckets = {"topk": "size:0.01", "topk-global": "single", "lags": "layer"}[codec]
     engine = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model,
-                                  codec=make_codec(codec, CodecSettings(density=density, topk_reuse=2)), buckets=buckets)
+                                  codec=make_codec(codec, CodecSettings(TopkOptions(density=density, reuse=2))),
+                                  buckets=buckets)
     torch.nn.functional.cross_entropy(model(x), y).backward()
     engine.synchronize()
     out = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
@@ -165,7 +167,7 @@ def dgc_at_full_density(rank, world, correction):
     masked each step, so the run is SGD without momentum; without it, the optimizer's momentum acts."""
     torch.manual_seed(0)
     model = build_model("resnet8", 10, 3)
-    settings = CodecSettings(density=1.0, topk_reuse=1, dgc=DgcOptions(momentum=0.9 if correction else 0.0))
+    settings = CodecSettings(TopkOptions(density=1.0, reuse=1, momentum_correction=correction), momentum=0.9)
     optimizer = build_optimizer(model, "sgd", 0.05, 0.9, False, 0.0, momentum_in_exchange=correction)
     engine = DistributedOptimizer(optimizer, model, codec=make_codec("topk", settings), buckets="single")
     for step in range(5):

@@ -55,14 +55,14 @@ def test_an_inf_on_one_rank_is_non_finite_on_every_rank():
 def train_both(rank, world):
     from torch.nn.parallel import DistributedDataParallel
 
-    from scalesgd.comm.codecs import CodecSettings, make_codec
+    from scalesgd.comm.codecs import CodecSettings, TopkOptions, make_codec
     from scalesgd.comm.engine.optimizer import DistributedOptimizer
     from tests.comm.engine.test_optimizer import _train, relative_distance
 
     groups = Topology(world, rank, 2).groups()
     reference = _train(rank, world, lambda m, o: (DistributedDataParallel(m), o))
     got = _train(rank, world, lambda m, o: (m, DistributedOptimizer(
-        o, m, codec=make_codec("topk-nodes", CodecSettings(density=1.0)), topology=groups)))
+        o, m, codec=make_codec("topk-nodes", CodecSettings(TopkOptions(density=1.0))), topology=groups)))
     return relative_distance(got, reference)
 
 

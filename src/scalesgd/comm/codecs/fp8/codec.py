@@ -44,9 +44,6 @@ class Fp8Codec(Codec):
 
     def __init__(self, name: str = "fp8", relative: bool = True, two_stage: bool = True,
                  options: Fp8Options = Fp8Options(), seed: int = 0):
-        if options.problems():
-            raise ValueError("; ".join(f"fp8 {name} {getattr(options, name)}: {problem}"
-                                       for name, problem in options.problems().items()))
         self.name, self.relative, self.two_stage, self.options = name, relative, two_stage, options
         self.needs_topology = two_stage
         self._tensors: dict[int, TensorRange] = {}  # parameter number → its range

@@ -8,35 +8,31 @@ from dataclasses import dataclass
 import torch
 
 from scalesgd import checks
+from scalesgd.options import option
 
 
 @dataclass(frozen=True)
 class Fp8Options:
-    """ε of the relative data, the quantile Q, its period N and sample count R, the headroom above the
-    quantile, and when a saturating tensor goes dense.
+    """The fp8 codecs' options (fp8, fp8-direct, fp8-flat): ε of the relative data, the quantile Q, its period N
+    and sample count R, the headroom above the quantile, and when a saturating tensor goes dense.
 
     Q = 1 (the sampled maximum) with headroom 128 measured best on real gradients (`scalesgd bench fp8-range`,
-    docs/BENCHMARKS.md); the seed's setting is Q = 0.95 with headroom 1.
+    docs/results.md); Oyama et al. 2020's setting is Q = 0.95 with headroom 1.
     """
 
-    eps: float = 1e-5
-    quantile: float = 1.0
-    period: int = 100
-    samples: int = 1024
-    headroom: float = 128.0  # headroom·q maps to the top of e5m2
-    saturation_limit: float = 0.01  # a tensor saturating more than this fraction of its elements …
-    saturation_window: int = 50  # … on some rank for this many steps in a row is sent dense (0 limit: never)
-
-    def problems(self) -> dict[str, str]:
-        """Setting → what is wrong with it (empty when valid)."""
-        return checks.problems(vars(self), {"eps": checks.positive,
-                                            "quantile": checks.within(0, 1, low_open=True),
-                                            "period": checks.at_least(1, "steps"),
-                                            "samples": checks.at_least(1),
-                                            "headroom": checks.at_least(1, "1 maps the quantile to the top"),
-                                            "saturation_limit": checks.within(0, 1, high_open=True,
-                                                                              note="0 never goes dense"),
-                                            "saturation_window": checks.at_least(1, "steps")})
+    eps: float = option(1e-5, "ε of fp8's relative data g/(|w|+ε)", check=checks.positive)
+    quantile: float = option(1.0, "fp8 range: this quantile of |data| (1: the sampled maximum), times the headroom, "
+                             "maps to the top of e5m2 (Oyama et al.'s: 0.95)",
+                             check=checks.within(0, 1, low_open=True))
+    period: int = option(100, "fp8 range re-estimated every N steps", check=checks.at_least(1, "steps"))
+    samples: int = option(1024, "elements sampled per tensor for it", check=checks.at_least(1))
+    headroom: float = option(128.0, "fp8 range: headroom × the quantile maps to the top (Oyama et al.'s: 1)",
+                             check=checks.at_least(1, "1 maps the quantile to the top"))
+    saturation_limit: float = option(0.01, "fp8: a tensor saturating more than this fraction of its elements on "
+                                     "some rank …", check=checks.within(0, 1, high_open=True,
+                                                                        note="0 never goes dense"))
+    saturation_window: int = option(50, "… for this many steps in a row is sent dense (limit 0: never)",
+                                    check=checks.at_least(1, "steps"))
 
 
 class TensorRange:
