@@ -2,6 +2,7 @@
 exit status 2, no traceback, nothing written. Every number option either validates finite or is a UsageError."""
 
 import math
+import os
 import socket
 import subprocess
 import sys
@@ -90,9 +91,9 @@ def test_any_numbers_validate_finite_or_raise_a_usage_error(data):
 
 # ---- the command line, as a user runs it ----------------------------------------------------------------
 
-def scalesgd(*argv, cwd):
+def scalesgd(*argv, cwd, env=None):
     return subprocess.run([sys.executable, "-m", "scalesgd", *argv], capture_output=True, text=True, timeout=120,
-                          cwd=cwd)
+                          cwd=cwd, env=None if env is None else {**os.environ, **env})
 
 
 @pytest.fixture
@@ -181,3 +182,27 @@ def test_a_busy_port_is_refused_for_a_local_launch(tmp_path, busy_port, command)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith(f"scalesgd: error: --master-port {busy_port}: is in use on 127.0.0.1")
     assert list(tmp_path.iterdir()) == []
+
+
+A_LAUNCH = {"WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}
+FOUND_TRYING = [  # what a new user ran: each killed workers with tracebacks, hung, or named the wrong thing
+    ((*TRAIN, "--base-lr", "1e308", "--warmup", "none"), {},
+     "--base-lr 1e+308: must lie within ±3.403e+38 (float32's range: it becomes a tensor)"),
+    ((*TRAIN, "--base-lr", "1e38", "--batch-size", "1024", "--base-batch", "64"), {},
+     "--base-lr 1e+38 scaled for --batch-size 1024 from --base-batch 64 (linear) gives 1.6e+39"),
+    ((*TRAIN, "--codec", "fp8"), {"SCALESGD_FP8_KERNELS": "bogus"},
+     "SCALESGD_FP8_KERNELS='bogus': choose from auto, compiled, eager"),
+    (TRAIN, {**A_LAUNCH, "RANK": "5"}, "RANK=5 is outside the launch's WORLD_SIZE=2 (ranks 0..1)"),
+    (TRAIN, {**A_LAUNCH, "RANK": "x"}, "RANK='x' is not a whole number"),
+    (("bench", "train", "--modes", "scalesgd-topk@-1"), {},
+     "mode 'scalesgd-topk@-1': density -1 must be in (0, 1], the fraction of entries sent"),
+]
+
+
+@pytest.mark.parametrize("argv,env,expected", FOUND_TRYING, ids=[" ".join(a[2:] if a[0] == "train" else a) + (
+    f" {sorted(e.items())[-1]}" if e else "") for a, e, _ in FOUND_TRYING])
+def test_what_a_new_user_tried_is_one_line_and_exit_2_before_any_worker_starts(tmp_path, argv, env, expected):
+    proc = scalesgd(*argv, cwd=tmp_path, env=env)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr == f"scalesgd: error: {expected}\n" or expected in proc.stderr, proc.stderr
+    assert list(tmp_path.iterdir()) == []  # no run directory, no worker

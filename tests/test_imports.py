@@ -20,8 +20,9 @@ LAYERS = {
     "sim": 5,
     "train": 6, "testbed": 6,
     "bench": 7,
-    "cli": 8,
-    "__main__": 9, "__init__": 9,
+    "commands": 8,
+    "cli": 9,
+    "__main__": 10, "__init__": 10,
 }
 
 

@@ -8,8 +8,22 @@ import pytest
 
 from scalesgd import checks
 from scalesgd.errors import UsageError
-from scalesgd.options import (OptionParser, add_options, check_fields, floats_of, given, help_of, ints, option,
-                              option_fields, parse, record, refuse, runtime_fields, sizes)
+from scalesgd.options import (
+    OptionParser,
+    add_options,
+    check_fields,
+    floats_of,
+    given,
+    help_of,
+    ints,
+    option,
+    option_fields,
+    parse,
+    record,
+    refuse,
+    runtime_fields,
+    sizes,
+)
 
 
 @dataclass

@@ -18,6 +18,7 @@ from typing import Any
 Check = Callable[[Any], "str | None"]
 
 INT64_MAX = 2**63 - 1  # the largest count torch and numpy hold
+FLOAT32_MAX = 3.4028234663852886e38  # the largest finite float32: rates, scales and coefficients become such tensors
 SEED_MAX = 2**32 - 1  # numpy's generators take seeds in 0..2**32-1
 TIMEOUT_MAX_S = 7 * 24 * 3600  # a week: a collective waiting longer is hung, and timedelta and gloo overflow far above
 MAX_LOCAL_WORKERS = 256  # processes one local launch starts; more belong to torchrun across machines
@@ -31,13 +32,40 @@ def positive(value) -> str | None:
 
 
 def finite(value) -> str | None:
-    """Every number option (each of a list): nan and ±inf pass or fail comparisons by accident, and an int past
-    64 bits overflows torch and the float arithmetic of the schedule."""
+    """Every number option (each of a list): nan and ±inf pass or fail comparisons by accident, a float past
+    float32's range overflows the tensors it becomes (a rate in the optimizer, a scale in a codec), and an int
+    past 64 bits overflows torch and the float arithmetic of the schedule."""
     for one in value if isinstance(value, tuple) else (value,):
         if isinstance(one, float) and not math.isfinite(one):
             return "must be a finite number"
+        if isinstance(one, float) and abs(one) > FLOAT32_MAX:
+            return f"must lie within ±{FLOAT32_MAX:.4g} (float32's range: it becomes a tensor)"
         if isinstance(one, int) and not isinstance(one, bool) and abs(one) > INT64_MAX:
             return f"must lie within ±{INT64_MAX} (a whole number of 64 bits)"
+    return None
+
+
+def launch_problem(environ=os.environ) -> str | None:
+    """What is wrong with a launch's environment (torchrun's, or one written by hand), or None: a rank outside the
+    world would wait for peers that never come."""
+    if not launched(environ):
+        return None
+    values = {}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        if name in environ:
+            try:
+                values[name] = int(environ[name])
+            except ValueError:
+                return f"{name}={environ[name]!r} is not a whole number"
+    world, rank = values["WORLD_SIZE"], values["RANK"]
+    if world < 1:
+        return f"WORLD_SIZE={world}: a launch has at least one rank"
+    if not 0 <= rank < world:
+        return f"RANK={rank} is outside the launch's WORLD_SIZE={world} (ranks 0..{world - 1})"
+    local, local_world = values.get("LOCAL_RANK", 0), values.get("LOCAL_WORLD_SIZE", world)
+    if not 0 <= local < local_world or local_world > world:
+        return (f"LOCAL_RANK={local} with LOCAL_WORLD_SIZE={local_world} does not fit a node of a world of {world} "
+                f"(local ranks 0..{local_world - 1}, at most {world} per node)")
     return None
 
 

@@ -40,7 +40,7 @@ def option(default: Any, help: str = "", *, choices: Iterable[str] | Callable[[]
            parse: Callable[[str], Any] | None = None, flag: str | None = None, group: str = "",
            shown_default: str | None = None, runtime: bool = False, remainder: bool = False,
            check_choices: bool = True, nonfinite: bool = False, positional: str | None = None,
-           own: bool = False) -> Any:
+           own: bool = False, required: bool = False) -> Any:
     """A dataclass field with its option: help, accepted names (a registry, a tuple or a function giving
     them), a check, how to parse it.
 
@@ -50,12 +50,13 @@ def option(default: Any, help: str = "", *, choices: Iterable[str] | Callable[[]
     after `--`; `positional` makes it an argument without a flag, taking that many values (argparse's nargs:
     None for one, "+" for one or more); `check_choices` False leaves the choices to a check that knows more (the
     codec's, the engine); `nonfinite` lets a number option take nan and ±inf, which every other one refuses;
-    `own` marks an option of a codec family that applies to that family's codecs alone.
+    `own` marks an option of a codec family that applies to that family's codecs alone; `required` one the command
+    line must give.
     """
     return dataclasses.field(default=default, metadata={
         "help": help, "choices": choices, "check": check, "parse": parse, "flag": flag, "group": group,
         "shown_default": shown_default, "runtime": runtime, "remainder": remainder, "check_choices": check_choices,
-        "nonfinite": nonfinite, "positional": positional, "own": own})
+        "nonfinite": nonfinite, "positional": positional, "own": own, "required": required})
 
 
 def expanded(parts: Callable[[], Iterable[tuple[str, type]]], make: Callable[[dict[str, Any]], Any],
@@ -171,7 +172,7 @@ def add_options(parser: argparse.ArgumentParser, cls) -> None:
                                 default=argparse.SUPPRESS, help=help_of(f))
         else:
             target.add_argument(flat.flag, dest=flat.name, type=meta["parse"] or _type_of(f),
-                                default=argparse.SUPPRESS, help=help_of(f))
+                                default=argparse.SUPPRESS, help=help_of(f), required=meta["required"])
 
 
 def _type_of(f: dataclasses.Field) -> Callable[[str], Any]:
@@ -180,18 +181,29 @@ def _type_of(f: dataclasses.Field) -> Callable[[str], Any]:
 
 
 def help_of(f: dataclasses.Field) -> str:
-    """The option's help: its accepted names, what it does, its default."""
+    """The option's help as argparse shows it: its accepted names, what it does, its default."""
+    text = describe(f)
+    shown = default_text(f)
+    if shown:
+        text = f"{text} (default {shown})" if text else f"(default {shown})"
+    return text.replace("%", "%%")  # argparse formats help with %
+
+
+def describe(f: dataclasses.Field) -> str:
+    """What an option accepts and does: `a | b: what it picks`."""
     meta = f.metadata
     parts = [" | ".join(choices_of(f))] if meta["choices"] is not None else []
     if meta["help"]:
         parts.append(meta["help"])
-    text = ": ".join(parts)
-    shown = meta["shown_default"]
+    return ": ".join(parts)
+
+
+def default_text(f: dataclasses.Field) -> str:
+    """An option's default as the help shows it ("" where there is nothing to show: off, empty)."""
+    shown = f.metadata["shown_default"]
     if shown is None and not isinstance(f.default, bool) and f.default not in (None, "", ()):
         shown = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else number(f.default)
-    if shown:
-        text = f"{text} (default {shown})" if text else f"(default {shown})"
-    return text.replace("%", "%%")  # argparse formats help with %
+    return shown or ""
 
 
 def given(namespace: argparse.Namespace, *leave_out: str) -> dict:

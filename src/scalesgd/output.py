@@ -20,8 +20,11 @@ def machine() -> dict:
 
 
 def markdown_table(columns: list[str], rows: list[list]) -> str:
-    head = "| " + " | ".join(columns) + " |\n|" + "|".join("---" for _ in columns) + "|\n"
-    return head + "".join("| " + " | ".join(str(c) for c in row) + " |\n" for row in rows)
+    """A Markdown table; a `|` inside a cell (|w| in a formula) is escaped, so it stays in its cell."""
+    def cells(values) -> str:
+        return "| " + " | ".join(str(v).replace("|", "\\|") for v in values) + " |\n"
+
+    return cells(columns) + "|" + "|".join("---" for _ in columns) + "|\n" + "".join(cells(row) for row in rows)
 
 
 def rich_table(title: str, columns: list[str], rows: list[list]):

@@ -1,6 +1,9 @@
 """`scalesgd bench codec` end to end (eager path only: compiling is covered in tests/comm/test_fp8.py)."""
 
 import json
+import re
+
+import pytest
 
 from tests.bench.cli import bench
 
@@ -13,8 +16,14 @@ def test_bench_codec_times_every_kernel_and_writes_its_files(tmp_path):
     kernels = {(r["kernel"], r["numel"]) for r in record["results"]}
     assert kernels == {(k, n) for k in ("encode", "decode", "encode_relative", "decode_relative", "clipped_relative", "add")
                        for n in (1024, 4096)}
-    assert all(r["gbps"] > 0 and r["path"] == "eager" for r in record["results"])
-    assert (out / "codec.md").read_text().startswith("`scalesgd bench codec")
+    table = (out / "codec.md").read_text()
+    assert table.startswith("`scalesgd bench codec")
+    for r in record["results"]:
+        assert r["path"] == "eager" and r["same_as_eager"] is True
+        assert r["gbps"] == pytest.approx(4 * r["numel"] / r["median_s"] / 1e9)  # float32 bytes per second
+        row = next(line for line in table.splitlines() if line.startswith(f"| {r['kernel']} (")
+                   and f"| {r['numel']:,} |" in line)
+        assert re.split(r"(?<!\\)\|", row)[3].strip() == f"{r['gbps']:.2f}"  # what the record holds, in its cell
     assert (out / "codec.png").read_bytes()[:4] == b"\x89PNG"
 
 

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from scalesgd.sim.modes import Mode, parse_mode
 from scalesgd.bench.train_report import add_ratios, spread
 from scalesgd.cli import main
+from scalesgd.sim.modes import Mode, parse_mode
 from tests.bench.cli import bench
 
 

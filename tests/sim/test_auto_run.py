@@ -6,8 +6,8 @@ import signal
 import subprocess
 import sys
 
-from tests.train.cli import wait_for_checkpoint
 from tests.comm.cost.test_planner_run import scalesgd
+from tests.train.cli import wait_for_checkpoint
 
 AUTO = ["--workers", "2", "--engine", "scalesgd", "--exchange", "auto", "--auto-codecs", "fp32,fp16,bf16",
         "--dataset", "synthetic", "--samples", "3000", "--image-size", "12", "--model", "resnet8", "--batch-size",

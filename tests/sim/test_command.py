@@ -33,8 +33,14 @@ def test_a_named_model_on_a_described_cluster_prints_rows(capsys, tmp_path):
         assert set(r) == {"workers", "mode", "iteration_s", "exposed_comm_s", "images_per_s", "scaling_efficiency"}
         assert r["images_per_s"] == pytest.approx(r["workers"] * 32 / r["iteration_s"])
         assert 0 < r["scaling_efficiency"] <= 1
-    for suffix in ("json", "md", "png"):
-        assert (tmp_path / "sim" / f"simulate.{suffix}").stat().st_size > 0
+    saved = json.loads((tmp_path / "sim" / "simulate.json").read_text())
+    assert saved["rows"] == rows and saved["command"].startswith("scalesgd simulate --model resnet20")
+    table = (tmp_path / "sim" / "simulate.md").read_text().splitlines()
+    for r in rows:  # one line per row, its iteration in ms and its efficiency in %, as the record has them
+        assert f"| {r['workers']} | {r['mode']} | {1e3 * r['iteration_s']:.1f} |" in "\n".join(table)
+        assert any(line.startswith(f"| {r['workers']} | {r['mode']} |") and
+                   line.rstrip(" |").endswith(f"{100 * r['scaling_efficiency']:.1f} %") for line in table)
+    assert (tmp_path / "sim" / "simulate.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_bandwidth_sweep_names_where_fp8_stops_paying(capsys):

@@ -2,8 +2,8 @@
 
 import pytest
 
-from scalesgd.comm.engine.buckets import TensorInfo, ddp_buckets
 from scalesgd.comm.cost.link import LinkCost
+from scalesgd.comm.engine.buckets import TensorInfo, ddp_buckets
 from scalesgd.sim.compute import ComputeProfile
 from scalesgd.sim.exchange import Costs, check_modelled, grouping, predict, wire_time
 from scalesgd.sim.modes import parse_mode

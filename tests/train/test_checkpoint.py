@@ -10,9 +10,8 @@ import sys
 import pytest
 import torch
 
-from scalesgd.errors import UsageError
-
 from scalesgd.config import TrainConfig
+from scalesgd.errors import UsageError
 from scalesgd.train.checkpoint import finished, save_atomic
 from scalesgd.train.metrics import read
 from tests.train.cli import load_ckpt, scalesgd, wait_for_checkpoint

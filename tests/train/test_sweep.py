@@ -8,9 +8,16 @@ from pathlib import Path
 import pytest
 
 from scalesgd.cli import main
-
-from scalesgd.train.sweep import (Point, SweepConfig, best_rates, grid, limits, median_errors, noise_at_smallest,
-                                  run_name)
+from scalesgd.train.sweep import (
+    Point,
+    SweepConfig,
+    best_rates,
+    grid,
+    limits,
+    median_errors,
+    noise_at_smallest,
+    run_name,
+)
 
 TINY = ["--", "--workers", "2", "--dataset", "synthetic", "--samples", "256", "--image-size", "8",
         "--model", "resnet8", "--base-batch", "16", "--epochs", "2", "--warmup-epochs", "1"]

@@ -51,13 +51,14 @@ def default_out(kind: str) -> str:
     return f"runs/bench/{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def in_process(kind: str, cfg, argv: list[str], run: Callable[..., int]) -> int:
-    """A benchmark that runs in this process (it may start runs of its own)."""
+def in_process(kind: str, run: Callable[..., int], cfg, argv: list[str]) -> int:
+    """A command that runs in this process (it may start runs of its own), writing to runs/bench/<kind>-… by
+    default."""
     cfg.out = cfg.out or default_out(kind)
     return run(cfg, command_line(argv))
 
 
-def on_workers(kind: str, cfg, argv: list[str], run: Callable[..., int]) -> int:
+def on_workers(kind: str, run: Callable[..., int], cfg, argv: list[str]) -> int:
     """Join torchrun's launch, or start `cfg.workers` local workers that each run this same command."""
     if process_group.launched_by_torchrun():
         cfg.workers = int(os.environ["WORLD_SIZE"])

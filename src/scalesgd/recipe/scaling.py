@@ -1,4 +1,4 @@
-"""Learning-rate scaling rules for a larger minibatch (Goyal et al., SPEC §1)."""
+"""Learning-rate scaling rules for a larger minibatch (Goyal et al. 2017, Accurate, Large Minibatch SGD)."""
 
 from __future__ import annotations
 

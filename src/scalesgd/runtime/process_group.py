@@ -57,7 +57,7 @@ def launched_by_torchrun(environ=os.environ) -> bool:
 
 def start_init(timeout_s: float, threads: int = 0, exchange_group: bool = False,
                procs_per_node: int | None = None) -> Future:
-    """Join the process group on a background thread, so model and data are built meanwhile (SPEC §4)."""
+    """Join the process group on a background thread, so model and data are built meanwhile (Honda et al.'s early communicator init)."""
     set_threads(threads)  # here: torch's thread count is per calling thread
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scalesgd-init")
     future = pool.submit(init, timeout_s, threads, exchange_group, procs_per_node)

@@ -1,5 +1,5 @@
 """`scalesgd simulate`: iteration time, exposed exchange, images/s and scaling efficiency on any cluster,
-per mode and worker count; `--validate` checks the model against a `bench train` run; `--preset` the seeds'."""
+per mode and worker count; `--validate` checks the model against a `bench train` run; `--preset` the papers' (Goyal et al. 2017, Oyama et al. 2020, Honda et al.)."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ class SimulateConfig:
                        "the ring's times) or `bench link` output directory instead")
     modes: tuple[str, ...] = option(DEFAULT_MODES, "exchange modes as `bench train` names them; the first is "
                                     "the baseline of the bandwidth plot", parse=words, check=checks.distinct)
-    preset: str = option("", "a seed's cluster, model and published parameters (see docs/SIMULATE.md)",
+    preset: str = option("", "a paper's cluster, model and published parameters (see docs/SIMULATE.md)",
                          choices=lambda: ("", *presets.PRESETS))
     validate_dir: str = option("", "predict every mode of this `bench train` directory from its links and the "
                            "--calibration directory's compute and costs; print the errors", flag="--validate")

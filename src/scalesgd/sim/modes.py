@@ -48,15 +48,13 @@ def parse_mode(text: str) -> Mode:
     engine, _, rest = text.partition("-")
     if engine == "none" and not rest:
         return Mode(text, "none")
-    if engine == "auto" or text.startswith("auto@"):
-        codecs, _, density = (rest or AUTO_DEFAULT + text[4:]).partition("@")
+    if text == "auto" or text.startswith(("auto-", "auto@")):
+        body = text[len("auto-"):] if text.startswith("auto-") else AUTO_DEFAULT + text[len("auto"):]
+        codecs, _, density = body.partition("@")
         unknown = [c for c in codecs.split("+") if c not in CODECS]
         if unknown:
             raise ValueError(f"mode {text!r}: codec {unknown[0]!r} is not known")
-        try:
-            return Mode(text, "auto", codecs, density=float(density) if density else 0.1)
-        except ValueError:
-            raise ValueError(f"mode {text!r}: density {density!r} is not a number") from None
+        return Mode(text, "auto", codecs, density=_density(text, density))
     if engine == "ddp":
         return Mode(text, "ddp", rest or "fp32")
     if engine == "scalesgd":
@@ -64,13 +62,24 @@ def parse_mode(text: str) -> Mode:
         fits = [c for c in CODECS if rest == c or rest.startswith((c + "-", c + "@"))]
         codec = max(fits, key=len) if fits else (rest.split("-", 1)[0] or "fp32")
         tail, density = rest[len(codec):], ""
-        if tail.startswith("@"):
-            density, _, tail = tail[1:].partition("-")
+        if tail.startswith("@"):  # the density runs to the next dash that is not its own sign
+            sign = "-" if tail.startswith("@-") else ""
+            density, _, tail = tail[1 + len(sign):].partition("-")
+            density = sign + density
         algorithm, _, buckets = tail.lstrip("-").partition("-")
-        try:
-            return Mode(text, "scalesgd", codec, algorithm or "ring", buckets or "size:1",
-                        float(density) if density else 0.1)
-        except ValueError:
-            raise ValueError(f"mode {text!r}: density {density!r} is not a number") from None
+        return Mode(text, "scalesgd", codec, algorithm or "ring", buckets or "size:1", _density(text, density))
     raise ValueError(f"mode {text!r} is not known; use none, ddp[-CODEC] or "
                      "scalesgd[-CODEC[@DENSITY][-ALGORITHM[-BUCKETS]]]")
+
+
+def _density(mode: str, text: str) -> float:
+    """A mode's density: the number after @, in (0, 1] (0.1 where none is given); ValueError naming it otherwise."""
+    if not text:
+        return 0.1
+    try:
+        density = float(text)
+    except ValueError:
+        raise ValueError(f"mode {mode!r}: density {text!r} is not a number") from None
+    if not 0 < density <= 1:
+        raise ValueError(f"mode {mode!r}: density {text} must be in (0, 1], the fraction of entries sent")
+    return density

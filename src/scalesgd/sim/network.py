@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from scalesgd.comm.cost.link import LinkCost
 
 SPARSE_ENTRY_BYTES = 8  # an int32 index and an fp32 value
-SEED_HIERARCHICAL = "hierarchical_hd"  # simulated only: in the server, halving/doubling across servers (SPEC §1)
+GOYAL_HIERARCHICAL = "hierarchical_hd"  # simulated only: halving/doubling across servers (Goyal et al. 2017)
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ def dense_allreduce(nbytes: float, algorithm: str, cluster: Cluster) -> float:
         return halving_doubling(nbytes, cluster)
     if algorithm == "hierarchical":
         return hierarchical(nbytes, cluster)
-    if algorithm == SEED_HIERARCHICAL:
+    if algorithm == GOYAL_HIERARCHICAL:
         return hierarchical(nbytes, cluster, across="halving_doubling")
     raise ValueError(f"allreduce algorithm {algorithm!r} has no cost model")
 

@@ -1,5 +1,5 @@
-"""The seeds' clusters and workloads from their published parameters (cited in docs/SIMULATE.md), each with the
-headline number the model must reproduce, and the modes the seeds never measured (fp8, DLGS top-k) projected."""
+"""The papers' clusters and workloads from their published parameters (cited in docs/SIMULATE.md), each with the
+headline number the model must reproduce, and the modes the papers never measured (fp8, DLGS top-k) projected."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ GB = 1e9
 
 @dataclass(frozen=True)
 class Preset:
-    """A seed's cluster, model, modes (the published one first) and the headline it reports."""
+    """A paper's cluster, model, modes (the published one first) and the headline it reports."""
 
     title: str
     profile: Callable[[], compute.ComputeProfile]

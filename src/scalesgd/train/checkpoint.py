@@ -131,8 +131,8 @@ def resume_config(run_dir: Path, given: dict) -> TrainConfig:
     conflicts = wanted.incompatible_with(stored)
     if conflicts:
         name = conflicts[0]
-        raise UsageError(f"`resume` {run_dir}: `{name}` {getattr(wanted, name)!r} differs from the run's "
-                         f"{getattr(stored, name)!r}; a resumed run keeps its own configuration")
+        raise UsageError(f"`resume` {run_dir}: `{name}` {wanted.to_dict()[name]!r} differs from the run's "
+                         f"{stored.to_dict()[name]!r}; a resumed run keeps its own configuration")
     if wanted.epochs < stored.epochs:
         raise UsageError(f"`resume` {run_dir}: `epochs` {wanted.epochs} is fewer than the run's {stored.epochs}; "
                          "a resumed run may only train longer")

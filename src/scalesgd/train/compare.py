@@ -15,6 +15,7 @@ from pathlib import Path
 from scalesgd import output
 from scalesgd.checks import output_dir
 from scalesgd.errors import UsageError
+from scalesgd.options import check_fields, option
 from scalesgd.sim.auto import AUTO_NAME
 from scalesgd.train.report import Curves, read_curves, read_json, run_config
 from scalesgd.train.rundir import CONFIG_NAME, METRICS_NAME, SUMMARY_NAME
@@ -196,14 +197,28 @@ def plot(path: Path, runs: list[Compared], names: list[str]) -> None:
     plt.close(fig)
 
 
-def run(run_dirs: list[str], out: str, command: str) -> int:
-    """Check every argument and the output directory, then write compare.png and compare.md and show the table."""
-    if not run_dirs:
+@dataclass
+class CompareCommand:
+    """`scalesgd compare`: which runs, and where their figure and table go."""
+
+    run_dirs: tuple[str, ...] = option((), "a `scalesgd train` run directory (finished or cut short), or a directory "
+                                       "holding run directories, directly or in runs/ (a `scalesgd sweep` or `bench "
+                                       "accuracy` --out): it stands for every run in it, in name order",
+                                       positional="+")
+    out: str = option("compare", "directory for compare.png and compare.md, created if missing", check=output_dir)
+
+    def validate(self) -> CompareCommand:
+        check_fields(self)
+        return self
+
+
+def run(cfg: CompareCommand, command: str) -> int:
+    """Read every run (one line naming the first that is not one), then write compare.png and compare.md and show
+    the table."""
+    if not cfg.run_dirs:
         raise UsageError(f"no run directory given; {EXPECTED}")
-    problem = output_dir(out)
-    if problem:
-        raise UsageError(f"`out` {out}: {problem}")
-    runs = [load(path) for path in expand(run_dirs)]
+    out = cfg.out
+    runs = [load(path) for path in expand(list(cfg.run_dirs))]
     names = labels(runs)
     columns, rows = table(runs)
     target = Path(out)

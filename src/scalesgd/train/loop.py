@@ -108,7 +108,7 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
 
 
 def setup(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool) -> Run:
-    """Data, model, optimizer, schedule and exchange, identical on every rank (the seed fixes the weights)."""
+    """Data, model, optimizer, schedule and exchange, identical on every rank (`seed` fixes the weights)."""
     torch.manual_seed(cfg.seed)
     data = load_bundle(cfg.dataset, data_dir=cfg.data_dir, samples=cfg.samples, image_size=cfg.image_size,
                        num_classes=cfg.classes)

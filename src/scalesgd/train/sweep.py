@@ -34,7 +34,7 @@ LIMIT_POINTS = 1.0  # a batch is within the limit while its error is at most thi
 
 @dataclass
 class SweepConfig:
-    """`scalesgd sweep`: final error against global minibatch for each scaling rule and warmup (SPEC §1)."""
+    """`scalesgd sweep`: final error against global minibatch for each scaling rule and warmup (Goyal et al. 2017's figure of error against minibatch)."""
 
     batches: tuple[int, ...] = option((32, 64, 128, 256, 512, 1024), "global minibatch sizes", parse=ints,
                                       check=lambda v: distinct(v) or (None if min(v) >= 1 else "give sizes >= 1"))

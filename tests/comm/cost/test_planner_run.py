@@ -57,8 +57,8 @@ def test_a_file_that_is_not_a_profile_is_refused_before_anything_is_printed(tmp_
              "predicted_single_group_s": 0.3}
     (tmp_path / "profile.json").write_text(json.dumps(saved))
     with pytest.raises(UsageError, match=r"profile.json is not a profile \(no entry 0\)"):
-        planner.show_profile(tmp_path)  # layer 0 is in no group
+        planner.show_profile(planner.ProfileCommand(str(tmp_path)))  # layer 0 is in no group
     assert capsys.readouterr().out == ""
     (tmp_path / "profile.json").write_text(json.dumps(saved | {"groups": [[1, 0]]}))
-    planner.show_profile(tmp_path)
+    planner.show_profile(planner.ProfileCommand(str(tmp_path)))
     assert "1 groups; predicted iteration 100.0 ms" in capsys.readouterr().out

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -22,6 +23,7 @@ from scalesgd.comm.cost.timing import TimeOfSize, iteration_time
 from scalesgd.comm.engine.buckets import BucketPlan, Grouping, model_tensors, plan_from_groups
 from scalesgd.comm.wire.collectives import broadcast_object
 from scalesgd.errors import UsageError
+from scalesgd.options import option
 from scalesgd.registry import Registry
 
 PROFILE_NAME = "profile.json"  # in a run directory: the profile and the groups a planned run uses
@@ -29,7 +31,7 @@ PROFILE_NAME = "profile.json"  # in a run directory: the profile and the groups 
 
 def plan_dlgs(t_f: float, t_b: Sequence[float], sizes: Sequence[int], comm_time: TimeOfSize,
               sparsify_time: TimeOfSize) -> Grouping:
-    """The seed's Algorithm 2: scan from the last layer; merge the current group into the next layer
+    """Ju et al. 2024 (DLGS)'s Algorithm 2: scan from the last layer; merge the current group into the next layer
     when the model's t_iter (the layers not yet scanned left separate) drops, else start a new group."""
     layers = len(t_b)
     if layers == 0:
@@ -152,9 +154,17 @@ def predicted(profile: Profile, groups: list[list[int]]) -> float:
     return iteration_time(groups, profile.t_f, profile.t_b, profile.sizes, profile.comm_time, profile.sparsify_time)
 
 
-def show_profile(run_dir: Path) -> None:
+@dataclass
+class ProfileCommand:
+    """`scalesgd profile`: what a `--planner` run measured and the groups it chose."""
+
+    run_dir: str = option("", "a run directory of a --planner run", positional="1")
+
+
+def show_profile(cfg: ProfileCommand, argv: list[str] | None = None) -> int:
     """`scalesgd profile RUN_DIR`: the saved profile, the fitted models, the groups and the predictions."""
-    path = Path(run_dir) / PROFILE_NAME
+    run_dir = Path(cfg.run_dir)
+    path = run_dir / PROFILE_NAME
     if not path.is_file():
         raise UsageError(f"no {PROFILE_NAME} in {run_dir}; it is written by `scalesgd train --planner dlgs|optimal`")
     try:
@@ -166,6 +176,7 @@ def show_profile(run_dir: Path) -> None:
     console.print(table)
     for line in lines:
         console.print(line, highlight=False)
+    return 0
 
 
 def _reason(err: Exception) -> str:

@@ -1,4 +1,4 @@
-"""The one timing model of an iteration (SPEC §3's DLGS recurrence, for dense buckets as for sparse groups).
+"""The one timing model of an iteration (the recurrence of Ju et al. 2024, DLGS, for dense buckets as for sparse groups).
 
 Layers are indexed 0 … L−1 in forward order; backward runs from L−1 down to 0. A grouping lists
 groups in backward order, each a list of consecutive layer indices, e.g. `[[5, 4], [3], [2, 1, 0]]`.
@@ -34,7 +34,7 @@ class Timeline:
 
 def timeline(groups: Sequence[Sequence[int]], t_f: float, t_b: Sequence[float], sizes: Sequence[int],
              comm_time: TimeOfSize, inline_time: TimeOfSize) -> Timeline:
-    """The recurrence of SPEC §3 for this grouping.
+    """DLGS's recurrence for this grouping.
 
     Backward of a group starts when the previous group's inline work ends (τ_b), its inline work
     (sparsification) when its backward ends (τ_s); its exchange starts once it is ready and the
@@ -56,5 +56,5 @@ def timeline(groups: Sequence[Sequence[int]], t_f: float, t_b: Sequence[float], 
 
 def iteration_time(groups: Sequence[Sequence[int]], t_f: float, t_b: Sequence[float], sizes: Sequence[int],
                    comm_time: TimeOfSize, sparsify_time: TimeOfSize) -> float:
-    """t_iter of SPEC §3 for this grouping: the end of the last exchange."""
+    """DLGS's t_iter for this grouping: the end of the last exchange."""
     return timeline(groups, t_f, t_b, sizes, comm_time, sparsify_time).end

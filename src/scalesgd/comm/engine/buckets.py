@@ -7,6 +7,10 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
+from scalesgd import checks, output
+from scalesgd.models import MODELS, build_model
+from scalesgd.options import check_fields, option
+
 MB = 1 << 20
 Grouping = list[list[int]]  # layer indices, groups in backward order: [[5, 4], [3], [2, 1, 0]]
 PLAN_KINDS = ("size:MB", "growing[:FIRST_MB[:FACTOR]]", "layer", "single")
@@ -81,11 +85,20 @@ def check_grouping(groups: Sequence[Sequence[int]], layers: int) -> None:
                          f"in non-empty groups; got {[list(g) for g in groups]}")
 
 
+def spec_problem(spec: str) -> str | None:
+    """What is wrong with a plan spec, or None: the check of every option that takes one."""
+    try:
+        parse_spec(spec)
+    except ValueError as err:
+        return str(err)
+    return None
+
+
 def plan_buckets(spec: str, tensors: list[TensorInfo]) -> BucketPlan:
     """Group `tensors` (forward order) into buckets following `spec`.
 
     size:MB — consecutive tensors in backward order until a bucket holds at least MB megabytes
-    (the seed's "each allreduce carries >= 1 MB"); growing — Fujitsu's grouping: the first bucket
+    (Goyal et al. 2017: "each allreduce carries >= 1 MB"); growing — Honda et al. (Fujitsu)'s grouping: the first bucket
     (nearest the output) targets FIRST_MB (default 0.25) and each next one FACTOR (default 2) times
     more, so the first exchange starts after a few layers of backward and the layers nearest the
     input travel in few large messages; layer — one tensor per exchange; single — one exchange after
@@ -153,3 +166,25 @@ def model_tensors(model) -> list[TensorInfo]:
     """The trainable tensors of `model` in forward (registration) order, as the engine buckets them."""
     return [TensorInfo(name, p.numel(), p.element_size()) for name, p in model.named_parameters()
             if p.requires_grad]
+
+
+@dataclass
+class PlanCommand:
+    """`scalesgd plan`: which gradients of a model travel together, first exchanged first."""
+
+    model: str = option("resnet50", "the network whose gradients are planned", choices=MODELS)
+    buckets: str = option("size:1", "size:MB | growing[:FIRST_MB[:FACTOR]] | layer | single: how gradients are "
+                          "grouped into messages", check=spec_problem)
+    classes: int = option(1000, "classifier outputs", check=checks.positive)
+    in_channels: int = option(3, "input channels", check=checks.positive)
+
+    def validate(self) -> PlanCommand:
+        check_fields(self)
+        return self
+
+
+def show_plan(cfg: PlanCommand, argv: list[str]) -> int:
+    """The bucket plan of the model, as the engine would build it."""
+    model = build_model(cfg.model, cfg.classes, cfg.in_channels)
+    output.console().print(plan_buckets(cfg.buckets, model_tensors(model)).table())
+    return 0

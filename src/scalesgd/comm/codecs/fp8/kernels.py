@@ -1,4 +1,4 @@
-"""e5m2 bytes for gradients: a saturating encode, decode and the saturating add of SPEC §2.
+"""e5m2 bytes for gradients: a saturating encode, decode and the saturating add of Oyama et al. 2020.
 
 Every function has one eager torch definition. When `torch.compile` works here, the same
 definitions are compiled once (dynamic shapes, scales passed as tensors so no value is baked into
@@ -20,6 +20,13 @@ ONE_CODE = 0x3C  # the byte of 1.0: flags travel as it, and any sum of them stay
 MAGNITUDE = 0x7F  # a byte's bits without the sign
 FLUSH = 2.0 ** -17  # nonzero values at most this small encode as zero
 KERNEL_MODES = ("auto", "compiled", "eager")
+MODE_VARIABLE = "SCALESGD_FP8_KERNELS"
+
+
+def environment_problem(environ=os.environ) -> str | None:
+    """What is wrong with the kernel path asked for in the environment, or None: checked when a command starts."""
+    mode = environ.get(MODE_VARIABLE, "auto").strip() or "auto"
+    return None if mode in KERNEL_MODES else f"{MODE_VARIABLE}={mode!r}: choose from {', '.join(KERNEL_MODES)}"
 
 
 def _as_tensor(value, like: torch.Tensor) -> torch.Tensor:
@@ -34,7 +41,7 @@ def _as_tensor(value, like: torch.Tensor) -> torch.Tensor:
 # memory is page-faulted in; the fused kernels reach 2–4× the throughput of the allocating form).
 
 def _to_bytes(x: torch.Tensor) -> torch.Tensor:
-    """Clamp then cast: torch's own cast turns out-of-range values into inf, the seed saturates."""
+    """Clamp then cast: torch's own cast turns out-of-range values into inf, Oyama et al. saturate."""
     return x.clamp(-MAX, MAX).to(F8).view(torch.uint8)
 
 
@@ -110,12 +117,12 @@ class _Kernels:
         if self._table is None:
             with self._lock:
                 if self._table is None:
-                    self._table = self._resolve(os.environ.get("SCALESGD_FP8_KERNELS", "auto").strip() or "auto")
+                    self._table = self._resolve(os.environ.get(MODE_VARIABLE, "auto").strip() or "auto")
         return self._table
 
     def _resolve(self, mode: str) -> dict:
         if mode not in KERNEL_MODES:
-            raise ValueError(f"SCALESGD_FP8_KERNELS={mode!r}; choose from {', '.join(KERNEL_MODES)}")
+            raise ValueError(f"{MODE_VARIABLE}={mode!r}: choose from {', '.join(KERNEL_MODES)}")
         if mode == "eager":
             self.mode = "eager"
             return dict(_EAGER)
@@ -196,7 +203,7 @@ def decode(b: torch.Tensor, scale=1.0, out: torch.Tensor | None = None) -> torch
 
 
 def encode_relative(g: torch.Tensor, w: torch.Tensor, eps, scale, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Bytes of g/(|w|+eps)·scale: the seed's relative data, in one pass."""
+    """Bytes of g/(|w|+eps)·scale: Oyama et al.'s relative data, in one pass."""
     out = _bytes_like(g, out)
     if g.numel():
         KERNELS.table()["encode_relative"](out, g, w, _as_tensor(eps, g), _as_tensor(scale, g))
@@ -222,7 +229,7 @@ def clipped(x: torch.Tensor, scale, w: torch.Tensor | None = None, eps=0.0,
 
 
 def add_(into: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """into ← the seed's fp8 + fp8: decode both, add in float32, encode with saturation (never inf)."""
+    """into ← Oyama et al.'s fp8 + fp8: decode both, add in float32, encode with saturation (never inf)."""
     KERNELS.table()["add"](into, b)
     return into
 

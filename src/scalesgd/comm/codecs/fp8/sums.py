@@ -1,6 +1,6 @@
-"""Sums of e5m2 payloads (SPEC §2): two-stage through the node hierarchy, or flat over all ranks.
+"""Sums of e5m2 payloads after Oyama et al. 2020: two-stage through the node hierarchy, or flat over all ranks.
 
-Every addition on the wire is the seed's saturating fp8 + fp8; every step is built from paired
+Every addition on the wire is Oyama et al.'s saturating fp8 + fp8; every step is built from paired
 send/receive (full duplex), and each element's result is computed on one rank and copied to the
 others, so all ranks end with the same bytes.
 """
@@ -21,7 +21,7 @@ def saturating_add_into(into: torch.Tensor, incoming: torch.Tensor) -> None:
 
 
 def flat_sum(h: torch.Tensor, group=None, scratch: torch.Tensor | None = None) -> int:
-    """One ring allreduce of fp8 bytes over every rank of `group` (the seed's ablation); in place.
+    """One ring allreduce of fp8 bytes over every rank of `group` (Oyama et al.'s ablation); in place.
 
     `scratch`: at least ⌈len(h) / ranks⌉ bytes to receive into (allocated when None).
     """
@@ -63,7 +63,7 @@ def two_stage_sum(h: torch.Tensor, groups: TopologyGroups, scratch: torch.Tensor
        encodes once.
     2. That part is ring-allreduced with the ranks of equal local rank on the other nodes.
     3. The parts are allgathered in the node.
-    Scaled as the seed does (÷P′ before encoding, ÷nodes here), the result is the mean over ranks; with
+    Scaled as Oyama et al. do (÷P′ before encoding, ÷nodes here), the result is the mean over ranks; with
     one rank per node step 1 is skipped and the input must be scaled ÷nodes (see `first_sum_ranks`).
     `scratch`: at least `scratch_size(len(h), groups)` bytes to work in (allocated when None).
     """

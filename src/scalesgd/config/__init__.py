@@ -15,35 +15,23 @@ from typing import NamedTuple
 from scalesgd import checks
 from scalesgd.comm.codecs import CODEC_OPTIONS, CODECS, CodecEntry, CodecOptions, CodecSettings
 from scalesgd.comm.cost.planner import PLANNERS
-from scalesgd.comm.engine.buckets import parse_spec
+from scalesgd.comm.engine.buckets import spec_problem
 from scalesgd.comm.engine.exchange import ENGINES, ExchangeSetup
 from scalesgd.comm.wire.collectives import ALGORITHMS
-from scalesgd.data import DATASETS, DataError
+from scalesgd.config import rules
+from scalesgd.config.rules import NO_PLANNER
+from scalesgd.data import DATASETS
 from scalesgd.errors import UsageError
 from scalesgd.models import MODELS
 from scalesgd.optim import OPTIMIZERS
-from scalesgd.options import (
-    build,
-    check_fields,
-    expanded,
-    flat_options,
-    flatten,
-    floats_of,
-    option,
-    parse,
-    refuse,
-    require_choice,
-    runtime_fields,
-    words,
-)
+from scalesgd.options import (build, check_fields, expanded, flat_options, flatten, floats_of, option, parse, refuse,
+                              runtime_fields, words)
 from scalesgd.recipe.adascale import AdaScaleFactor
 from scalesgd.recipe.params import build_optimizer
 from scalesgd.recipe.scaling import SCALING_RULES, scaled_lr
 from scalesgd.recipe.schedule import SCHEDULES, WARMUPS, LrFactor, default_milestones
 from scalesgd.trace import Tracer
 
-MIN_PER_WORKER = 2  # BatchNorm needs more than one sample per worker
-NO_PLANNER = "none"
 EXCHANGES = ("manual", "auto")
 AUTO_CODECS = ("fp32", "fp16", "bf16", "fp8")  # the dense codecs: sparse ones change what is learned, so only on request
 
@@ -57,14 +45,6 @@ def _steps_or_epochs(text: str) -> str | None:
     except ValueError:
         return "give STEPS, EPOCHSep (e.g. 2ep) or warmup"
     return None if value >= 0 and math.isfinite(value) else "must be >= 0 and finite"
-
-
-def _bucket_spec(spec: str) -> str | None:
-    try:
-        parse_spec(spec)
-    except ValueError as err:
-        return str(err)
-    return None
 
 
 class LrSchedule(NamedTuple):
@@ -145,7 +125,7 @@ class TrainConfig:
                         "others ours", choices=CODECS, check_choices=False, group=WORKERS)
     algorithm: str = option("ring", "scalesgd engine's allreduce", choices=ALGORITHMS, group=WORKERS)
     buckets: str = option("size:1", "scalesgd engine's bucket plan: size:MB | growing[:FIRST_MB[:FACTOR]] | layer "
-                          "| single", group=WORKERS, check=_bucket_spec)
+                          "| single", group=WORKERS, check=spec_problem)
     procs_per_node: int = option(0, "processes per node for hierarchical exchange", group=WORKERS,
                                  shown_default="LOCAL_WORLD_SIZE",
                                  check=checks.at_least(0, "0 reads LOCAL_WORLD_SIZE"))
@@ -329,101 +309,10 @@ class TrainConfig:
 
     # ---- validation ------------------------------------------------------------------------------
     def validate(self) -> TrainConfig:
-        """Raise UsageError naming the first bad value (as `field`) and what is accepted."""
+        """Raise UsageError naming the first bad value (as `field`) and what is accepted: each option's own check,
+        then the rules between options (`scalesgd.config.rules`)."""
         check_fields(self)
         refuse("master_port", self.master_port, checks.master_port(self.master_addr, self.master_port))
-        self._check_exchange()
-        self._check_batch()
-        self._check_schedule()
-        self._check_data()
+        for rule in (rules.exchange, rules.batch, rules.schedule, rules.data):
+            rule(self)
         return self
-
-    def _check_exchange(self) -> None:
-        if self.exchange == "auto":
-            if self.engine != "scalesgd":
-                raise UsageError(f"`exchange` auto chooses the scalesgd engine's codec and buckets; got `engine` "
-                                 f"{self.engine} (add `engine` scalesgd)")
-            if self.planner != NO_PLANNER:
-                raise UsageError(f"`planner` {self.planner}: with `exchange` auto the buckets are auto's choice")
-            for codec in self.auto_codecs:
-                if not (CODECS[codec].simulated and CODECS[codec].runs_on("scalesgd")):
-                    known = (name for name, entry in CODECS.items() if entry.simulated and entry.runs_on("scalesgd"))
-                    raise UsageError(f"`auto_codecs` {codec}: auto chooses among {', '.join(known)}")
-        runs_here = [name for name, entry in CODECS.items() if entry.runs_on(self.engine)]
-        require_choice("codec", self.codec, runs_here, f" (with `engine` {self.engine})")
-        if self.planner != NO_PLANNER and not (self.codec_entry.plannable and self.engine == "scalesgd"):
-            plannable = " | ".join(name for name, entry in CODECS.items() if entry.plannable)
-            raise UsageError(f"`planner` {self.planner} plans the groups of `codec` {plannable} (with `engine` "
-                             f"scalesgd); got `codec` {self.codec}")
-        values = flatten(self)
-        for flat in flat_options(type(self)):  # a family's own option, on and not as by default, needs its codec
-            value = values[flat.name]
-            if flat.field.metadata["own"] and value and value != flat.field.default \
-                    and self.codec_entry.family != flat.prefix:
-                family = ", ".join(name for name, entry in CODECS.items() if entry.family == flat.prefix)
-                raise UsageError(f"`{flat.name}` applies to the {flat.prefix} codecs ({family}); "
-                                 f"got `codec` {self.codec}")
-        if self.topk.momentum_correction and (self.optimizer != "sgd" or self.momentum == 0):
-            raise UsageError(f"`momentum_correction` moves SGD's momentum into the exchange: it needs `optimizer` "
-                             f"sgd and `momentum` above 0; got {self.optimizer} with momentum {self.momentum}")
-        if self.procs_per_node and self.workers % self.procs_per_node:
-            raise UsageError(f"`procs_per_node` {self.procs_per_node} does not divide `workers` {self.workers}")
-
-    def _check_batch(self) -> None:
-        for name, on in (("noise_scale", self.noise_scale), ("lr_scaling", self.lr_scaling == "adascale")):
-            if on and self.workers < 2:
-                value = "" if name == "noise_scale" else " adascale"
-                raise UsageError(f"`{name}`{value} compares each worker's gradient with the mean over workers: it "
-                                 f"needs `workers` 2 or more, got {self.workers}")
-        if self.batch_size % self.workers:
-            raise UsageError(f"`batch_size` {self.batch_size} does not divide evenly by `workers` {self.workers}; "
-                             f"use a multiple of {self.workers}")
-        if self.per_worker_batch < MIN_PER_WORKER:
-            raise UsageError(f"`batch_size` {self.batch_size} gives {self.per_worker_batch} sample(s) per worker; "
-                             f"BatchNorm needs at least {MIN_PER_WORKER} per worker")
-        if self.bn_batch and (self.bn_batch < MIN_PER_WORKER or self.per_worker_batch % self.bn_batch):
-            raise UsageError(f"`bn_batch` {self.bn_batch}: must divide the {self.per_worker_batch} samples per worker "
-                             f"and be at least {MIN_PER_WORKER} (0: BN over each worker's whole batch)")
-        if self.nesterov and self.momentum == 0:
-            raise UsageError("`nesterov` needs `momentum` above 0")
-        if self.nesterov and self.optimizer == "lamb":
-            raise UsageError("`nesterov` is momentum SGD's (sgd, lars); lamb takes Adam's moments")
-
-    def _check_schedule(self) -> None:
-        peak = scaled_lr(self.base_lr, self.batch_size, self.base_batch, self.lr_scaling)
-        if not 0 < peak < math.inf:  # the schedule divides by it, and an infinite rate trains nothing
-            raise UsageError(f"`base_lr` {self.base_lr} scaled for `batch_size` {self.batch_size} from `base_batch` "
-                             f"{self.base_batch} ({self.lr_scaling}) gives {peak:g}; the rate must be positive and "
-                             "finite")
-        if self.warmup != "none" and self.lr_scaling != "adascale" and not 0 <= self.warmup_epochs <= self.epochs:
-            raise UsageError(f"`warmup_epochs` {self.warmup_epochs} is longer than training (`epochs` {self.epochs}); "
-                             f"use 0..{self.epochs} or `warmup` none")
-        peak = self.lr_schedule().peak
-        factor = self.lr_factor(peak, 1)
-        milestones = factor.milestones
-        if any(not 0 < m <= self.epochs for m in milestones) or list(milestones) != sorted(milestones):
-            raise UsageError(f"`milestones` {','.join(f'{m:g}' for m in milestones)}: must be increasing epochs in "
-                             f"(0, {self.epochs}]")
-        if not 0 <= factor.arccot_epoch <= self.epochs:
-            raise UsageError(f"`arccot_epoch` {self.arccot_epoch}: must be in 0..{self.epochs} (`epochs`)")
-        if not 0 <= self.end_lr < peak:
-            raise UsageError(f"`end_lr` {self.end_lr}: must be >= 0 and below the scaled rate {peak:g}")
-
-    def _check_data(self) -> None:
-        dataset = DATASETS[self.dataset]
-        if dataset.check_dir is not None:
-            if not self.data_dir:
-                raise UsageError(f"`dataset` {self.dataset} needs `data_dir`: the folder holding {dataset.files}")
-            try:
-                dataset.check_dir(self.data_dir)
-            except DataError as err:
-                raise UsageError(str(err)) from None
-        if self.batch_size > self.train_size():
-            raise UsageError(f"`batch_size` {self.batch_size} is larger than the {self.dataset} training set "
-                             f"({self.train_size()} samples)")
-        if dataset.memory is not None:  # every worker holds its own copy
-            copies = checks.processes_here(self.workers)
-            problem = checks.fits_in_memory(dataset.memory(self.samples, self.image_size, self.classes) * copies)
-            refuse("samples", self.samples, problem and f"the {self.dataset} data of {self.image_size}×"
-                   f"{self.image_size} images in each of {copies} worker(s): {problem}; use fewer `samples`, a "
-                   "smaller `image_size` or fewer `workers`")

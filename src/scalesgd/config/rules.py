@@ -1,0 +1,113 @@
+"""The rules between `scalesgd train`'s options (each option's own check is declared with it): what an exchange,
+a batch, a schedule and a dataset need of the others. Each reads a `TrainConfig` (which calls them from its
+`validate`) and raises UsageError naming the options in backticks."""
+
+from __future__ import annotations
+
+from scalesgd import checks
+from scalesgd.comm.codecs import CODECS
+from scalesgd.data import DATASETS, DataError
+from scalesgd.errors import UsageError
+from scalesgd.options import flat_options, flatten, refuse, require_choice
+from scalesgd.recipe.scaling import scaled_lr
+
+MIN_PER_WORKER = 2  # BatchNorm needs more than one sample per worker
+NO_PLANNER = "none"
+
+
+def exchange(cfg) -> None:
+    """`exchange` auto, the codec on its engine, the planner, a codec family's own options."""
+    if cfg.exchange == "auto":
+        if cfg.engine != "scalesgd":
+            raise UsageError(f"`exchange` auto chooses the scalesgd engine's codec and buckets; got `engine` "
+                             f"{cfg.engine} (add `engine` scalesgd)")
+        if cfg.planner != NO_PLANNER:
+            raise UsageError(f"`planner` {cfg.planner}: with `exchange` auto the buckets are auto's choice")
+        for codec in cfg.auto_codecs:
+            if not (CODECS[codec].simulated and CODECS[codec].runs_on("scalesgd")):
+                known = (name for name, entry in CODECS.items() if entry.simulated and entry.runs_on("scalesgd"))
+                raise UsageError(f"`auto_codecs` {codec}: auto chooses among {', '.join(known)}")
+    runs_here = [name for name, entry in CODECS.items() if entry.runs_on(cfg.engine)]
+    require_choice("codec", cfg.codec, runs_here, f" (with `engine` {cfg.engine})")
+    if cfg.planner != NO_PLANNER and not (cfg.codec_entry.plannable and cfg.engine == "scalesgd"):
+        plannable = " | ".join(name for name, entry in CODECS.items() if entry.plannable)
+        raise UsageError(f"`planner` {cfg.planner} plans the groups of `codec` {plannable} (with `engine` "
+                         f"scalesgd); got `codec` {cfg.codec}")
+    values = flatten(cfg)
+    for flat in flat_options(type(cfg)):  # a family's own option, on and not as by default, needs its codec
+        value = values[flat.name]
+        if flat.field.metadata["own"] and value and value != flat.field.default \
+                and cfg.codec_entry.family != flat.prefix:
+            family = ", ".join(name for name, entry in CODECS.items() if entry.family == flat.prefix)
+            raise UsageError(f"`{flat.name}` applies to the {flat.prefix} codecs ({family}); "
+                             f"got `codec` {cfg.codec}")
+    if cfg.topk.momentum_correction and (cfg.optimizer != "sgd" or cfg.momentum == 0):
+        raise UsageError(f"`momentum_correction` moves SGD's momentum into the exchange: it needs `optimizer` "
+                         f"sgd and `momentum` above 0; got {cfg.optimizer} with momentum {cfg.momentum}")
+    if cfg.procs_per_node and cfg.workers % cfg.procs_per_node:
+        raise UsageError(f"`procs_per_node` {cfg.procs_per_node} does not divide `workers` {cfg.workers}")
+
+
+def batch(cfg) -> None:
+    """The global batch against the workers, BN's samples per worker, what needs two workers."""
+    for name, on in (("noise_scale", cfg.noise_scale), ("lr_scaling", cfg.lr_scaling == "adascale")):
+        if on and cfg.workers < 2:
+            value = "" if name == "noise_scale" else " adascale"
+            raise UsageError(f"`{name}`{value} compares each worker's gradient with the mean over workers: it "
+                             f"needs `workers` 2 or more, got {cfg.workers}")
+    if cfg.batch_size % cfg.workers:
+        raise UsageError(f"`batch_size` {cfg.batch_size} does not divide evenly by `workers` {cfg.workers}; "
+                         f"use a multiple of {cfg.workers}")
+    if cfg.per_worker_batch < MIN_PER_WORKER:
+        raise UsageError(f"`batch_size` {cfg.batch_size} gives {cfg.per_worker_batch} sample(s) per worker; "
+                         f"BatchNorm needs at least {MIN_PER_WORKER} per worker")
+    if cfg.bn_batch and (cfg.bn_batch < MIN_PER_WORKER or cfg.per_worker_batch % cfg.bn_batch):
+        raise UsageError(f"`bn_batch` {cfg.bn_batch}: must divide the {cfg.per_worker_batch} samples per worker "
+                         f"and be at least {MIN_PER_WORKER} (0: BN over each worker's whole batch)")
+    if cfg.nesterov and cfg.momentum == 0:
+        raise UsageError("`nesterov` needs `momentum` above 0")
+    if cfg.nesterov and cfg.optimizer == "lamb":
+        raise UsageError("`nesterov` is momentum SGD's (sgd, lars); lamb takes Adam's moments")
+
+
+def schedule(cfg) -> None:
+    """The scaled rate, the warmup, the milestones and the ends of the decay."""
+    peak = scaled_lr(cfg.base_lr, cfg.batch_size, cfg.base_batch, cfg.lr_scaling)
+    if not 0 < peak <= checks.FLOAT32_MAX:  # the schedule divides by it; the optimizer holds it as a float32
+        raise UsageError(f"`base_lr` {cfg.base_lr} scaled for `batch_size` {cfg.batch_size} from `base_batch` "
+                         f"{cfg.base_batch} ({cfg.lr_scaling}) gives {peak:g}; the rate must be positive and "
+                         "finite")
+    if cfg.warmup != "none" and cfg.lr_scaling != "adascale" and not 0 <= cfg.warmup_epochs <= cfg.epochs:
+        raise UsageError(f"`warmup_epochs` {cfg.warmup_epochs} is longer than training (`epochs` {cfg.epochs}); "
+                         f"use 0..{cfg.epochs} or `warmup` none")
+    peak = cfg.lr_schedule().peak
+    factor = cfg.lr_factor(peak, 1)
+    milestones = factor.milestones
+    if any(not 0 < m <= cfg.epochs for m in milestones) or list(milestones) != sorted(milestones):
+        raise UsageError(f"`milestones` {','.join(f'{m:g}' for m in milestones)}: must be increasing epochs in "
+                         f"(0, {cfg.epochs}]")
+    if not 0 <= factor.arccot_epoch <= cfg.epochs:
+        raise UsageError(f"`arccot_epoch` {cfg.arccot_epoch}: must be in 0..{cfg.epochs} (`epochs`)")
+    if not 0 <= cfg.end_lr < peak:
+        raise UsageError(f"`end_lr` {cfg.end_lr}: must be >= 0 and below the scaled rate {peak:g}")
+
+
+def data(cfg) -> None:
+    """The dataset's files, its size against the batch, its memory in every worker."""
+    dataset = DATASETS[cfg.dataset]
+    if dataset.check_dir is not None:
+        if not cfg.data_dir:
+            raise UsageError(f"`dataset` {cfg.dataset} needs `data_dir`: the folder holding {dataset.files}")
+        try:
+            dataset.check_dir(cfg.data_dir)
+        except DataError as err:
+            raise UsageError(str(err)) from None
+    if cfg.batch_size > cfg.train_size():
+        raise UsageError(f"`batch_size` {cfg.batch_size} is larger than the {cfg.dataset} training set "
+                         f"({cfg.train_size()} samples)")
+    if dataset.memory is not None:  # every worker holds its own copy
+        copies = checks.processes_here(cfg.workers)
+        problem = checks.fits_in_memory(dataset.memory(cfg.samples, cfg.image_size, cfg.classes) * copies)
+        refuse("samples", cfg.samples, problem and f"the {cfg.dataset} data of {cfg.image_size}×"
+               f"{cfg.image_size} images in each of {copies} worker(s): {problem}; use fewer `samples`, a "
+               "smaller `image_size` or fewer `workers`")

@@ -1,0 +1,62 @@
+"""`scalesgd train`: a new run's configuration, or which run to continue; then workers spawned here, or this process
+joining a torchrun launch."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from scalesgd.config import TrainConfig
+from scalesgd.errors import UsageError
+from scalesgd.options import nested, option
+from scalesgd.runtime import process_group
+from scalesgd.train import checkpoint, rundir, worker
+
+
+@dataclass
+class TrainCommand:
+    """The run's configuration (every `TrainConfig` option) and, to continue a run, its directory."""
+
+    config: TrainConfig = nested(TrainConfig)
+    resume: str = option("", "continue the run in this directory from its last checkpoint (options given beside it "
+                         "change the stored run's, where a resumed run may)")
+
+    @classmethod
+    def from_options(cls, given: dict) -> TrainCommand:
+        """The options as typed: under torchrun the launch's world size is the workers; with `resume` the stored
+        run's configuration, changed where these options say."""
+        given = dict(given)
+        resume = given.pop("resume", "")
+        if process_group.launched_by_torchrun():
+            world = int(os.environ["WORLD_SIZE"])
+            if given.get("workers", world) != world:
+                raise UsageError(f"`workers` {given['workers']} contradicts the launch's WORLD_SIZE {world}")
+            given["workers"] = world
+        config = checkpoint.resume_config(resume, given) if resume else TrainConfig.from_dict(given)
+        return cls(config, resume)
+
+    def validate(self) -> TrainCommand:
+        self.config.validate()
+        return self
+
+
+def run(command: TrainCommand, argv: list[str]) -> int:
+    """Train: join torchrun's launch, or spawn `workers` local processes (continuing a run where asked)."""
+    cfg, resume_dir = command.config, command.resume or None
+    if process_group.launched_by_torchrun():
+        return worker.run(cfg, *torchrun_run_dir(cfg, resume_dir))
+    if resume_dir is not None:
+        rundir.write_config(cfg, resume_dir)
+        return worker.spawn(cfg, Path(resume_dir), resume=True)
+    return worker.spawn(cfg, rundir.prepare_new_run(cfg), resume=False)
+
+
+def torchrun_run_dir(cfg: TrainConfig, resume_dir: str | None) -> tuple[Path | None, bool]:
+    """Under torchrun: (run directory, resume). A restart (torchrun --max-restarts) of a run with a --run-dir
+    continues in it, from its last checkpoint where it has one; None: rank 0 makes a new one."""
+    if resume_dir is not None:
+        return Path(resume_dir), True
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0 and cfg.run_dir:
+        return Path(cfg.run_dir), (Path(cfg.run_dir) / rundir.CHECKPOINT_NAME).exists()
+    return None, False
