@@ -43,6 +43,9 @@ class CastCodec(Codec):
                 self._overflowed += int(torch.isinf(wire).sum() - torch.isinf(part).sum())
 
 
+DENSE = CastCodec("fp32", None)  # the uncompressed exchange a compressing codec or the engine falls back to
+
+
 class CastExchange(Exchange):
     """Each piece: cast into the wire (or divide in place), allreduce with the channel's algorithm, cast back."""
 

@@ -19,13 +19,10 @@ from dataclasses import dataclass, field
 import torch
 
 from scalesgd.comm.codecs.base import BucketView, Channel, Codec, Exchange, Piece, Scratch
-from scalesgd.comm.codecs.cast import CastCodec
+from scalesgd.comm.codecs.cast import DENSE
 from scalesgd.comm.engine.policies import LOCAL, MEAN, DenseFirst, GradientNorms
 from scalesgd.comm.wire.pipeline import DEPTH, TAGS, Steps, run_pipelined
 from scalesgd.trace import Tracer, now_us
-
-DENSE = CastCodec("fp32", None)  # what a dense-first step exchanges
-
 
 @dataclass
 class Times:

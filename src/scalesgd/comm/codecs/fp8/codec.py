@@ -15,15 +15,12 @@ import torch
 import torch.distributed as dist
 
 from scalesgd.comm.codecs.base import BucketView, Channel, Codec, Exchange, Piece, Scratch
-from scalesgd.comm.codecs.cast import CastCodec
+from scalesgd.comm.codecs.cast import DENSE
 from scalesgd.comm.codecs.fp8 import kernels as fp8
 from scalesgd.comm.codecs.fp8.ranges import Fp8Options, TensorRange, sample_quantiles
 from scalesgd.comm.codecs.fp8.sums import first_sum_ranks, flat_sum_steps, scratch_size, two_stage_steps
 from scalesgd.comm.wire.pipeline import Steps
 from scalesgd.comm.wire.topology import TopologyGroups
-
-DENSE = CastCodec("fp32", None)  # how a bucket travels once a tensor of it saturates for good
-
 
 class Fp8Codec(Codec):
     """Gradients travel as one e5m2 byte each, then one byte flagging a non-finite bucket and one byte per
