@@ -17,3 +17,12 @@ def view_of(params: list[torch.Tensor], index: int = 0) -> BucketView:
 def exchange(codec: Codec, flat: torch.Tensor, view: BucketView, channel: Channel) -> int:
     """Replace `flat` by the mean over ranks with `codec`; the bytes sent."""
     return BucketDriver(codec, channel).exchange(flat, view)
+
+
+def same_state(a, b) -> bool:
+    """Nested states equal value by value (tensors bit for bit)."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
+    return a == b

@@ -14,6 +14,7 @@ from scalesgd.comm.engine.buckets import BucketPlan, model_tensors
 from scalesgd.comm.engine.ddp_hook import CodecHookState, codec_hook
 from scalesgd.comm.engine.optimizer import DistributedOptimizer
 from scalesgd.models import build_model
+from tests.comm.exchanging import same_state
 from tests.spawn_util import run_workers
 
 EXACT = Fp8Options(samples=10 ** 7)  # every tensor is smaller: quantiles exact, independent of sampling
@@ -155,14 +156,6 @@ def state_life(rank, world):
     again.close()
     return (saved, again.state_dict(), copied.state_dict(), everyone, state.bytes_sent, copied.bytes_sent,
             grads_of(model), state.counters())
-
-
-def same_state(a, b):
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and torch.equal(a, b)
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
-    return a == b
 
 
 def test_hook_state_round_trips_pickles_and_stops():

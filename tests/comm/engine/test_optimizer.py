@@ -12,6 +12,7 @@ from scalesgd.comm.wire.topology import Topology, build_groups
 from scalesgd.data import load_bundle
 from scalesgd.models import build_model
 from scalesgd.recipe import build_sgd, initialize
+from tests.comm.exchanging import same_state
 from tests.spawn_util import run_workers
 
 PLANS = ("size:0.05", "growing:0.02", "layer", "single")
@@ -190,15 +191,6 @@ def _values(state, key):
                 yield v
             else:
                 yield from _values(v, key)
-
-
-def same_state(a, b) -> bool:
-    """Nested states equal value by value (tensors bit for bit)."""
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and torch.equal(a, b)
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
-    return a == b
 
 
 def _grads_in_buckets(rank, world):

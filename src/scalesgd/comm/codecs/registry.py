@@ -59,7 +59,7 @@ class CodecOptions(Mapping):
 @dataclass(frozen=True, init=False)
 class CodecSettings:
     """What a codec is built with: each family's options (its defaults where not given) and what the run knows that
-    codecs need: the seed of their sampling, the steps per epoch (None where not known, as for a library user or a
+    codecs need: the random seed of their sampling, the steps per epoch (None where not known, as for a library user or a
     hook: epoch-based schedules are then off), and the optimizer's momentum (DGC's momentum correction moves it into
     the exchange).
 

@@ -38,10 +38,10 @@ class CodecHookState:
 
     def __init__(self, codec="fp8", process_group=None, topology=None, settings: CodecSettings = None,
                  model: torch.nn.Module = None, compress_after: int = 0):
-        self.codec: Codec = make_codec(codec, settings) if isinstance(codec, str) else codec
-        self.grouping = _grouping(self.codec)
+        codec = make_codec(codec, settings) if isinstance(codec, str) else codec
+        self.grouping = _grouping(codec)
         self.bytes_sent = 0  # what this rank has sent for the gradients, counted as the codec posts it
-        self.driver = BucketDriver(self.codec, None, dense_steps=compress_after)
+        self.driver = BucketDriver(codec, None, dense_steps=compress_after)
         self._group, self._topology = process_group, topology
         self._held: list = []
         self._worker = _thread()
@@ -53,6 +53,11 @@ class CodecHookState:
     def bind(self, model: torch.nn.Module) -> None:
         """Number the model's parameters (in its order) for the codec's per-parameter state."""
         self.driver.bind(list(model.parameters()))
+
+    @property
+    def codec(self) -> Codec:
+        """The codec (its per-parameter state is this rank's)."""
+        return self.driver.codec
 
     @property
     def channel(self) -> Channel | None:
@@ -97,7 +102,7 @@ class CodecHookState:
         self._worker.shutdown(wait=True)
 
     def __getstate__(self) -> dict:
-        return {"codec": self.codec, "grouping": self.grouping, "bytes_sent": self.bytes_sent, "driver": self.driver}
+        return {"grouping": self.grouping, "bytes_sent": self.bytes_sent, "driver": self.driver}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
