@@ -24,8 +24,19 @@ from scalesgd.data import DATASETS
 from scalesgd.errors import UsageError
 from scalesgd.models import MODELS
 from scalesgd.optim import OPTIMIZERS
-from scalesgd.options import (build, check_fields, expanded, flat_options, flatten, floats_of, option, parse, refuse,
-                              runtime_fields, words)
+from scalesgd.options import (
+    build,
+    check_fields,
+    expanded,
+    flat_options,
+    flatten,
+    floats_of,
+    option,
+    parse,
+    refuse,
+    runtime_fields,
+    words,
+)
 from scalesgd.recipe.adascale import AdaScaleFactor
 from scalesgd.recipe.params import build_optimizer
 from scalesgd.recipe.scaling import SCALING_RULES, scaled_lr

@@ -24,6 +24,7 @@ from scalesgd.comm.engine.policies import LOCAL, MEAN, DenseFirst, GradientNorms
 from scalesgd.comm.wire.pipeline import DEPTH, TAGS, Steps, run_pipelined
 from scalesgd.trace import Tracer, now_us
 
+
 @dataclass
 class Times:
     """Where one bucket's exchange went on this rank: seconds and bytes."""

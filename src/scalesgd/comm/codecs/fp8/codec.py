@@ -22,6 +22,7 @@ from scalesgd.comm.codecs.fp8.sums import first_sum_ranks, flat_sum_steps, scrat
 from scalesgd.comm.wire.pipeline import Steps
 from scalesgd.comm.wire.topology import TopologyGroups
 
+
 class Fp8Codec(Codec):
     """Gradients travel as one e5m2 byte each, then one byte flagging a non-finite bucket and one byte per
     tensor flagging saturation.
