@@ -40,7 +40,9 @@ def main():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.9)
     loader = DataLoader(teacher_task(), batch_size=128, shuffle=True, drop_last=True)
     ddp, optimizer, loader = accelerator.prepare(model, optimizer, loader)  # the loader is split among workers
-    state = CodecHookState(args.codec, settings=CodecSettings(TopkOptions(density=args.density)), model=model)
+    # a short demo: compress from the first step (a real run keeps the defaults: dense start, density warm-up)
+    state = CodecHookState(args.codec, settings=CodecSettings(TopkOptions(density=args.density, density_warmup=0)),
+                           compress_after=0, model=model)
     ddp.register_comm_hook(state, codec_hook)  # after `prepare`: `ddp` is DistributedDataParallel
     loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
 

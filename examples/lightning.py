@@ -108,7 +108,9 @@ def main():
 
     L.seed_everything(0, verbose=False)
     module = Classifier(args.epochs)
-    state = CodecHookState(args.codec, settings=CodecSettings(TopkOptions(density=args.density)), model=module)
+    # a short demo: compress from the first step (a real run keeps the defaults: dense start, density warm-up)
+    state = CodecHookState(args.codec, settings=CodecSettings(TopkOptions(density=args.density, density_warmup=0)),
+                           compress_after=0, model=module)
     callbacks = [CompressorHook(state)]
     if args.checkpoint_dir:
         callbacks.append(ModelCheckpoint(dirpath=args.checkpoint_dir, save_last=True, save_top_k=0))

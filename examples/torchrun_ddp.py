@@ -41,7 +41,9 @@ def main():
     torch.manual_seed(0)  # every rank starts from the same weights (DDP also broadcasts rank 0's)
     model = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
     ddp = DistributedDataParallel(model)
-    hook = CodecHookState(args.codec, model=model)  # per-parameter codec state keyed by the model's order
+    # per-parameter codec state keyed by the model's order; fp8 needs no dense start (a sparse codec would keep the
+    # default: dense through the LR warmup, as `scalesgd train --compress-after warmup`)
+    hook = CodecHookState(args.codec, model=model, compress_after=0)
     ddp.register_comm_hook(hook, codec_hook)
 
     data = teacher_task()

@@ -1,6 +1,6 @@
 """The examples run as a user runs them (torchrun, Lightning's own launcher, Accelerate under torchrun) on 2 gloo
-processes: the model learns, the hook's bytes are what the codec sends for every parameter, and a resumed
-Lightning run ends with exactly the parameters of an uninterrupted one."""
+processes, a transformer trainer of the usual kind among them: the model learns, the hook's bytes are what the codec
+sends for every parameter, and a resumed Lightning run ends with exactly the parameters of an uninterrupted one."""
 
 import json
 import os
@@ -69,3 +69,12 @@ def test_lightning_example_learns_and_resumes_exactly(tmp_path):
     saved = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)["scalesgd_hook"]
     assert len(saved) == 2 and any(not torch.equal(x["residual"], y["residual"])  # each rank's own residuals
                                    for x, y in zip(saved[0]["buckets"].values(), saved[1]["buckets"].values()))
+
+
+def test_transformer_example_trains_in_bf16_with_accumulation_and_sends_fp8_after_its_dense_start(tmp_path):
+    summary = run(["transformer_ddp.py", "--codec", "fp8", "--dense-steps", "5"], tmp_path)
+    losses, n = summary["losses"], summary["parameters"]
+    assert sum(losses[-5:]) / 5 < 0.65 * losses[0] and summary["validation_loss"] < losses[0]
+    dense, fp8 = 4 * n, n  # a ring on 2 ranks sends one gradient's worth: 4 bytes, then 1 byte per element
+    expected = (5 * dense + 35 * fp8) / 40
+    assert expected <= summary["bytes_per_step"] <= 1.01 * expected  # once per step, not per micro-batch

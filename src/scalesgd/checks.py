@@ -85,6 +85,13 @@ def within(low: float, high: float, *, low_open: bool = False, high_open: bool =
     return check
 
 
+def betas(value: tuple) -> str | None:
+    """Adam's two decay rates, each in [0, 1)."""
+    if len(value) != 2 or not all(0 <= b < 1 for b in value):
+        return "give two decay rates β1,β2, each in [0, 1) (e.g. 0.9,0.999)"
+    return None
+
+
 def finite_non_negative(value) -> str | None:
     return None if value >= 0 and _finite(value) else "must be a finite number >= 0"
 

@@ -5,8 +5,9 @@ group, imported the first time the registry is read."""
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator, Mapping
 from importlib.metadata import entry_points
-from typing import Generic, Iterator, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -78,3 +79,38 @@ def load_plugins(group: str) -> None:
         except Exception as err:  # a broken plugin must not take the package down with it
             warnings.warn(f"scalesgd plugin {point.name!r} ({point.value}) could not be loaded: "
                           f"{type(err).__name__}: {err}", stacklevel=2)
+
+
+class OptionFamilies(Mapping):
+    """One options object per family of `registry` (family name → options class: a codec's, a model's), its
+    family's defaults where none was given. Subclasses name the registry they hold."""
+
+    registry: Registry[type]
+
+    def __init__(self, given: Mapping[str, Any] | None = None):
+        given = dict(given or {})
+        unknown = sorted(set(given) - set(self.registry))
+        if unknown:
+            raise ValueError(f"{self.registry.concept} {unknown} are not registered; known: {', '.join(self.registry)}")
+        self._by_family = {name: given.get(name) or cls() for name, cls in self.registry.items()}
+
+    @classmethod
+    def of(cls, *options):
+        """From options objects, each taken as the family its class is registered for."""
+        families = {cls_: name for name, cls_ in cls.registry.items()}
+        stray = [type(o).__name__ for o in options if type(o) not in families]
+        if stray:
+            raise ValueError(f"{', '.join(stray)} is not a registered {cls.registry.concept}")
+        return cls({families[type(o)]: o for o in options})
+
+    def __getitem__(self, family: str):
+        return self._by_family[family]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_family)
+
+    def __len__(self) -> int:
+        return len(self._by_family)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._by_family!r})"

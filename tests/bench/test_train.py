@@ -3,9 +3,13 @@
 import json
 
 import pytest
+import torch
 
+from scalesgd.bench.train import TrainBenchConfig, criterion, describe, synthetic_batches
 from scalesgd.bench.train_report import add_ratios, spread
 from scalesgd.cli import main
+from scalesgd.models import ModelOptions
+from scalesgd.models.gpt import GptOptions, gpt
 from scalesgd.sim.modes import Mode, parse_mode
 from tests.bench.cli import bench
 
@@ -118,3 +122,41 @@ def test_auto_modes_parse_with_their_candidates():
     assert (mode.engine, mode.auto_codecs, mode.density) == ("auto", ("fp16", "topk"), 0.01)
     with pytest.raises(ValueError, match="codec 'fp7' is not known"):
         parse_mode("auto-fp16+fp7")
+
+
+TINY_GPT = ("--model", "gpt", "--gpt-layers", "1", "--gpt-heads", "2", "--gpt-width", "16", "--gpt-block", "8")
+
+
+def test_a_gpt_bench_times_next_token_batches_as_the_text_run_it_describes():
+    bench = TrainBenchConfig(model="gpt", batch_size=4,
+                             model_options=ModelOptions.of(GptOptions(layers=1, heads=2, width=16, block=8)))
+    run = describe(parse_mode("scalesgd-fp16"), bench, 2).validate()
+    assert (run.dataset, run.text, run.model_options["gpt"]) == ("text", True, GptOptions(1, 2, 16, 8))
+    assert run.to_dict()["gpt_width"] == 16
+    x, y = synthetic_batches(bench, 2, 0)[0]
+    assert x.shape == y.shape == (2, 8) and x.dtype == torch.long and torch.equal(x[:, 1:], y[:, :-1])
+    logits = torch.randn(2, 8, 256)  # each rank's mean over its tokens: the global batch's mean, averaged
+    assert criterion(bench, 2)(logits, y) == pytest.approx(
+        torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten()).item())
+
+
+def test_bench_train_times_a_gpt(tmp_path):
+    out = tmp_path / "bench"
+    proc = bench("train", "--workers", "2", *TINY_GPT, "--batch-size", "4", "--modes",
+                 "none,ddp,scalesgd-topk@0.1-ring-planner:optimal", "--warmup", "0", "--iterations", "2",
+                 "--rounds", "1", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((out / "train.json").read_text())
+    results = {r["mode"]: r for r in record["results"]}
+    assert all(r["iterations"] == 2 and r["tokens_per_s"] == pytest.approx(8 * r["images_per_s"])
+               for r in results.values())
+    assert results["scalesgd-topk@0.1-ring-planner:optimal"]["planned_groups"] >= 1
+    net = gpt(256, GptOptions(layers=1, heads=2, width=16, block=8))
+    assert sum(record["layers"]["sizes"]) == sum(p.numel() for p in net.parameters())  # the tied head once
+    assert record["config"]["gpt_block"] == 8
+
+
+def test_a_gpt_whose_width_does_not_split_into_its_heads_is_refused(tmp_path, capsys):
+    code = main(["bench", "train", "--model", "gpt", "--gpt-heads", "3", "--out", str(tmp_path / "x")])
+    assert code == 2 and capsys.readouterr().err == \
+        "scalesgd: error: --gpt-width 128: GPT width 128 is not divisible by its 3 heads\n"

@@ -8,11 +8,12 @@ import torch
 from torch import nn
 
 from scalesgd.errors import UsageError
-from scalesgd.models import MODELS, build_model
+from scalesgd.models import MODELS, TEXT, ModelOptions, build_model
+from scalesgd.models.gpt import GptOptions
 from scalesgd.models.resnet50 import Bottleneck
 from scalesgd.models.resnet_cifar import BasicBlock
 
-ALL_NAMES = ["resnet8", "resnet20", "resnet56", "resnet50", "vgg16"]
+ALL_NAMES = ["resnet8", "resnet20", "resnet56", "resnet50", "vgg16"]  # the image classifiers
 
 
 def _count(model: nn.Module) -> int:
@@ -27,9 +28,16 @@ def _blocks_with_last_bn(model: nn.Module) -> list[nn.Module]:
 
 
 
-def test_registry_has_exactly_the_expected_names():
-    assert sorted(MODELS) == sorted(ALL_NAMES)
-    assert all(callable(b) for b in MODELS.values())
+def test_registry_has_the_image_classifiers_and_the_language_model():
+    assert sorted(MODELS) == sorted(ALL_NAMES + ["gpt"])
+    assert [name for name, entry in MODELS.items() if entry.data == TEXT] == ["gpt"]
+    assert all(callable(entry.build) for entry in MODELS.values())
+
+
+def test_build_model_passes_the_gpt_its_size_options_and_checks_no_channels():
+    options = ModelOptions.of(GptOptions(layers=1, width=32, heads=2, block=16))
+    model = build_model("gpt", 256, 0, options)
+    assert len(model.blocks) == 1 and model.tok.weight.shape == (256, 32)
 
 
 
@@ -53,7 +61,7 @@ def test_build_model_refuses_sizes_no_layer_has_in_one_usage_error(classes, chan
 @pytest.mark.parametrize("name", ALL_NAMES)
 def test_build_model_returns_fresh_module_of_registered_builder(name):
     a = build_model(name, 7, 2)
-    b = MODELS[name](7, 2)
+    b = MODELS[name].build(7, 2, ModelOptions())
     assert type(a) is type(b)
     assert a is not b
     assert _count(a) == _count(b)

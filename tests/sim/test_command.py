@@ -5,6 +5,7 @@ import json
 import pytest
 
 from scalesgd.cli import main
+from scalesgd.models.gpt import GptOptions, gpt
 from tests.sim.test_calibrate import write_record
 
 
@@ -43,6 +44,19 @@ def test_a_named_model_on_a_described_cluster_prints_rows(capsys, tmp_path):
     assert (tmp_path / "sim" / "simulate.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_a_gpt_is_simulated_at_the_size_its_options_give(capsys, tmp_path):
+    code, out, _ = simulate(capsys, "--model", "gpt", "--gpt-layers", "2", "--gpt-width", "64", "--gpt-block", "32",
+                            "--iteration-time", "0.1", "--batch-per-worker", "8", "--workers", "2",
+                            "--procs-per-node", "2", "--modes", "ddp", "--json", "--out", str(tmp_path / "sim"))
+    assert code == 0
+    result = json.loads(out)
+    net = gpt(256, GptOptions(layers=2, width=64, block=32))
+    assert result["compute"] == {"iteration_s": pytest.approx(0.1), "batch_per_worker": 8,
+                                 "parameters": sum(p.numel() for p in net.parameters())}  # the tied head once
+    saved = json.loads((tmp_path / "sim" / "simulate.json").read_text())["config"]
+    assert (saved["gpt_layers"], saved["gpt_width"], saved["gpt_block"]) == (2, 64, 32)
+
+
 def test_bandwidth_sweep_names_where_fp8_stops_paying(capsys):
     code, out, _ = simulate(capsys, "--model", "vgg16", "--image-size", "32", "--classes", "10",
                             "--iteration-time", "0.7", "--workers", "2", "--procs-per-node", "1",
@@ -73,6 +87,8 @@ def test_a_preset_prints_its_headline(capsys, tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (("--model", "alexnet", "--iteration-time", "1"), "--model 'alexnet' is not known"),
     (("--model", "resnet20"), "--iteration-time 0.0: with --model give the seconds"),
+    (("--model", "gpt", "--iteration-time", "1", "--gpt-heads", "3"),
+     "--gpt-width 128: GPT width 128 is not divisible by its 3 heads"),
     (("--model", "resnet20", "--iteration-time", "1", "--inter-bandwidth=-5gbit"),
      "--inter-bandwidth -5gbit: use a rate such as 100mbit"),
     (("--model", "resnet20", "--iteration-time", "1", "--inter-latency", "soon"), "--inter-latency soon: use a time"),

@@ -4,8 +4,9 @@ import pytest
 import torch
 from torch import nn
 
-from scalesgd.models import MODELS
-from scalesgd.sim.compute import ComputeProfile, from_flops, from_layers
+from scalesgd.models import MODELS, ModelEntry, ModelOptions
+from scalesgd.models.gpt import GptOptions, gpt
+from scalesgd.sim.compute import count_flops, from_flops, from_layers
 
 
 def test_scaling_keeps_the_shape():
@@ -20,7 +21,7 @@ def _mlp(num_classes, in_channels):
 
 
 def test_flops_split_by_hand_on_a_two_layer_network():
-    MODELS.add("test-mlp", _mlp)
+    MODELS.add("test-mlp", ModelEntry(lambda classes, channels, options: _mlp(classes, channels)))
     try:
         p = from_flops("test-mlp", 1.0, 8, 4, 10, channels=1, step_fraction=0.1)
     finally:
@@ -41,3 +42,30 @@ def test_a_real_model_is_split_without_allocating_it():
     assert p.numel == 25_557_032 and len(p.t_b) == 161
     assert 1.7 < sum(p.t_b) / p.t_f < 2.05  # backward ≈ twice forward; the first conv needs no input gradient
     assert torch.get_default_device().type == "cpu"
+
+
+def test_a_gpt_is_split_on_token_batches_its_tied_embedding_once():
+    options = GptOptions(layers=2, heads=2, width=32, block=16)
+    p = from_flops("gpt", 0.5, 4, 0, 256, step_fraction=0.1, options=ModelOptions.of(options))
+    net = gpt(256, options)
+    assert p.names == tuple(name for name, _ in net.named_parameters())  # the head's weight is the embedding's
+    assert p.names.count("tok.weight") == 1 and "head.weight" not in p.names and p.numel == sum(
+        t.numel() for t in net.parameters())
+    assert p.t_f + sum(p.t_b) == pytest.approx(0.45) and p.iteration_s == pytest.approx(0.5)
+    share = {name: t for name, t in zip(p.names, p.t_b)}
+    qkv, proj = (share[f"blocks.0.attn.{m}.weight"] + share[f"blocks.0.attn.{m}.bias"] for m in ("qkv", "proj"))
+    # the projection's backward is 2·2·(4·16)·32·32 FLOPs; the qkv tensors are ready after attention's backward (four
+    # products of 2·4·16²·32: as many) and their own (three times the projection's): 4 × as many
+    assert qkv == pytest.approx(4 * proj)
+
+
+def test_a_gpt_s_flops_are_kaplan_s_estimate_three_times():
+    """Forward + backward ≈ 3 × forward, the forward ≈ `flops_per_token` and the tied head's 2·vocab·width per
+    token (which it leaves out). Within 1 %: the counter counts the whole T×T attention (4·T·width per layer and
+    token, the estimate 2·T·width) and no bias or LayerNorm arithmetic (the estimate's 2·N counts 2 per parameter):
+    here 2·2·16·32 − 2·896 = 256 FLOPs per token more, of 69,376."""
+    options = GptOptions(layers=2, heads=2, width=32, block=16)
+    flops = count_flops("gpt", 4, 0, 256, options=ModelOptions.of(options))
+    per_token = gpt(256, options).flops_per_token() + 2 * 256 * 32
+    assert flops.forward + sum(flops.backward) == pytest.approx(3 * per_token * 4 * 16, rel=0.01)
+    assert sum(flops.backward) == 2 * flops.forward  # every matmul's backward is two: the input needs its gradient

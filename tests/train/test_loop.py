@@ -1,4 +1,5 @@
-"""The training loop through `scalesgd train`: its artefacts, the engines agreeing, a trace, a non-finite loss."""
+"""The training loop through `scalesgd train`: its artefacts, the engines agreeing, a trace, a non-finite loss,
+accumulated micro-batches, a language model in fp16."""
 
 import json
 import math
@@ -108,3 +109,41 @@ def test_non_finite_loss_stops_all_ranks_and_keeps_last_good_checkpoint(tmp_path
     assert all(torch.isfinite(t).all() for t in state["model"].values() if t.is_floating_point())
     assert not (tmp_path / "summary.json").exists()
 
+
+
+TEXT_RUN = ["--quiet", "--dataset", "text", "--model", "gpt", "--samples", "96", "--gpt-layers", "1", "--gpt-width",
+            "32", "--gpt-heads", "2", "--gpt-block", "16", "--batch-size", "16", "--base-batch", "16", "--epochs", "1",
+            "--warmup", "none", "--seed", "1"]
+
+
+@pytest.mark.parametrize("engine", ["ddp", "scalesgd"])
+def test_accumulated_micro_batches_make_one_large_batchs_update_and_exchange_once(tmp_path, engine):
+    """4 micro-batches of 2 per worker step as one batch of 8 does (a model without batch statistics), and each step
+    sends the gradient once."""
+    models, summaries = [], []
+    for parts in (1, 4):
+        run = tmp_path / f"accumulate-{parts}"
+        proc = scalesgd("train", *TEXT_RUN, "--engine", engine, "--accumulate", str(parts), "--run-dir", str(run))
+        assert proc.returncode == 0, proc.stderr
+        models.append(load_ckpt(run)["model"])
+        summaries.append(json.loads((run / "summary.json").read_text()))
+    a, b = models
+    diff = torch.cat([(a[k] - b[k]).flatten().double() for k in a]).norm()
+    assert (diff / torch.cat([a[k].flatten().double() for k in a]).norm()).item() < 1e-5
+    if engine == "scalesgd":  # bytes per step: one exchange of the gradient, whatever the micro-batches
+        assert summaries[0]["iteration"]["mean_bytes_sent"] == summaries[1]["iteration"]["mean_bytes_sent"] > 0
+
+
+def test_a_language_model_trains_in_fp16_with_a_lossy_codec_and_reports_loss_and_perplexity(tmp_path):
+    run = tmp_path / "gpt"
+    proc = scalesgd("train", *TEXT_RUN, "--epochs", "2", "--engine", "scalesgd", "--codec", "topk", "--density", "0.1",
+                    "--compress-after", "0", "--optimizer", "adamw", "--base-lr", "0.003", "--precision", "fp16",
+                    "--accumulate", "2", "--run-dir", str(run))
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["final_test_loss"] < math.log(256) - 0.5  # below a uniform guess over the bytes: it learns
+    assert summary["final_test_perplexity"] == pytest.approx(math.exp(summary["final_test_loss"]))
+    assert summary["tokens_per_s"] > 0 and "images_per_s" not in summary
+    iters = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "iter"]
+    assert all(r["loss_scale"] > 0 and "skipped" in r for r in iters) and "topk_density" in iters[-1]
+    assert (run / "report.png").stat().st_size > 0

@@ -1,4 +1,5 @@
-"""`scalesgd bench accuracy`: final test accuracy of training variants over several seeds, resumable."""
+"""`scalesgd bench accuracy`: final test accuracy (a language model's: validation loss) of training variants over
+several seeds, resumable."""
 
 from __future__ import annotations
 
@@ -64,42 +65,77 @@ def run(cfg: AccuracyBenchConfig, command: str) -> int:
                 return failed(f"`{variant}` seed {seed}", code, run_dir)
             summary = json.loads((run_dir / SUMMARY_NAME).read_text())
             results.append({"variant": variant, "seed": seed, "final_test_acc": summary["final_test_acc"],
+                            **{key: summary[key] for key in ("final_test_loss", "final_test_perplexity")
+                               if key in summary},
                             "wall_time_s": summary["wall_time_s"], "run_dir": str(run_dir),
                             "bytes_sent_per_iter": summary.get("iteration", {}).get("mean_bytes_sent")})
     report(cfg, results, command)
     return 0
 
 
+@dataclass(frozen=True)
+class Metric:
+    """What the bench compares: test accuracy in % (higher is better, points apart), or a language model's
+    validation loss in nats per token (lower is better, per cent apart)."""
+
+    key: str
+    title: str
+    scale: float
+
+    @classmethod
+    def of(cls, results: list[dict]) -> Metric:
+        if all("final_test_perplexity" in r for r in results):
+            return cls("final_test_loss", "final validation loss (nats/token)", 1.0)
+        return cls("final_test_acc", "final test accuracy (%)", 100.0)
+
+    def shown(self, value: float) -> str:
+        return f"{self.scale * value:.2f}" if self.scale != 1 else f"{value:.4f}"
+
+    def apart(self, value: float, reference: float) -> str:
+        """How far `value` is from the reference's: points of accuracy, or per cent of the loss."""
+        if self.scale != 1:
+            return f"{self.scale * (value - reference):+.2f}"
+        return f"{100 * (value - reference) / reference:+.2f} %"
+
+
 def report(cfg: AccuracyBenchConfig, results: list[dict], command: str) -> None:
-    """Per variant: every seed's accuracy, the median, and the median's distance to the first variant."""
-    medians = {v: statistics.median(r["final_test_acc"] for r in results if r["variant"] == v) for v in cfg.variants}
+    """Per variant: every seed's accuracy (or validation loss), the median, and the median's distance to the first
+    variant."""
+    metric = Metric.of(results)
+    medians = {v: statistics.median(r[metric.key] for r in results if r["variant"] == v) for v in cfg.variants}
     reference = medians[cfg.variants[0]]
-    columns = ["variant", *(f"seed {s} %" for s in cfg.seeds), "median %", f"points vs `{cfg.variants[0]}`"]
+    unit = " %" if metric.scale != 1 else ""
+    columns = ["variant", *(f"seed {s}{unit}" for s in cfg.seeds), f"median{unit}",
+               f"{'points' if metric.scale != 1 else 'per cent'} vs `{cfg.variants[0]}`"]
     rows = []
     for v in cfg.variants:
-        accs = [r["final_test_acc"] for r in results if r["variant"] == v]
-        rows.append([f"`{v}`", *(f"{100 * a:.2f}" for a in accs), f"{100 * medians[v]:.2f}",
-                     f"{100 * (medians[v] - reference):+.2f}"])
+        values = [r[metric.key] for r in results if r["variant"] == v]
+        rows.append([f"`{v}`", *(metric.shown(a) for a in values), metric.shown(medians[v]),
+                     metric.apart(medians[v], reference)])
     out = Path(cfg.out)
-    output.write(out, "accuracy", {"config": cfg.to_dict(), "medians": medians, "results": results},
-                 columns, rows, command)
-    plot(out / "accuracy.png", cfg, results, medians)
-    output.console().print(output.rich_table(f"final test accuracy, {len(cfg.seeds)} seeds", columns, rows))
+    output.write(out, "accuracy", {"config": cfg.to_dict(), "metric": metric.key, "medians": medians,
+                                   "results": results}, columns, rows, command)
+    plot(out / "accuracy.png", cfg, results, medians, metric)
+    output.console().print(output.rich_table(f"{metric.title}, {len(cfg.seeds)} seeds", columns, rows))
     output.console().print(f"written to {out}/accuracy.{{json,md,png}}", highlight=False)
 
 
-def plot(path: Path, cfg: AccuracyBenchConfig, results: list[dict], medians: dict) -> None:
+def plot(path: Path, cfg: AccuracyBenchConfig, results: list[dict], medians: dict, metric: Metric) -> None:
     plt = output.pyplot()
 
     fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(cfg.variants)), 4))
     for i, v in enumerate(cfg.variants):
-        accs = [100 * r["final_test_acc"] for r in results if r["variant"] == v]
-        ax.scatter([i] * len(accs), accs, color="grey", s=18, zorder=3)
-        ax.bar(i, 100 * medians[v], width=0.6, alpha=0.6)
+        values = [metric.scale * r[metric.key] for r in results if r["variant"] == v]
+        ax.scatter([i] * len(values), values, color="grey", s=18, zorder=3)
+        ax.bar(i, metric.scale * medians[v], width=0.6, alpha=0.6)
     ax.set_xticks(range(len(cfg.variants)), cfg.variants, rotation=15, fontsize=8)
-    ax.set_ylabel("final test accuracy (%)")
-    low = min(100 * r["final_test_acc"] for r in results)
-    ax.set_ylim(max(0, low - 5), 100)
+    ax.set_ylabel(metric.title)
+    every = [metric.scale * r[metric.key] for r in results]
+    if metric.scale != 1:
+        ax.set_ylim(max(0, min(every) - 5), 100)
+    else:  # losses: the spread between variants is what matters
+        pad = max(0.05 * (max(every) - min(every)), 1e-3)
+        ax.set_ylim(min(every) - 10 * pad, max(every) + 2 * pad)
     ax.set_title(f"median of {len(cfg.seeds)} seeds (dots: each seed)")
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()

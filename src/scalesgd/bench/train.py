@@ -2,7 +2,9 @@
 
 Every mode gets its own copy of the model; modes take turns in rounds, so a slow spell of the
 machine or the network hits all of them alike, and the baselines (PyTorch DDP fp32, DDP with
-`fp16_compress_hook`, DDP with PowerSGD) are measured on the same hardware in the same minute.
+`fp16_compress_hook`, DDP with PowerSGD) are measured on the same hardware in the same minute. An image model
+reads random images and labels; a language model (`--model gpt`) random byte sequences and their next tokens,
+its loss the training loop's mean over every predicted token.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -23,13 +26,16 @@ from scalesgd.bench.launch import BenchLaunch
 from scalesgd.comm.cost import link, planner, profile
 from scalesgd.comm.engine.exchange import GradientExchange, build_exchange
 from scalesgd.config import AUTO_CODECS, NO_PLANNER, TrainConfig
+from scalesgd.data.text import VOCAB_SIZE
 from scalesgd.errors import UsageError
-from scalesgd.models import MODELS, build_model
-from scalesgd.options import check_fields, option, words
+from scalesgd.models import MODEL_OPTIONS, MODELS, TEXT, ModelOptions, build_model
+from scalesgd.options import check_fields, expanded, flat_options, flatten, option, words
 from scalesgd.recipe import build_sgd, initialize
+from scalesgd.recipe.aggregation import global_batch_loss
 from scalesgd.runtime import process_group
 from scalesgd.sim import auto as auto_exchange
 from scalesgd.sim.modes import MODES_HELP, Mode, parse_mode
+from scalesgd.train.objective import Objective
 from scalesgd.units import RATE
 
 BATCHES = 8  # distinct synthetic batches each mode cycles through
@@ -40,7 +46,10 @@ class TrainBenchConfig(BenchLaunch):
     """`scalesgd bench train`: every exchange mode timed on the same model, data and workers."""
 
     workers: int = option(2, "local workers; under torchrun the launch decides", check=checks.local_workers)
-    model: str = option("resnet20", "the network timed", choices=MODELS)
+    model: str = option("resnet20", "the network timed (gpt: a language model, on random byte sequences)",
+                        choices=MODELS)
+    model_options: ModelOptions = expanded(MODEL_OPTIONS.items, ModelOptions, lambda held, family: held[family],
+                                           group="model options: {}")  # each sized model's, --MODEL-OPTION
     image_size: int = option(32, "synthetic input side", check=checks.positive)
     channels: int = option(3, "input channels", check=checks.positive)
     classes: int = option(10, "classifier outputs (random labels)",
@@ -63,9 +72,15 @@ class TrainBenchConfig(BenchLaunch):
         check_fields(self)
         self.check_launch(self.workers)
         per_rank = -(-self.batch_size // self.workers)
-        self.check_memory(self.workers, "batch_size", BATCHES * per_rank * self.channels * self.image_size ** 2 * 4,
-                          f"{BATCHES} synthetic batches of {per_rank} × {self.channels}×{self.image_size}×"
-                          f"{self.image_size} float32", "use a smaller `batch_size`, `image_size` or `channels`")
+        if self.text:  # inputs and targets
+            self.check_memory(self.workers, "batch_size", BATCHES * per_rank * self.sequence_length * 8 * 2,
+                              f"{BATCHES} synthetic batches of {per_rank} × {self.sequence_length} int64 tokens "
+                              "and as many targets", "use a smaller `batch_size` or `gpt_block`")
+        else:
+            self.check_memory(self.workers, "batch_size",
+                              BATCHES * per_rank * self.channels * self.image_size ** 2 * 4,
+                              f"{BATCHES} synthetic batches of {per_rank} × {self.channels}×{self.image_size}×"
+                              f"{self.image_size} float32", "use a smaller `batch_size`, `image_size` or `channels`")
         describe(Mode("ddp", "ddp"), self, self.workers).validate()  # the model, data and batch every mode shares
         for rate in self.bandwidths:
             if not RATE.match(rate):
@@ -82,13 +97,28 @@ class TrainBenchConfig(BenchLaunch):
                 raise UsageError(f"`modes` {text}: {err}") from None
         return self
 
+    @property
+    def text(self) -> bool:
+        """Whether the model timed is a language model, reading token sequences."""
+        return MODELS[self.model].data == TEXT
+
+    @property
+    def sequence_length(self) -> int:
+        """Tokens per sequence of a language model: its context (the training run's, `TrainConfig.data_request`)."""
+        return self.model_options["gpt"].block
+
 
 def describe(mode: Mode, bench: TrainBenchConfig, world: int) -> TrainConfig:
-    """The training run a mode stands for: the bench's model and synthetic batches, this exchange."""
+    """The training run a mode stands for: the bench's model (with its size options) and synthetic batches, or a
+    language model's text, and this exchange."""
     auto = mode.engine == "auto"
+    sized = {flat.name for flat in flat_options(TrainBenchConfig) if flat.prefix in MODEL_OPTIONS}  # gpt_layers, …
+    sizes = {name: value for name, value in flatten(bench).items() if name in sized}
+    data = {"dataset": "text"} if bench.text else {"dataset": "synthetic", "image_size": bench.image_size,
+                                                   "classes": bench.classes}
     return TrainConfig.from_dict(dict(
-        workers=world, dataset="synthetic", samples=BATCHES * bench.batch_size, image_size=bench.image_size,
-        classes=bench.classes, model=bench.model, batch_size=bench.batch_size, base_batch=bench.batch_size,
+        workers=world, **data, samples=BATCHES * bench.batch_size, **sizes,
+        model=bench.model, batch_size=bench.batch_size, base_batch=bench.batch_size,
         engine="scalesgd" if auto else mode.engine, codec="fp32" if auto else mode.codec,
         exchange="auto" if auto else "manual", auto_codecs=mode.auto_codecs or AUTO_CODECS, algorithm=mode.algorithm,
         buckets="size:1" if mode.planner != NO_PLANNER else mode.buckets, density=mode.density,
@@ -111,6 +141,7 @@ class Runner:
     auto: dict | None = None  # an `auto` mode's decision
     rounds: list[int] = field(default_factory=list)  # the round of each timed iteration
     cpu: list[float] = field(default_factory=list)  # CPU seconds this process used (all its threads)
+    loss: Callable = nn.functional.cross_entropy  # what each iteration back-propagates (`criterion`)
 
     def clear(self) -> None:
         """Forget what was timed (a new link rate)."""
@@ -128,12 +159,7 @@ def run(cfg: TrainBenchConfig, command: str) -> int:
     original = testbed_rate(prefix) if cfg.bandwidths and env.is_main else None
     try:
         per_rank = cfg.batch_size // env.world_size
-        g = torch.Generator().manual_seed(1000 + env.rank)
-        # a few different batches in turn: with one batch repeated, a sparsifier's residuals grow
-        # along the same direction every step, which no real training does
-        batches = [(torch.randn(per_rank, cfg.channels, cfg.image_size, cfg.image_size, generator=g).to(env.device),
-                    torch.randint(0, cfg.classes, (per_rank,), generator=g).to(env.device))
-                   for _ in range(BATCHES)]
+        batches = [(x.to(env.device), y.to(env.device)) for x, y in synthetic_batches(cfg, per_rank, env.rank)]
         layers = layer_profile(cfg, env, batches[0])  # what `scalesgd simulate` needs of the compute
         runners = [build_runner(cfg, mode, env, batches) for mode in modes]
         for runner in runners:  # past each mode's own warm start once, whatever the rate
@@ -172,11 +198,44 @@ def run(cfg: TrainBenchConfig, command: str) -> int:
         process_group.close()
 
 
+def synthetic_batches(cfg: TrainBenchConfig, per_rank: int, rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """This rank's `BATCHES` batches: random images and labels, or random byte sequences of the model's context
+    and their next tokens (each sequence one longer, cut into input and target)."""
+    g = torch.Generator().manual_seed(1000 + rank)
+    # a few different batches in turn: with one batch repeated, a sparsifier's residuals grow
+    # along the same direction every step, which no real training does
+    if cfg.text:
+        tokens = [torch.randint(0, VOCAB_SIZE, (per_rank, cfg.sequence_length + 1), generator=g)
+                  for _ in range(BATCHES)]
+        return [(t[:, :-1].contiguous(), t[:, 1:].contiguous()) for t in tokens]
+    return [(torch.randn(per_rank, cfg.channels, cfg.image_size, cfg.image_size, generator=g),
+             torch.randint(0, cfg.classes, (per_rank,), generator=g))
+            for _ in range(BATCHES)]
+
+
+def criterion(cfg: TrainBenchConfig, world: int) -> Callable:
+    """The loss every iteration, profile, plan and `auto` decision back-propagates: an image batch's mean
+    cross-entropy, or as the training loop has it a token batch's summed cross-entropy over every next token,
+    scaled to the global batch's mean per token."""
+    if not cfg.text:
+        return nn.functional.cross_entropy
+    objective = Objective(True, 0.0, cfg.sequence_length)
+    tokens = cfg.batch_size // world * world * cfg.sequence_length  # every rank's share: the global batch's tokens
+    return lambda logits, y: global_batch_loss(objective.loss(logits, y), world, tokens)
+
+
+def bench_model(cfg: TrainBenchConfig, env) -> nn.Module:
+    """The same initial model for every mode and the profile: Goyal et al.'s initialisation for a CNN; a GPT
+    initialises itself (as in training)."""
+    torch.manual_seed(0)
+    if cfg.text:
+        return build_model(cfg.model, VOCAB_SIZE, 0, cfg.model_options).to(env.device)
+    return initialize(build_model(cfg.model, cfg.classes, cfg.channels)).to(env.device)
+
+
 def layer_profile(cfg: TrainBenchConfig, env, batch) -> dict:
     """Forward and per-tensor backward times of the slowest rank, all ranks computing at once (collective)."""
-    torch.manual_seed(0)
-    model = initialize(build_model(cfg.model, cfg.classes, cfg.channels)).to(env.device)
-    return profile.layer_profile(model, batch, nn.functional.cross_entropy)
+    return profile.layer_profile(bench_model(cfg, env), batch, criterion(cfg, env.world_size))
 
 
 def testbed_rate(prefix: str) -> str:
@@ -204,30 +263,30 @@ def measure(cfg: TrainBenchConfig, runners: list[Runner], batches) -> None:
 
 def build_runner(cfg: TrainBenchConfig, mode: Mode, env, batches: list) -> Runner:
     """The same initial model for every mode, wrapped as the mode says (planned first if it asks)."""
-    torch.manual_seed(0)
-    model = initialize(build_model(cfg.model, cfg.classes, cfg.channels)).to(env.device)
+    model = bench_model(cfg, env)
     optimizer = build_sgd(model, 0.01, 0.9, False, 1e-4)
+    loss = criterion(cfg, env.world_size)
     if mode.engine == "none":
-        return Runner(mode, None, model, optimizer, [], [], [])
+        return Runner(mode, None, model, optimizer, [], [], [], loss=loss)
     train_cfg = describe(mode, cfg, env.world_size)
     group = dist.new_group() if train_cfg.own_exchange_group else None  # each mode exchanges in a group of its own
     env_for_mode = replace(env, exchange_group=group)
     plan, planned, auto = None, None, None
     if mode.engine == "auto":  # decided on the link as it is now: rebuilt at each rate
-        train_cfg, plan, auto = auto_exchange.choose(train_cfg, model, batches, nn.functional.cross_entropy,
-                                                     env_for_mode, None, False, quiet=True)
+        train_cfg, plan, auto = auto_exchange.choose(train_cfg, model, batches, loss, env_for_mode, None, False,
+                                                     quiet=True)
     elif mode.planner != NO_PLANNER:
         plan, planned = planner.plan_exchange(train_cfg.planner, train_cfg.topk.density, train_cfg.topk.reuse,
-                                              model, batches[0], nn.functional.cross_entropy, group)
+                                              model, batches[0], loss, group)
     exchange = build_exchange(train_cfg.engine, model, optimizer,
                               train_cfg.exchange_setup(group, env.topology_groups, plan=plan))
-    return Runner(mode, exchange, exchange.model, exchange.optimizer, [], [], [], planned, auto)
+    return Runner(mode, exchange, exchange.model, exchange.optimizer, [], [], [], planned, auto, loss=loss)
 
 
 def iteration(runner: Runner, x: torch.Tensor, y: torch.Tensor, record: bool) -> None:
     """Forward, backward, exchange and step, timed on this rank."""
     start, cpu = time.perf_counter(), time.process_time()
-    nn.functional.cross_entropy(runner.net(x), y).backward()
+    runner.loss(runner.net(x), y).backward()
     backward_end = time.perf_counter()
     runner.opt.step()
     runner.opt.zero_grad(set_to_none=True)
@@ -250,6 +309,7 @@ def summarize(cfg: TrainBenchConfig, runner: Runner, env) -> dict:
     for r, t in zip(runner.rounds, slowest.tolist()):
         per_round.setdefault(r, []).append(t)
     row = {"mode": runner.mode.name, "median_iteration_s": median, "images_per_s": cfg.batch_size / median,
+           **({"tokens_per_s": cfg.batch_size * cfg.sequence_length / median} if cfg.text else {}),
            "round_medians_s": [statistics.median(times) for times in per_round.values()],
            "mean_compute_s": statistics.fmean(runner.compute), "mean_cpu_s": statistics.fmean(runner.cpu),
            "iterations": len(runner.times),

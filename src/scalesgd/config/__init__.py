@@ -20,9 +20,9 @@ from scalesgd.comm.engine.exchange import ENGINES, ExchangeSetup
 from scalesgd.comm.wire.collectives import ALGORITHMS
 from scalesgd.config import rules
 from scalesgd.config.rules import NO_PLANNER
-from scalesgd.data import DATASETS
+from scalesgd.data import DATASETS, DataRequest
 from scalesgd.errors import UsageError
-from scalesgd.models import MODELS
+from scalesgd.models import MODEL_OPTIONS, MODELS, ModelOptions
 from scalesgd.optim import OPTIMIZERS
 from scalesgd.options import (
     build,
@@ -44,6 +44,7 @@ from scalesgd.recipe.schedule import SCHEDULES, WARMUPS, LrFactor, default_miles
 from scalesgd.trace import Tracer
 
 EXCHANGES = ("manual", "auto")
+PRECISIONS = ("fp32", "bf16", "fp16")  # forward and backward under autocast to this type (fp32: none)
 AUTO_CODECS = ("fp32", "fp16", "bf16", "fp8")  # the dense codecs: sparse ones change what is learned, so only on request
 
 WORKERS, DATA, RECIPE, OUTPUT = "workers", "data and model", "large-minibatch recipe", "output"
@@ -80,11 +81,24 @@ class TrainConfig:
     dataset: str = option("digits", "the data trained and tested on", choices=DATASETS, group=DATA)
     data_dir: str | None = option(None, "folder holding the dataset's files (cifar10: cifar-10-batches-py)",
                                   parse=str, group=DATA)
-    samples: int = option(5000, "synthetic training samples", group=DATA, check=checks.positive)
+    data_file: str | None = option(None, "text: a file of your own to train on, read as bytes", parse=str,
+                                   group=DATA, shown_default="the Python standard library's own sources")
+    samples: int = option(5000, "synthetic: training samples; text: training sequences at most", group=DATA,
+                          check=checks.positive)
     image_size: int = option(32, "synthetic image side", group=DATA, check=checks.positive)
     classes: int = option(10, "synthetic classes", group=DATA, check=checks.at_least(2, "classes to tell apart"))
-    model: str = option("resnet8", "the network trained", choices=MODELS, group=DATA)
-    batch_size: int = option(128, "global minibatch kn", group=RECIPE, check=checks.positive)
+    model: str = option("resnet8", "the network trained (gpt: a language model, on text)", choices=MODELS,
+                        group=DATA)
+    model_options: ModelOptions = expanded(MODEL_OPTIONS.items, ModelOptions, lambda held, family: held[family],
+                                           group="model options: {}")  # each sized model's, --MODEL-OPTION
+    batch_size: int = option(128, "global minibatch kn: what one step averages over", group=RECIPE,
+                             check=checks.positive)
+    accumulate: int = option(1, "micro-batches per step: each worker runs its share of --batch-size in N parts, "
+                             "summing their gradients, and exchanges once, on the last", group=RECIPE,
+                             check=checks.at_least(1))
+    precision: str = option("fp32", "forward and backward arithmetic: autocast to bf16, or to fp16 with a gradient "
+                            "scaler (a step with an overflow is skipped, by every rank and codec); weights and "
+                            "optimizer stay fp32", choices=PRECISIONS, group=RECIPE)
     epochs: int = option(30, "passes over the training set (with --lr-scaling adascale, the base batch's: the run "
                          "goes on until its scale-invariant schedule is done)", group=RECIPE, check=checks.positive)
     base_lr: float = option(0.1, "rate tuned at --base-batch", group=RECIPE, check=checks.positive)
@@ -111,8 +125,12 @@ class TrainConfig:
                                         parse=float, group=RECIPE, shown_default="half of --epochs")
     arccot_slope: float = option(1.0, "arccot schedule: a in arccot(a·(epoch − e))/π", group=RECIPE,
                                  check=checks.positive)
-    optimizer: str = option("sgd", "momentum SGD, LARS's per-layer rate, or LAMB (Adam with LARS's per-layer "
-                            "ratio, betas 0.9, 0.999)", choices=OPTIMIZERS, group=RECIPE)
+    optimizer: str = option("sgd", "momentum SGD, LARS's per-layer rate, LAMB (Adam with LARS's per-layer ratio), "
+                            "AdamW (torch's; no decay on norms, biases and embeddings), or 1-bit Adam (AdamW "
+                            "while --compress-after's steps are dense, then the momentum travels as signs: "
+                            "needs --codec onebit)", choices=OPTIMIZERS, group=RECIPE)
+    betas: tuple[float, ...] = option((0.9, 0.999), "Adam's β1,β2 (lamb, adamw, onebit-adam)", group=RECIPE,
+                                      parse=floats_of("betas"), check=checks.betas)
     trust_coefficient: float = option(0.001, "LARS trust coefficient", group=RECIPE, check=checks.positive)
     momentum: float = option(0.9, "momentum coefficient μ of SGD (and LARS), in [0, 1); lamb ignores it",
                              group=RECIPE, check=checks.within(0, 1, high_open=True))
@@ -188,7 +206,24 @@ class TrainConfig:
     # ---- what the options imply ------------------------------------------------------------------
     @property
     def per_worker_batch(self) -> int:
+        """Samples each worker contributes to a step (over all its micro-batches)."""
         return self.batch_size // self.workers
+
+    @property
+    def micro_batch(self) -> int:
+        """Samples of one forward and backward on one worker."""
+        return self.per_worker_batch // self.accumulate
+
+    @property
+    def text(self) -> bool:
+        """Whether the run trains a language model on token sequences."""
+        return DATASETS[self.dataset].text
+
+    def data_request(self) -> DataRequest:
+        """What the run asks of its dataset."""
+        return DataRequest(data_dir=self.data_dir, data_file=self.data_file, samples=self.samples,
+                           image_size=self.image_size, num_classes=self.classes,
+                           sequence_length=self.model_options["gpt"].block)
 
     @property
     def codec_entry(self) -> CodecEntry:
@@ -225,11 +260,13 @@ class TrainConfig:
         """The sparse codecs' options (density, reuse, DGC's corrections): what the planner and the optimizer read."""
         return self.codec_options["topk"]
 
-    def build_optimizer(self, model):
-        """The recipe's optimizer for `model` with this run's settings (the loop's, and auto's trial copies')."""
+    def build_optimizer(self, model, steps_per_epoch: int = 1):
+        """The recipe's optimizer for `model` with this run's settings (the loop's, and auto's trial copies'), for
+        epochs of `steps_per_epoch` steps."""
         return build_optimizer(model, self.optimizer, self.peak_lr, self.momentum, self.nesterov,
                                self.weight_decay, self.bias_decay, self.trust_coefficient,
-                               momentum_in_exchange=self.topk.momentum_correction)
+                               momentum_in_exchange=self.topk.momentum_correction, betas=self.betas,
+                               freeze_step=self.compress_after_steps(steps_per_epoch))
 
     def exchange_setup(self, group=None, topology=None, tracer: Tracer | None = None, plan=None,
                        steps_per_epoch: int = 1, norms=None) -> ExchangeSetup:
@@ -237,7 +274,7 @@ class TrainConfig:
         the squared gradient norms are counted)."""
         return ExchangeSetup(self.codec, self.codec_settings(steps_per_epoch),
                              self.compress_after_steps(steps_per_epoch), self.algorithm, plan or self.buckets, group,
-                             topology, tracer or Tracer(), norms)
+                             topology, tracer or Tracer(), norms, self.precision)
 
     def lr_schedule(self, steps_per_epoch: int = 1) -> LrSchedule:
         """The scaled peak rate and the schedule as a pure function of the step (with adascale, of the
@@ -271,7 +308,7 @@ class TrainConfig:
 
     def train_size(self) -> int:
         """Training-set size, known without loading the data."""
-        return DATASETS[self.dataset].train_size(self.samples)
+        return DATASETS[self.dataset].train_size(self.data_request())
 
     # ---- saving and resuming ---------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -288,8 +325,9 @@ class TrainConfig:
         d = dict(d)
         if d.get("milestones") is not None:
             d["milestones"] = tuple(float(m) for m in d["milestones"])
-        if d.get("auto_codecs") is not None:  # a list in JSON
-            d["auto_codecs"] = tuple(d["auto_codecs"])
+        for key in ("auto_codecs", "betas"):  # lists in JSON
+            if d.get(key) is not None:
+                d[key] = tuple(d[key])
         return build(cls, d)
 
     def replaced(self, **options) -> TrainConfig:

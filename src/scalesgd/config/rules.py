@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from scalesgd import checks
 from scalesgd.comm.codecs import CODECS
-from scalesgd.data import DATASETS, DataError
+from scalesgd.data import DATASETS, DataError, check_text_file
 from scalesgd.errors import UsageError
+from scalesgd.models import IMAGE, MODELS, TEXT
 from scalesgd.options import flat_options, flatten, refuse, require_choice
 from scalesgd.recipe.scaling import scaled_lr
 
@@ -41,6 +42,17 @@ def exchange(cfg) -> None:
             family = ", ".join(name for name, entry in CODECS.items() if entry.family == flat.prefix)
             raise UsageError(f"`{flat.name}` applies to the {flat.prefix} codecs ({family}); "
                              f"got `codec` {cfg.codec}")
+    if (cfg.optimizer == "onebit-adam") != (cfg.codec == "onebit"):
+        raise UsageError(f"`optimizer` onebit-adam and `codec` onebit go together (the codec sends Adam's momentum, "
+                         f"the optimizer steps with it); got `optimizer` {cfg.optimizer} with `codec` {cfg.codec}")
+    if cfg.codec == "onebit":
+        onebit = cfg.codec_options["onebit"]
+        if onebit.beta1 != cfg.betas[0]:
+            raise UsageError(f"`onebit_beta1` {onebit.beta1} must equal the optimizer's β1 (`betas` "
+                             f"{','.join(map(str, cfg.betas))}): the codec keeps the momentum the optimizer steps with")
+        if cfg.compress_after_steps(1_000_000) == 0:
+            raise UsageError(f"`compress_after` {cfg.compress_after} leaves 1-bit Adam no dense warm-up: its variance "
+                             "is frozen at the warm-up's end; give STEPS, EPOCHSep or warmup (with a warmup)")
     if cfg.topk.momentum_correction and (cfg.optimizer != "sgd" or cfg.momentum == 0):
         raise UsageError(f"`momentum_correction` moves SGD's momentum into the exchange: it needs `optimizer` "
                          f"sgd and `momentum` above 0; got {cfg.optimizer} with momentum {cfg.momentum}")
@@ -55,15 +67,17 @@ def batch(cfg) -> None:
             value = "" if name == "noise_scale" else " adascale"
             raise UsageError(f"`{name}`{value} compares each worker's gradient with the mean over workers: it "
                              f"needs `workers` 2 or more, got {cfg.workers}")
-    if cfg.batch_size % cfg.workers:
-        raise UsageError(f"`batch_size` {cfg.batch_size} does not divide evenly by `workers` {cfg.workers}; "
-                         f"use a multiple of {cfg.workers}")
-    if cfg.per_worker_batch < MIN_PER_WORKER:
-        raise UsageError(f"`batch_size` {cfg.batch_size} gives {cfg.per_worker_batch} sample(s) per worker; "
-                         f"BatchNorm needs at least {MIN_PER_WORKER} per worker")
-    if cfg.bn_batch and (cfg.bn_batch < MIN_PER_WORKER or cfg.per_worker_batch % cfg.bn_batch):
-        raise UsageError(f"`bn_batch` {cfg.bn_batch}: must divide the {cfg.per_worker_batch} samples per worker "
-                         f"and be at least {MIN_PER_WORKER} (0: BN over each worker's whole batch)")
+    parts = cfg.workers * cfg.accumulate
+    if cfg.batch_size % parts:
+        split = f"`workers` {cfg.workers}" + (f" × `accumulate` {cfg.accumulate}" if cfg.accumulate > 1 else "")
+        raise UsageError(f"`batch_size` {cfg.batch_size} does not divide evenly by {split}; use a multiple of {parts}")
+    least = 1 if cfg.text else MIN_PER_WORKER  # BatchNorm needs two samples; a language model one sequence
+    if cfg.micro_batch < least:
+        raise UsageError(f"`batch_size` {cfg.batch_size} gives {cfg.micro_batch} sample(s) per worker and "
+                         f"micro-batch; BatchNorm needs at least {least}")
+    if cfg.bn_batch and (cfg.bn_batch < MIN_PER_WORKER or cfg.micro_batch % cfg.bn_batch):
+        raise UsageError(f"`bn_batch` {cfg.bn_batch}: must divide the {cfg.micro_batch} samples per worker and "
+                         f"micro-batch and be at least {MIN_PER_WORKER} (0: BN over each micro-batch)")
     if cfg.nesterov and cfg.momentum == 0:
         raise UsageError("`nesterov` needs `momentum` above 0")
     if cfg.nesterov and cfg.optimizer == "lamb":
@@ -95,6 +109,19 @@ def schedule(cfg) -> None:
 def data(cfg) -> None:
     """The dataset's files, its size against the batch, its memory in every worker."""
     dataset = DATASETS[cfg.dataset]
+    wanted = TEXT if dataset.text else IMAGE
+    if MODELS[cfg.model].data != wanted:
+        fits = ", ".join(name for name, entry in MODELS.items() if entry.data == wanted)
+        raise UsageError(f"`model` {cfg.model} does not read the {wanted} of `dataset` {cfg.dataset}; use {fits}")
+    if cfg.data_file is not None:
+        if not dataset.text:
+            raise UsageError(f"`data_file` is a text to train a language model on: it needs `dataset` text, got "
+                             f"{cfg.dataset}")
+        try:
+            check_text_file(cfg.data_file, cfg.model_options["gpt"].block)
+        except DataError as err:
+            raise UsageError(f"`data_file` {cfg.data_file}: {err}") from None
+    refuse("gpt_width", cfg.model_options["gpt"].width, cfg.model_options["gpt"].problem())
     if dataset.check_dir is not None:
         if not cfg.data_dir:
             raise UsageError(f"`dataset` {cfg.dataset} needs `data_dir`: the folder holding {dataset.files}")
@@ -107,7 +134,7 @@ def data(cfg) -> None:
                          f"({cfg.train_size()} samples)")
     if dataset.memory is not None:  # every worker holds its own copy
         copies = checks.processes_here(cfg.workers)
-        problem = checks.fits_in_memory(dataset.memory(cfg.samples, cfg.image_size, cfg.classes) * copies)
+        problem = checks.fits_in_memory(dataset.memory(cfg.data_request()) * copies)
         refuse("samples", cfg.samples, problem and f"the {cfg.dataset} data of {cfg.image_size}×"
                f"{cfg.image_size} images in each of {copies} worker(s): {problem}; use fewer `samples`, a "
                "smaller `image_size` or fewer `workers`")

@@ -1,35 +1,67 @@
-"""Models by name: the registry the command line, the benchmarks and the trainers read."""
+"""Models by name: the registry the command line, the benchmarks and the trainers read, and the option families of
+the models that have size options (`--gpt-layers`, …)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from torch import nn
 
 from scalesgd import checks
+from scalesgd.models.gpt import GPT, GptOptions, gpt
 from scalesgd.models.resnet50 import resnet50
 from scalesgd.models.resnet_cifar import resnet8, resnet20, resnet56
 from scalesgd.models.vgg import vgg16
 from scalesgd.options import refuse
-from scalesgd.registry import Registry
+from scalesgd.registry import OptionFamilies, Registry
 
 MAX_CLASSES, MAX_CHANNELS = 100_000, 1024  # ImageNet-21k has 21,841 classes; images have a few channels
 
-# name → builder(num_classes, in_channels)
-MODELS: Registry[Callable[[int, int], nn.Module]] = Registry("model")
-MODELS.add("resnet8", resnet8)
-MODELS.add("resnet20", resnet20)
-MODELS.add("resnet56", resnet56)
-MODELS.add("resnet50", resnet50)
-MODELS.add("vgg16", vgg16)
+IMAGE, TEXT = "image", "text"  # what a model reads: (N, C, H, W) images, or (N, T) tokens
+
+MODEL_OPTIONS: Registry[type] = Registry("model option family")  # family (the model's name) → its options class
+MODEL_OPTIONS.add("gpt", GptOptions)
 
 
-def build_model(name: str, num_classes: int, in_channels: int) -> nn.Module:
-    """Build the registered model `name`; a KeyError names the known ones otherwise, a UsageError a size that is no
-    layer's (torch's own error would be a traceback)."""
-    for option, value, most in (("classes", num_classes, MAX_CLASSES), ("in_channels", in_channels, MAX_CHANNELS)):
+class ModelOptions(OptionFamilies):
+    """One options object per model with size options, its defaults where none was given."""
+
+    registry = MODEL_OPTIONS
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """A model's builder — (classes or vocabulary size, input channels, every model's options) — and what it reads."""
+
+    build: Callable[[int, int, ModelOptions], nn.Module]
+    data: str = IMAGE
+
+
+def _image(builder: Callable[[int, int], nn.Module]) -> ModelEntry:
+    return ModelEntry(lambda classes, channels, options: builder(classes, channels))
+
+
+MODELS: Registry[ModelEntry] = Registry("model")
+MODELS.add("resnet8", _image(resnet8))
+MODELS.add("resnet20", _image(resnet20))
+MODELS.add("resnet56", _image(resnet56))
+MODELS.add("resnet50", _image(resnet50))
+MODELS.add("vgg16", _image(vgg16))
+MODELS.add("gpt", ModelEntry(lambda vocab, channels, options: gpt(vocab, options["gpt"]), TEXT))
+
+
+def build_model(name: str, num_classes: int, in_channels: int, options: ModelOptions | None = None) -> nn.Module:
+    """Build the registered model `name` (`num_classes`: a language model's vocabulary, which reads no channels); a
+    KeyError names the known ones otherwise, a UsageError a size that is no layer's (torch's own error would be a
+    traceback)."""
+    entry = MODELS[name]
+    sizes = (("classes", num_classes, MAX_CLASSES),) + ((("in_channels", in_channels, MAX_CHANNELS),)
+                                                        if entry.data == IMAGE else ())
+    for option, value, most in sizes:
         refuse(option, value, checks.positive(value) or checks.within(1, most, note="wider than any data set")(value))
-    return MODELS[name](num_classes, in_channels)
+    return entry.build(num_classes, in_channels, options or ModelOptions())
 
 
-__all__ = ["MODELS", "build_model", "resnet8", "resnet20", "resnet56", "resnet50", "vgg16"]
+__all__ = ["GPT", "IMAGE", "MODELS", "MODEL_OPTIONS", "ModelEntry", "ModelOptions", "TEXT", "build_model", "gpt",
+           "resnet8", "resnet20", "resnet56", "resnet50", "vgg16"]

@@ -57,6 +57,16 @@ def check_fraction(name: str, value) -> None:
     require(0 <= value < 1, name, value, "must be in [0, 1)")
 
 
+def check_adam(h: dict) -> None:
+    """Adam's hyper-parameters: the rate and decay, a pair of betas in [0, 1), a positive ε."""
+    check_lr_and_decay(h)
+    betas = h["betas"]
+    require(isinstance(betas, (tuple, list)) and len(betas) == 2, "betas", betas, "must be a pair (β1, β2)")
+    check_fraction("beta1", betas[0])
+    check_fraction("beta2", betas[1])
+    require(h["eps"] > 0, "eps", h["eps"], "must be > 0")
+
+
 def batches(params: list, optimizer: str):
     """Parameters with a gradient and their gradients, split by device and dtype as foreach ops need."""
     found: dict = {}

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from scalesgd.optim._batched import BatchedOptimizer, batches, cache_chunks, check_fraction, check_lr_and_decay, require
+from scalesgd.optim._batched import BatchedOptimizer, batches, cache_chunks, check_adam
 
 # Runs of about 1 MiB of parameters, as LARS's (lars.CHUNK_BYTES): after the Adam kernel's pass over a run, the
 # decay term, both norms and the update find its w and u in cache; u's buffer is one run (or one tensor) long.
@@ -40,12 +40,7 @@ class LAMB(BatchedOptimizer):
 
     @staticmethod
     def _check(h: dict) -> None:
-        check_lr_and_decay(h)
-        betas = h["betas"]
-        require(isinstance(betas, (tuple, list)) and len(betas) == 2, "betas", betas, "must be a pair (β1, β2)")
-        check_fraction("beta1", betas[0])
-        check_fraction("beta2", betas[1])
-        require(h["eps"] > 0, "eps", h["eps"], "must be > 0")
+        check_adam(h)
 
     def _step_group(self, group: dict) -> None:
         wd, lr = group["weight_decay"], group["lr"]

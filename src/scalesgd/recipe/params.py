@@ -5,22 +5,25 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from scalesgd.optim import OPTIMIZERS, MomentumCorrectedSGD
+from scalesgd.optim import ADAPTIVE, OPTIMIZERS, MomentumCorrectedSGD, OptimizerSettings
 
 _NORM_TYPES = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)
 
 
-def param_groups(model: nn.Module, weight_decay: float, bias_decay: bool = True) -> list[dict]:
+def param_groups(model: nn.Module, weight_decay: float, bias_decay: bool = True,
+                 embedding_decay: bool = True) -> list[dict]:
     """Split parameters into a decayed group and a group with no decay.
 
     The learnable γ/β of normalisation layers are never decayed; biases are decayed unless
-    `bias_decay` is False. Order inside each group follows `model.parameters()`, so every rank
-    builds identical groups.
+    `bias_decay` is False, embeddings (and an output layer tied to one) unless `embedding_decay` is False.
+    Order inside each group follows `model.parameters()`, so every rank builds identical groups.
     """
     no_decay_ids: set[int] = set()
     for module in model.modules():
         if isinstance(module, _NORM_TYPES):
             no_decay_ids.update(id(p) for p in module.parameters(recurse=False))
+        elif isinstance(module, nn.Embedding) and not embedding_decay:
+            no_decay_ids.add(id(module.weight))
         elif not bias_decay and getattr(module, "bias", None) is not None:
             no_decay_ids.add(id(module.bias))
     decay, no_decay = [], []
@@ -41,14 +44,18 @@ def build_sgd(model: nn.Module, lr: float, momentum: float, nesterov: bool, weig
 
 def build_optimizer(model: nn.Module, kind: str, lr: float, momentum: float, nesterov: bool, weight_decay: float,
                     bias_decay: bool = True, trust_coefficient: float = 0.001,
-                    momentum_in_exchange: bool = False) -> torch.optim.Optimizer:
-    """A registered optimizer on the recipe's groups (LARS leaves the no-decay group, BN γ/β, alone).
+                    momentum_in_exchange: bool = False, betas: tuple[float, float] = (0.9, 0.999),
+                    freeze_step: int = 0) -> torch.optim.Optimizer:
+    """A registered optimizer on the recipe's groups (LARS leaves the no-decay group, BN γ/β, alone; Adam's kinds
+    decay no bias, norm or embedding, as is usual for transformers).
 
     `momentum_in_exchange`: the exchange applies the gradient's momentum (DGC's momentum correction), so
     SGD keeps momentum for the weight decay only (`MomentumCorrectedSGD`)."""
-    groups = param_groups(model, weight_decay, bias_decay)
+    adaptive = kind in ADAPTIVE and kind != "lamb"  # lamb keeps the recipe's groups it was measured with
+    groups = param_groups(model, weight_decay, bias_decay and not adaptive, embedding_decay=not adaptive)
     if momentum_in_exchange:
         if kind != "sgd":
             raise ValueError(f"momentum in the exchange needs the sgd optimizer, got {kind!r}")
         return MomentumCorrectedSGD(groups, lr, momentum, nesterov=nesterov)
-    return OPTIMIZERS[kind](groups, lr, momentum, nesterov, trust_coefficient)
+    return OPTIMIZERS[kind](groups, OptimizerSettings(lr, momentum, nesterov, trust_coefficient, tuple(betas),
+                                                      freeze_step))

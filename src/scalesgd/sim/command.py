@@ -12,9 +12,10 @@ from pathlib import Path
 from scalesgd import checks, output
 from scalesgd.comm.cost.link import LinkCost
 from scalesgd.comm.cost.profile import fit_line
+from scalesgd.data.text import VOCAB_SIZE
 from scalesgd.errors import UsageError
-from scalesgd.models import MODELS
-from scalesgd.options import check_fields, ints, option, record, words
+from scalesgd.models import MODEL_OPTIONS, MODELS, TEXT, ModelOptions
+from scalesgd.options import check_fields, expanded, ints, option, record, refuse, words
 from scalesgd.sim import compute, presets, scaling
 from scalesgd.sim.calibrate import BenchRecord, Calibration, NotABenchDir, validate_against
 from scalesgd.sim.exchange import check_modelled
@@ -57,12 +58,15 @@ class SimulateConfig:
     profile: str = option("", "a `bench train` output directory or a `train --planner` run directory: the "
                           "per-layer compute measured there (and, from a bench directory, each mode's costs)")
     model: str = option("", "instead of --profile: a model whose --iteration-time on some device is known; "
-                        "per-layer times split by FLOPs", choices=lambda: ("", *MODELS))
+                        "per-layer times split by FLOPs (gpt: on --batch-per-worker sequences of --gpt-block "
+                        "tokens over the 256 byte values)", choices=lambda: ("", *MODELS))
     iteration_time: float = option(0.0, "with --model: seconds of one worker's forward + backward + step",
                                    check=checks.finite_non_negative)
     batch_per_worker: int = option(32, "with --model: samples per worker per iteration", check=checks.positive)
     image_size: int = option(224, "with --model: input side", check=checks.positive)
     classes: int = option(1000, "with --model: classifier outputs", check=checks.at_least(2, "classes"))
+    model_options: ModelOptions = expanded(MODEL_OPTIONS.items, ModelOptions, lambda held, family: held[family],
+                                           group="model options: {}")  # with --model gpt: its size, --gpt-layers …
     calibration: str = option("", "`bench train` directories (comma-separated: their mean) whose measured compute, "
                               "codec costs and compute displacement apply (default: the --profile directory if it is "
                               "one; none otherwise)")
@@ -92,6 +96,7 @@ class SimulateConfig:
         if sum(sources) != 1:
             raise UsageError("give exactly one of `profile`, `model` (with `iteration_time`), `preset` or "
                              "`validate`")
+        refuse("gpt_width", self.model_options["gpt"].width, self.model_options["gpt"].problem())
         if self.model and self.iteration_time <= 0:
             raise UsageError(f"`iteration_time` {self.iteration_time}: with `model` give the seconds one worker's "
                              "iteration takes on the device (> 0)")
@@ -143,8 +148,9 @@ def run(cfg: SimulateConfig, command: str) -> int:
 
 def _profile_and_costs(cfg: SimulateConfig):
     if cfg.model:
+        text = MODELS[cfg.model].data == TEXT  # a language model: over the byte values, as `train` has it
         profile = compute.from_flops(cfg.model, cfg.iteration_time, cfg.batch_per_worker, cfg.image_size,
-                                     cfg.classes)
+                                     VOCAB_SIZE if text else cfg.classes, options=cfg.model_options)
         source = cfg.calibration
     elif (Path(cfg.profile) / "train.json").is_file():
         profile = None

@@ -2,7 +2,8 @@
 
 Measured here (a `bench train` directory's layer profile, a `--planner` run's profile.json), or for a
 named model on another device: its measured or published iteration time split over the layers in
-proportion to their FLOPs, counted by `torch.utils.flop_counter` on meta tensors (nothing allocated).
+proportion to their FLOPs, counted by `torch.utils.flop_counter` on meta tensors (nothing allocated), images or
+a language model's token sequences.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from scalesgd.models import build_model
+from scalesgd.models import MODELS, TEXT, ModelOptions, build_model
 
 
 @dataclass(frozen=True)
@@ -60,51 +61,70 @@ def from_run_dir(run_dir: Path) -> ComputeProfile:
 
 
 def from_flops(model_name: str, iteration_s: float, batch_per_worker: int, image_size: int, classes: int,
-               channels: int = 3, step_fraction: float = 0.0) -> ComputeProfile:
+               channels: int = 3, step_fraction: float = 0.0, options: ModelOptions | None = None) -> ComputeProfile:
     """`model_name` on a device where one iteration (forward, backward and step) takes `iteration_s`.
 
-    The time is split by FLOPs: the whole forward's share, and each parameterised module's backward
-    (counted by running that module alone on its recorded input, with a gradient for that input only
-    where the model needs one) shared by its tensors in proportion to their sizes; `step_fraction`
-    of it is the optimizer step.
+    The time is split by FLOPs (`count_flops`): the whole forward's share, and each tensor's share of the
+    backward; `step_fraction` of it is the optimizer step. An image model reads `batch_per_worker` images of
+    `channels`×`image_size`², a language model as many sequences of its context length (`options`' block) over a
+    vocabulary of `classes` tokens.
     """
-    with torch.device("meta"):
-        model = build_model(model_name, classes, channels)
-        x = torch.empty(batch_per_worker, channels, image_size, image_size)
-    inputs: dict[str, torch.Tensor] = {}
-    owners = {name: module for name, module in model.named_modules()
-              if any(p.requires_grad for p in module.parameters(recurse=False))}
+    flops = count_flops(model_name, batch_per_worker, image_size, classes, channels, options)
+    total = flops.forward + sum(flops.backward)
+    compute = iteration_s * (1 - step_fraction)
+    return ComputeProfile(flops.names, flops.sizes, compute * flops.forward / total,
+                          tuple(compute * b / total for b in flops.backward), iteration_s * step_fraction,
+                          batch_per_worker)
 
-    def recorder(name: str):
-        def hook(module, args, out) -> None:
-            inputs.setdefault(name, args[0])
+
+@dataclass(frozen=True)
+class Flops:
+    """A model's FLOPs for one batch: the forward, and each trainable tensor's share of the backward (forward
+    order; a tied tensor once, under its first name)."""
+
+    names: tuple[str, ...]
+    sizes: tuple[int, ...]
+    forward: int
+    backward: tuple[int, ...]
+
+
+def count_flops(model_name: str, batch: int, image_size: int, classes: int, channels: int = 3,
+                options: ModelOptions | None = None) -> Flops:
+    """Forward and backward of `model_name` on one batch, counted on meta tensors (nothing allocated).
+
+    Each tensor's share of the backward is what the backward computes between the moment the tensor before it
+    (in gradient-ready order) has its gradient and the moment this one has: as `bench train` measures times
+    (`comm.cost.profile.time_layers`). So a layer's weight carries its own gradients' and its input's, a
+    parameter-free operation's (attention's) goes to the first tensor ready after it, and a tensor used twice (a
+    tied embedding) is ready once, after its last use's backward. Only what the model needs is counted: no
+    gradient for the input.
+    """
+    options = options or ModelOptions()
+    with torch.device("meta"):
+        model = build_model(model_name, classes, channels, options)
+        if MODELS[model_name].data == TEXT:
+            x = torch.empty(batch, options["gpt"].block, dtype=torch.long)
+        else:
+            x = torch.empty(batch, channels, image_size, image_size)
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    counter = FlopCounterMode(display=False)
+    ready: dict[int, int] = {}  # tensor index → FLOPs counted when its gradient was ready, in the order they were
+
+    def stamp(i: int):
+        def hook(_) -> None:
+            ready[i] = counter.get_total_flops()
         return hook
 
-    hooks = [module.register_forward_hook(recorder(name)) for name, module in owners.items()]
-    counter = FlopCounterMode(display=False)
-    with counter:
-        model(x)
-    for hook in hooks:
-        hook.remove()
-    forward = counter.get_total_flops()
-    backward_of = {name: _backward_flops(module, inputs[name]) for name, module in owners.items() if name in inputs}
-    total = forward + sum(backward_of.values())
-    params = [(name, p.numel()) for name, p in model.named_parameters() if p.requires_grad]
-    per_module: dict[str, int] = {}
-    for name, n in params:
-        per_module[name.rpartition(".")[0]] = per_module.get(name.rpartition(".")[0], 0) + n
-    compute = iteration_s * (1 - step_fraction)
-    t_b = tuple(compute * backward_of.get(name.rpartition(".")[0], 0) / total * n / per_module[name.rpartition(".")[0]]
-                for name, n in params)
-    return ComputeProfile(tuple(n for n, _ in params), tuple(n for _, n in params), compute * forward / total, t_b,
-                          iteration_s * step_fraction, batch_per_worker)
-
-
-def _backward_flops(module: torch.nn.Module, recorded: torch.Tensor) -> int:
-    """FLOPs of `module`'s backward alone: its weights' gradients, and its input's if the model needs that."""
-    x = torch.empty_like(recorded, device="meta").requires_grad_(recorded.requires_grad)
-    out = module(x)
-    counter = FlopCounterMode(display=False)
-    with counter:
-        out.sum().backward()
-    return counter.get_total_flops()
+    hooks = [p.register_post_accumulate_grad_hook(stamp(i)) for i, (_, p) in enumerate(named)]
+    try:
+        with counter:
+            out = model(x)
+            forward = counter.get_total_flops()
+            out.sum().backward()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    backward, last = [0] * len(named), forward
+    for i, at in ready.items():  # a dict keeps the order the hooks fired in
+        backward[i], last = at - last, at
+    return Flops(tuple(n for n, _ in named), tuple(p.numel() for _, p in named), forward, tuple(backward))

@@ -53,7 +53,7 @@ def save(run_dir: Path, cfg: TrainConfig, model: nn.Module, exchange: GradientEx
                      "epoch": progress.epoch, "rng": {"torch": rng_states}, "config": cfg.to_dict(),
                      "best_test_acc": progress.best_test_acc, "elapsed_s": progress.elapsed_s,
                      "step": progress.step, "totals": list(progress.totals), "epoch_s": progress.epoch_s,
-                     "noise": list(progress.noise),
+                     "noise": list(progress.noise), "scaler": state["scaler"],
                      "codec_states": codec_states}, Path(run_dir) / CHECKPOINT_NAME,
                     keep_previous=Path(run_dir) / PREVIOUS_CHECKPOINT_NAME)
 
@@ -65,7 +65,7 @@ def restore(run_dir: Path, model: nn.Module, exchange: GradientExchange, schedul
     codec_states = state.get("codec_states") or []
     if codec_states and len(codec_states) != env.world_size:  # resumed on another number of workers
         codec_states = [mean_state(codec_states)] * env.world_size
-    exchange.load_state_dict({"optimizer": state["optimizer"],
+    exchange.load_state_dict({"optimizer": state["optimizer"], "scaler": state.get("scaler"),
                               "codec": codec_states[env.rank] if codec_states else None})
     resume_schedule(scheduler, state["scheduler"])
     rng = state["rng"]["torch"]

@@ -17,6 +17,7 @@ from scalesgd.checks import output_dir
 from scalesgd.errors import UsageError
 from scalesgd.options import check_fields, option
 from scalesgd.sim.auto import AUTO_NAME
+from scalesgd.train.objective import throughput
 from scalesgd.train.report import Curves, read_curves, read_json, run_config
 from scalesgd.train.rundir import CONFIG_NAME, METRICS_NAME, SUMMARY_NAME
 
@@ -105,8 +106,9 @@ def wall_clock(run: Compared) -> list[float] | None:
     (an unfinished epoch the last finished one's), and a finished run's times are stretched to end at its
     summary's wall time, so start-up and evaluation are shared out in proportion.
     """
-    batch = run.config.get("batch_size", 0)
-    per_iter = {e["epoch"]: batch / e["images_per_s"] for e in run.curves.epochs if e.get("images_per_s")}
+    text = any("tokens_per_s" in e for e in run.curves.epochs)  # a language model's: tokens per second
+    batch = run.config.get("batch_size", 0) * (run.config.get("gpt_block", 1) if text else 1)
+    per_iter = {e["epoch"]: batch / throughput(e)[0] for e in run.curves.epochs if throughput(e)[0]}
     if not per_iter or not run.curves.iters:
         return None
     last, t, times = per_iter[max(per_iter)], 0.0, []
@@ -129,24 +131,29 @@ def _mean_counter(run: Compared, name: str) -> float | None:
 def table(runs: list[Compared]) -> tuple[list[str], list[list]]:
     """One row per run: what it trained, how well and how fast, what it sent, and its codec's guardrail counters."""
     counters = sorted({name for r in runs for name in r.curves.counters})
-    columns = ["run", "model", "codec", "global batch", "workers", "final test acc %", "wall time s", "images/s",
-               "sent MB/iter", *(f"mean {name}" for name in counters)]
+    text = [any("test_perplexity" in e for e in r.curves.epochs) for r in runs]  # language models
+    quality = ([("final test acc %", lambda e: f"{100 * e['test_acc']:.2f}")] if not all(text) else []) + (
+        [("final val loss", lambda e: f"{e['test_loss']:.4f}"),
+         ("perplexity", lambda e: f"{e['test_perplexity']:.3f}" if "test_perplexity" in e else MISSING)]
+        if any(text) else [])
+    columns = ["run", "model", "codec", "global batch", "workers", *(name for name, _ in quality), "wall time s",
+               "throughput /s", "sent MB/iter", *(f"mean {name}" for name in counters)]
     rows = []
     for r in runs:
         cfg, summary, epochs = r.config, r.summary, r.curves.epochs
-        if "final_test_acc" in summary:
-            acc = f"{100 * summary['final_test_acc']:.2f}"
-        elif epochs:
-            acc = f"{100 * epochs[-1]['test_acc']:.2f} (cut short after epoch {epochs[-1]['epoch']})"
+        if not epochs:
+            scores = ["cut short before epoch 1 ended"] + [MISSING] * (len(quality) - 1)
         else:
-            acc = "cut short before epoch 1 ended"
-        speed = summary.get("images_per_s") or (statistics.fmean(e["images_per_s"] for e in epochs) if epochs else None)
+            cut = "" if summary else f" (cut short after epoch {epochs[-1]['epoch']})"
+            scores = [show(epochs[-1]) + cut for _, show in quality]
+        speed, unit = throughput(summary) if summary else (
+            (statistics.fmean(throughput(e)[0] for e in epochs), throughput(epochs[0])[1]) if epochs else (None, ""))
         sent = summary.get("iteration", {}).get("mean_bytes_sent")
         means = [_mean_counter(r, name) for name in counters]
         rows.append([str(r.path), cfg.get("model", "?"), exchange(r), cfg.get("batch_size", "?"),
-                     summary.get("world_size", cfg.get("workers", "?")), acc,
+                     summary.get("world_size", cfg.get("workers", "?")), *scores,
                      f"{summary['wall_time_s']:.1f}" if "wall_time_s" in summary else MISSING,
-                     f"{speed:.0f}" if speed else MISSING, f"{sent / 1e6:.3g}" if sent is not None else MISSING,
+                     f"{speed:.0f} {unit}" if speed else MISSING, f"{sent / 1e6:.3g}" if sent is not None else MISSING,
                      *(f"{m:.3g}" if m is not None else MISSING for m in means)])
     return columns, rows
 
@@ -158,13 +165,15 @@ def _line(ax, points: list[tuple[float, float]], *fmt, **style) -> None:
 
 
 def plot(path: Path, runs: list[Compared], names: list[str]) -> None:
-    """Loss, test accuracy and learning rate (rows) against iterations and wall time (columns), a line per run."""
+    """Loss, test accuracy (language models: validation loss) and learning rate (rows) against iterations and wall
+    time (columns), a line per run."""
     plt = output.pyplot()
     ncol = 1 if len(runs) < 3 else 2
     legend_rows = -(-len(runs) // ncol)
     height = 9 + 0.17 * legend_rows
     fig, axes = plt.subplots(3, 2, figsize=(13, height), sharex="col")
     colours = [f"C{i}" for i in range(10)] if len(runs) <= 10 else [plt.cm.tab20(i % 20) for i in range(len(runs))]
+    text = all(any("test_perplexity" in e for e in r.curves.epochs) for r in runs)  # language models: validation loss
     for i, (run, name) in enumerate(zip(runs, names)):
         iterations = [r["iter"] for r in run.curves.iters]
         for col, xs in enumerate((iterations, wall_clock(run))):
@@ -174,8 +183,8 @@ def plot(path: Path, runs: list[Compared], names: list[str]) -> None:
             style = {"color": colours[i % len(colours)], "linestyle": DASHES[i % len(DASHES)]}  # runs that agree
             _line(axes[0, col], [(x, r["loss"]) for x, r in zip(xs, run.curves.iters) if r["loss"] > 0],
                   lw=0.8, label=name if col == 0 else None, **style)
-            _line(axes[1, col], [(x_of[e["iter"]], 100 * e["test_acc"]) for e in run.curves.epochs
-                                 if e["iter"] in x_of], marker="o", ms=3, **style)
+            _line(axes[1, col], [(x_of[e["iter"]], e["test_loss"] if text else 100 * e["test_acc"])
+                                 for e in run.curves.epochs if e["iter"] in x_of], marker="o", ms=3, **style)
             _line(axes[2, col], [(x, r["lr"]) for x, r in zip(xs, run.curves.iters) if r["lr"] > 0], lw=1, **style)
     for col, what in enumerate(("iteration", "wall time (s)")):
         axes[0, col].set_ylabel("training loss (per iteration)")
@@ -183,7 +192,7 @@ def plot(path: Path, runs: list[Compared], names: list[str]) -> None:
         axes[0, col].yaxis.set_major_formatter(plt.matplotlib.ticker.LogFormatter())  # 2.1, not 2.1×10⁰
         axes[0, col].yaxis.set_minor_formatter(plt.matplotlib.ticker.LogFormatter(labelOnlyBase=False,
                                                                                   minor_thresholds=(1, 0.4)))
-        axes[1, col].set_ylabel("test accuracy (%, per epoch)")
+        axes[1, col].set_ylabel("validation loss (per epoch)" if text else "test accuracy (%, per epoch)")
         axes[2, col].set_ylabel("learning rate")
         axes[2, col].set_yscale("log")
         axes[2, col].set_xlabel(what)

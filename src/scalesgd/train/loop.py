@@ -6,6 +6,7 @@ import math
 import statistics
 import time
 from concurrent.futures import Future
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from scalesgd.sim import auto
 from scalesgd.trace import Tracer, write_chrome_trace
 from scalesgd.train import checkpoint, metrics, report
 from scalesgd.train.checkpoint import Progress
+from scalesgd.train.objective import Objective, throughput_key
 from scalesgd.train.progress import EpochProgress
 from scalesgd.train.rundir import BUCKETS_NAME, METRICS_NAME, write_json
 
@@ -50,7 +52,7 @@ class Run:
     exchange: GradientExchange  # forward and backward through `exchange.model`, step `exchange.optimizer`
     scheduler: torch.optim.lr_scheduler.LambdaLR
     sampler: GlobalBatchSampler
-    criterion: nn.Module
+    objective: Objective
     tracer: Tracer
     planned: dict  # the planner's predictions, if it chose the buckets
     auto: dict  # --exchange auto's decision and predictions, if it chose the exchange
@@ -110,32 +112,33 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
 def setup(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool) -> Run:
     """Data, model, optimizer, schedule and exchange, identical on every rank (`seed` fixes the weights)."""
     torch.manual_seed(cfg.seed)
-    data = load_bundle(cfg.dataset, data_dir=cfg.data_dir, samples=cfg.samples, image_size=cfg.image_size,
-                       num_classes=cfg.classes)
-    model = initialize(build_model(cfg.model, data.num_classes, data.in_channels), cfg.zero_gamma, cfg.bn_momentum)
+    data = load_bundle(cfg.dataset, **vars(cfg.data_request()))
+    model = build_model(cfg.model, data.num_classes, data.in_channels, cfg.model_options)
+    if not data.is_text:  # Goyal et al.'s initialisation is a CNN's; the GPT initialises itself as GPT-2 does
+        initialize(model, cfg.zero_gamma, cfg.bn_momentum)
     use_ghost_batch(model, cfg.bn_batch)
-    optimizer = cfg.build_optimizer(model)
     env = env.result() if isinstance(env, Future) else env
     model.to(env.device)
     sampler = GlobalBatchSampler(len(data.train), cfg.batch_size, env.world_size, env.rank, seed=cfg.seed)
+    optimizer = cfg.build_optimizer(model, len(sampler))
     scheduler = build_scheduler(optimizer, cfg.lr_schedule(len(sampler)).factor)
-    criterion = nn.CrossEntropyLoss(reduction="sum", label_smoothing=cfg.label_smoothing)
+    objective = Objective(data.is_text, cfg.label_smoothing, data.sequence_length)
     tracer = Tracer(False)
     plan, planned, chosen = None, {}, {}
     if cfg.planner != NO_PLANNER or cfg.exchange == "auto":
         batches = [(data.train.x[i].to(env.device), data.train.y[i].to(env.device))  # fixed batches: no RNG drawn
-                   for i in torch.arange(len(data.train.y)).split(cfg.per_worker_batch)[:PROBE_BATCHES]]
+                   for i in torch.arange(len(data.train.y)).split(cfg.micro_batch)[:PROBE_BATCHES]]
         if cfg.exchange == "auto":
-            cfg, plan, chosen = auto.choose(cfg, model, batches, criterion, env, run_dir, resume, cfg.quiet)
+            cfg, plan, chosen = auto.choose(cfg, model, batches, objective.loss, env, run_dir, resume, cfg.quiet)
         else:
             plan, planned = planner.plan_exchange(cfg.planner, cfg.topk.density, cfg.topk.reuse, model, batches[0],
-                                                  criterion, env.exchange_group, run_dir, resume)
+                                                  objective.loss, env.exchange_group, run_dir, resume)
     norms = GradientNorms() if cfg.measures_noise else None
     exchange = build_exchange(cfg.engine, model, optimizer, cfg.exchange_setup(
         env.exchange_group, env.topology_groups, tracer, plan, len(sampler), norms))
     if env.is_main and exchange.plan is not None:
         write_json(run_dir / BUCKETS_NAME, exchange.plan.to_dict())
-    return Run(cfg, run_dir, env, data, model, exchange, scheduler, sampler, criterion, tracer, planned, chosen)
+    return Run(cfg, run_dir, env, data, model, exchange, scheduler, sampler, objective, tracer, planned, chosen)
 
 
 def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None, progress: EpochProgress,
@@ -149,7 +152,7 @@ def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None, progress: 
     mid-epoch checkpoint is taken when `checkpoint_every` says one is due (rank 0's clock, shared by the read).
     AdaScale's run ends within the epoch, at the step its schedule is done (every rank knows it from the same gains).
     """
-    cfg, env, data, sampler, tracer = run.cfg, run.env, run.data, run.sampler, run.tracer
+    cfg, env, sampler, tracer = run.cfg, run.env, run.sampler, run.tracer
     net, opt = run.exchange.model, run.exchange.optimizer
     steps = len(sampler)
     every_steps, every_s = cfg.checkpoint_interval
@@ -168,22 +171,11 @@ def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None, progress: 
         if i < resumed.step:
             continue  # done before the checkpoint this run resumed from
         t0 = time.perf_counter()
-        x, y = data.train.x[indices], data.train.y[indices]
-        if data.augment:
-            x = random_crop_flip(x)
-        x, y = x.to(env.device, non_blocking=True), y.to(env.device, non_blocking=True)
         lr = opt.param_groups[0]["lr"]
-        with tracer.span("forward"):
-            logits = net(x)
-            loss_sum = run.criterion(logits, y)
-        with tracer.span("backward"):
-            global_batch_loss(loss_sum, env.world_size, sampler.global_counts(i)).backward()
-        t1 = time.perf_counter()
         row = window[len(pending)]
-        row[0] = loss_sum.detach()
-        row[1] = (logits.argmax(1) == y).sum()
-        row[2] = len(y)
-        opt.step()
+        forward_backward(run, indices, sampler.global_counts(i), row)
+        t1 = time.perf_counter()
+        stepped = run.exchange.step()
         if cfg.measures_noise:
             row[3:] = run.exchange.pop_norms()
         if adascale is not None:
@@ -194,6 +186,8 @@ def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None, progress: 
         counters = run.exchange.counters()
         run.timings.append({**iteration_timing(run.exchange.stats(), t0, t1, time.perf_counter()), **counters})
         pending.append({"kind": "iter", "epoch": epoch, "iter": (epoch - 1) * steps + i + 1, "lr": lr, **counters,
+                        **({"skipped": not stepped, "loss_scale": run.exchange.scaler.get_scale()}
+                           if run.exchange.scaler.is_enabled() else {}),
                         "notices": run.exchange.notices()})
         if len(pending) == cfg.sync_every or last:
             clock_due = env.is_main and every_s > 0 and time.perf_counter() - last_saved >= every_s
@@ -212,6 +206,30 @@ def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None, progress: 
         if last:
             break
     return totals, time.perf_counter() - start
+
+
+def forward_backward(run: Run, indices: list[int], global_count: int, row: torch.Tensor) -> None:
+    """This rank's share of one step, in `accumulate` micro-batches whose gradients sum (only the last one's backward
+    exchanges): the loss is the global batch's mean over every prediction. Its loss sum, correct predictions and
+    predictions go into `row`."""
+    cfg, data, exchange, tracer = run.cfg, run.data, run.exchange, run.tracer
+    scale = global_count * run.objective.predictions_per_sample
+    sums = torch.zeros(3, dtype=torch.float64, device=run.env.device)
+    parts = torch.tensor(indices).chunk(cfg.accumulate)
+    for j, part in enumerate(parts):
+        x, y = data.train.x[part], data.train.y[part]
+        if data.augment:
+            x = random_crop_flip(x)
+        x, y = x.to(run.env.device, non_blocking=True), y.to(run.env.device, non_blocking=True)
+        with exchange.no_sync() if j < len(parts) - 1 else nullcontext():
+            with tracer.span("forward"), exchange.autocast():
+                loss_sum, correct = run.objective(exchange.model(x), y)
+            with tracer.span("backward"):
+                exchange.backward(global_batch_loss(loss_sum, run.env.world_size, scale))
+        sums[0] += loss_sum.detach()
+        sums[1] += correct
+        sums[2] += y.numel()
+    row[:3] = sums
 
 
 def read_window(window: torch.Tensor, n: int, due: bool, records: list[dict], log: metrics.MetricsLog | None,
@@ -259,27 +277,30 @@ def noise_record(run: Run) -> dict:
 def end_epoch(run: Run, epoch: int, totals: torch.Tensor, images_per_s: float) -> dict:
     """Evaluate with rank 0's BN statistics (as DDP's forward would use them); the epoch's record."""
     sync_buffers(run.model)
-    test_loss, test_acc = evaluate(run.model, run.data.test, run.env)
+    test = evaluate(run.model, run.data.test, run.env, run.objective, run.exchange.autocast)
     return {"kind": "epoch", "epoch": epoch, "iter": epoch * len(run.sampler),
             "train_loss": totals[0].item() / totals[2].item(), "train_acc": totals[1].item() / totals[2].item(),
-            "test_loss": test_loss, "test_acc": test_acc, "images_per_s": images_per_s,
+            **test, throughput_key(run.data.is_text): images_per_s,
             "lr": run.exchange.optimizer.param_groups[0]["lr"]}
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, split: Split, env: DistEnv) -> tuple[float, float]:
-    """Test loss and accuracy, each rank taking a strided shard, summed across ranks."""
+def evaluate(model: nn.Module, split: Split, env: DistEnv, objective: Objective, autocast=nullcontext) -> dict:
+    """Test loss (per prediction, without label smoothing) and accuracy (and a language model's perplexity), each
+    rank taking a strided shard in the run's precision, summed across ranks."""
     model.eval()
+    plain = Objective(objective.text, 0.0, objective.predictions_per_sample)
     shard = torch.arange(env.rank, len(split), env.world_size)
     sums = torch.zeros(3, dtype=torch.float64)
-    for chunk in shard.split(EVAL_BATCH):
+    for chunk in shard.split(EVAL_BATCH // objective.predictions_per_sample or 1):
         x, y = split.x[chunk].to(env.device), split.y[chunk].to(env.device)
-        logits = model(x)
-        sums[0] += nn.functional.cross_entropy(logits, y, reduction="sum").item()
-        sums[1] += (logits.argmax(1) == y).sum().item()
-        sums[2] += len(chunk)
+        with autocast():
+            loss_sum, correct = plain(model(x), y)
+        sums[0] += loss_sum.item()
+        sums[1] += correct.item()
+        sums[2] += y.numel()
     dist.all_reduce(sums)
-    return (sums[0] / sums[2]).item(), (sums[1] / sums[2]).item()
+    return objective.evaluated((sums[0] / sums[2]).item(), (sums[1] / sums[2]).item())
 
 
 def finish(run: Run, done: Progress, record: dict, images_per_s: list[float], progress: EpochProgress) -> dict:
@@ -290,7 +311,9 @@ def finish(run: Run, done: Progress, record: dict, images_per_s: list[float], pr
     timed = run.timings[SKIP_ITERS:] or run.timings
     summary = {
         "final_test_acc": record.get("test_acc", done.best_test_acc), "best_test_acc": done.best_test_acc,
-        "wall_time_s": done.elapsed_s, "images_per_s": statistics.fmean(images_per_s) if images_per_s else 0.0,
+        **{f"final_{key}": record[key] for key in ("test_loss", "test_perplexity") if key in record},
+        "wall_time_s": done.elapsed_s,
+        throughput_key(run.data.is_text): statistics.fmean(images_per_s) if images_per_s else 0.0,
         "epochs": run.cfg.epochs, "epochs_trained": done.epoch, "steps_per_epoch": len(run.sampler),
         "peak_lr": run.cfg.peak_lr, "world_size": run.env.world_size, "run_dir": str(run.run_dir),
         "iteration": {**breakdown(timed), "first_iteration_s": run.timings[0]["iteration_s"] if run.timings else 0.0},

@@ -7,6 +7,7 @@ import sys
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from scalesgd import output
+from scalesgd.train.objective import throughput
 
 
 class EpochProgress:
@@ -38,10 +39,12 @@ class EpochProgress:
             self._bar.stop()
             self._bar = None
         if self.enabled:
-            self.console.print(
-                f"epoch {record['epoch']}/{self.total_epochs}  loss {record['train_loss']:.4f}  "
-                f"train {100 * record['train_acc']:.2f}%  test {100 * record['test_acc']:.2f}%  "
-                f"{record['images_per_s']:.0f} img/s  lr {record['lr']:.4g}", highlight=False)
+            speed, unit = throughput(record)
+            test = (f"val loss {record['test_loss']:.4f}  perplexity {record['test_perplexity']:.3f}"
+                    if "test_perplexity" in record else
+                    f"train {100 * record['train_acc']:.2f}%  test {100 * record['test_acc']:.2f}%")
+            self.console.print(f"epoch {record['epoch']}/{self.total_epochs}  loss {record['train_loss']:.4f}  {test}  "
+                               f"{speed:.0f} {unit}  lr {record['lr']:.4g}", highlight=False)
 
     def message(self, text: str) -> None:
         if self.enabled:

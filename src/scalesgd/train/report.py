@@ -11,6 +11,7 @@ from rich.table import Table
 from scalesgd import output
 from scalesgd.errors import UsageError
 from scalesgd.train.metrics import read
+from scalesgd.train.objective import throughput
 from scalesgd.train.rundir import CONFIG_NAME, METRICS_NAME, REPORT_NAME, SUMMARY_NAME, write_json
 
 
@@ -24,14 +25,19 @@ def summary_table(summary: dict):
     table.add_column("what", style="bold")
     table.add_column("value", justify="right")
     cfg = summary["config"]
+    speed, unit = throughput(summary)
+    quality = ([("final validation loss", f"{summary['final_test_loss']:.4f} nats/token"),
+                ("final perplexity", f"{summary['final_test_perplexity']:.3f}")]
+               if "final_test_perplexity" in summary else
+               [("final test accuracy", f"{100 * summary['final_test_acc']:.2f} %"),
+                ("best test accuracy", f"{100 * summary['best_test_acc']:.2f} %")])
     rows = [
         ("model / dataset", f"{cfg['model']} / {cfg['dataset']}"),
-        ("workers × per-worker batch", f"{cfg['workers']} × {cfg['batch_size'] // cfg['workers']}"),
+        ("workers × per-worker batch", f"{cfg['workers']} × {batch_text(cfg)}"),
         ("peak learning rate", f"{summary['peak_lr']:.4g}"),
         ("epochs", epochs_trained(summary)),
-        ("final test accuracy", f"{100 * summary['final_test_acc']:.2f} %"),
-        ("best test accuracy", f"{100 * summary['best_test_acc']:.2f} %"),
-        ("train throughput", f"{summary['images_per_s']:.0f} images/s"),
+        *quality,
+        ("train throughput", f"{speed:.0f} {unit}"),
         ("wall time", f"{summary['wall_time_s']:.1f} s"),
         ("run directory", summary["run_dir"]),
     ]
@@ -45,8 +51,15 @@ def title(cfg: dict) -> str:
     """What a run trained, for report.png's title: model and data, how gradients travelled, the global batch."""
     auto = ", chosen by --exchange auto" if cfg.get("exchange") == "auto" else ""
     workers = f"{cfg['workers']} worker{'s' if cfg['workers'] != 1 else ''}"
-    return (f"{cfg['model']} on {cfg['dataset']} · codec {cfg['codec']} ({cfg['engine']} engine{auto}) · "
-            f"global batch {cfg['batch_size']} = {workers} × {cfg['batch_size'] // cfg['workers']}")
+    precision = f" · {cfg['precision']}" if cfg.get("precision", "fp32") != "fp32" else ""
+    return (f"{cfg['model']} on {cfg['dataset']} · codec {cfg['codec']} ({cfg['engine']} engine{auto}){precision} · "
+            f"global batch {cfg['batch_size']} = {workers} × {batch_text(cfg)}")
+
+
+def batch_text(cfg: dict) -> str:
+    """Each worker's share of the global batch, as micro-batches where it accumulates them."""
+    per_worker, parts = cfg["batch_size"] // cfg["workers"], cfg.get("accumulate", 1)
+    return f"{per_worker}" if parts == 1 else f"{parts} × {per_worker // parts}"
 
 
 def read_json(path: Path) -> dict:
@@ -108,7 +121,8 @@ def plot_noise_scale(ax, epochs: list[dict], batch: int | None) -> None:
 
 
 def plot_report(run_dir: Path) -> Path:
-    """report.png: loss, accuracy, learning rate and (for a lossy codec) its guardrail counters against iterations."""
+    """report.png: loss, accuracy (a language model's perplexity), learning rate and (for a lossy codec) its
+    guardrail counters against iterations."""
     plt = output.pyplot()
 
     curves = read_curves(run_dir)
@@ -123,9 +137,14 @@ def plot_report(run_dir: Path) -> Path:
     ax_loss.set_ylabel("loss")
     ax_loss.set_yscale("log")
     ax_loss.legend()
-    ax_acc.plot(ends, [100 * e["train_acc"] for e in epochs], "o-", label="train")
-    ax_acc.plot(ends, [100 * e["test_acc"] for e in epochs], "s-", label="test")
-    ax_acc.set_ylabel("accuracy (%)")
+    if any("test_perplexity" in e for e in epochs):  # a language model: validation perplexity, e^(loss per token)
+        ax_acc.plot(ends, [e["test_perplexity"] for e in epochs], "s-", label="validation")
+        ax_acc.set_ylabel("perplexity")
+        ax_acc.set_yscale("log")
+    else:
+        ax_acc.plot(ends, [100 * e["train_acc"] for e in epochs], "o-", label="train")
+        ax_acc.plot(ends, [100 * e["test_acc"] for e in epochs], "s-", label="test")
+        ax_acc.set_ylabel("accuracy (%)")
     ax_acc.legend()
     ax_lr.plot([r["iter"] for r in iters], [r["lr"] for r in iters])
     ax_lr.set_ylabel("learning rate")

@@ -10,15 +10,23 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from scalesgd.comm.codecs import CODECS, CodecSettings, Fp8Options, TopkOptions, make_codec
+from scalesgd.comm.codecs.registry import (
+    ASSUMED_EPOCH_STEPS,
+    DENSE_START_EPOCHS,
+    StepDefaults,
+    step_defaults,
+    with_steps_per_epoch,
+)
 from scalesgd.comm.engine.buckets import BucketPlan, model_tensors
 from scalesgd.comm.engine.ddp_hook import CodecHookState, codec_hook
 from scalesgd.comm.engine.optimizer import DistributedOptimizer
+from scalesgd.config import TrainConfig
 from scalesgd.models import build_model
 from tests.comm.exchanging import same_state
 from tests.spawn_util import run_workers
 
 EXACT = Fp8Options(samples=10 ** 7)  # every tensor is smaller: quantiles exact, independent of sampling
-SETTINGS = CodecSettings(EXACT, TopkOptions(density=0.05, reuse=2))
+SETTINGS = CodecSettings(EXACT, TopkOptions(density=0.05, reuse=2, density_warmup=0))  # the engine's: no warm-up
 HOOK_CODECS = [name for name, entry in CODECS.items() if entry.build is not None and name != "fp32"]
 CAP_MB = 0.05  # resnet8 (0.3 MB) in 4 DDP buckets once DDP rebuilds them after the first iteration
 
@@ -47,7 +55,7 @@ def through_hook(codec, rank, steps=2):
     numbers of each bucket DDP handed over, per step."""
     model = fresh_model()
     numbers = {id(p): i for i, p in enumerate(model.parameters())}
-    state = CodecHookState(codec, settings=SETTINGS, model=model)
+    state = CodecHookState(codec, settings=SETTINGS, model=model, compress_after=0)  # compressed from step one
     seen = []
 
     def recording_hook(state, bucket):
@@ -141,7 +149,7 @@ def state_life(rank, world):
     """By name and by instance; the state round-trips, pickles with its codec's state, and stops."""
     hooked, _, state = through_hook("topk", rank, steps=1)
     saved = state.state_dict()
-    again = CodecHookState(make_codec("topk", SETTINGS))
+    again = CodecHookState(make_codec("topk", SETTINGS), compress_after=0)
     again.load_state_dict(saved)
     copied = pickle.loads(pickle.dumps(state))
     everyone = state.state_dicts_of_all_ranks()
@@ -174,3 +182,40 @@ def test_unknown_or_hookless_codec_is_one_clear_error():
         CodecHookState("fp9")
     with pytest.raises(ValueError, match="codec 'powersgd' has no scalesgd implementation"):
         CodecHookState("powersgd")
+
+
+def test_a_hooks_default_codec_starts_dense_and_warms_its_density_up_as_the_registry_says():
+    """No epochs known: the assumed epoch; and what `scalesgd train` does with its own defaults for the same epoch."""
+    defaults = step_defaults()
+    assert defaults == StepDefaults(ASSUMED_EPOCH_STEPS, round(DENSE_START_EPOCHS * ASSUMED_EPOCH_STEPS))
+    state = CodecHookState("topk")
+    assert state.driver.dense_first is not None and state.driver.dense_first.steps == defaults.dense_steps > 0
+    dgc = state.codec.dgc
+    assert dgc.warmup_epochs == TopkOptions().density_warmup > 0 and dgc.steps_per_epoch == defaults.steps_per_epoch
+    assert state.codec.dgc.density_at(0.1, 0) > 0.1  # the ramp starts above the target density
+    assert CodecHookState("fp8").driver.dense_first.steps == defaults.dense_steps  # every codec starts dense
+    for spe in (37, ASSUMED_EPOCH_STEPS):  # told the epoch: exactly `scalesgd train`'s defaults for it
+        train = TrainConfig(codec="topk")
+        hook = CodecHookState("topk", steps_per_epoch=spe)
+        assert hook.driver.dense_first.steps == train.compress_after_steps(spe) == step_defaults(spe).dense_steps
+        assert hook.codec.dgc == make_codec("topk", train.codec_settings(spe)).dgc
+    explicit = CodecHookState("topk", settings=CodecSettings(TopkOptions(density_warmup=0)), compress_after=0)
+    assert explicit.driver.dense_first is None and explicit.codec.dgc.warmup_epochs == 0
+    with pytest.raises(ValueError, match="compress_after -1"):
+        CodecHookState("topk", compress_after=-1)
+
+
+def test_the_settings_epoch_is_kept_as_given():
+    """`scalesgd train --engine ddp` passes its settings (its epoch) and its dense steps: the hook changes neither."""
+    settings = CodecSettings(TopkOptions(), steps_per_epoch=12, momentum=0.9)
+    state = CodecHookState("topk", settings=settings, compress_after=30)
+    assert state.codec.dgc == make_codec("topk", settings).dgc and state.driver.dense_first.steps == 30
+    assert with_steps_per_epoch(settings, 12) is settings
+
+
+def test_a_state_saved_with_another_dense_start_is_one_clear_error():
+    old = CodecHookState("topk", compress_after=0).state_dict()
+    with pytest.raises(ValueError, match="saved by a hook without a dense start"):
+        CodecHookState("topk").load_state_dict(old)
+    with pytest.raises(ValueError, match="saved by a hook with a dense start"):
+        CodecHookState("topk", compress_after=0).load_state_dict(CodecHookState("topk").state_dict())

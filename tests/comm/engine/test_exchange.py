@@ -1,5 +1,7 @@
 """The one exchange object: the same questions answered by DDP (with or without a hook) and by our engine."""
 
+import copy
+
 import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -70,39 +72,82 @@ def test_own_groups_and_engine_compatibility_come_from_the_registry():
         build_exchange("scalesgd", torch.nn.Linear(2, 2), None, ExchangeSetup("powersgd"))
 
 
-NON_FINITE_CASES = [("ddp", "fp8"), ("ddp", "fp16"), ("scalesgd", "fp8"), ("scalesgd", "fp8-flat"),
+NON_FINITE_CASES = [("ddp", "fp8"), ("ddp", "fp16"), ("ddp", "topk"), ("scalesgd", "fp8"), ("scalesgd", "fp8-flat"),
                     ("scalesgd", "bf16"), ("scalesgd", "topk"), ("scalesgd", "fp32")]
 
 
+def batch(rank, step=0):
+    g = torch.Generator().manual_seed(100 * step + rank)
+    return torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 10, (4,), generator=g)
+
+
+def fp16_step(exchange, rank, step):
+    """One step in the exchange's own precision; whether it stepped."""
+    x, y = batch(rank, step)
+    with exchange.autocast():
+        loss = torch.nn.functional.cross_entropy(exchange.model(x), y)
+    exchange.backward(loss)
+    stepped = exchange.step()
+    exchange.optimizer.zero_grad(set_to_none=True)
+    return stepped
+
+
 def inf_on_one_rank(rank, world):
-    """An inf in rank 1's gradient of one tensor: every rank's exchanged gradient of it is non-finite, and
-    GradScaler skips the step on every rank."""
+    """A clean fp16 step, then an inf in rank 1's gradient of one tensor: every rank's exchanged gradient of it is
+    non-finite, the exchange's GradScaler skips the step on every rank, and the codec's state stays as it was."""
     out = {}
     for engine, codec in NON_FINITE_CASES:
         torch.manual_seed(0)
         model = build_model("resnet8", 10, 3)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        exchange = build_exchange(engine, model, optimizer, ExchangeSetup(codec))
+        exchange = build_exchange(engine, model, optimizer, ExchangeSetup(codec, precision="fp16"))
+        assert fp16_step(exchange, rank, 0)
         poisoned = model.fc.weight
         if rank == 1:
             poisoned.register_hook(lambda g: g + float("inf"))
-        before = poisoned.detach().clone()
-        scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
-        g = torch.Generator().manual_seed(rank)
-        x, y = torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 10, (4,), generator=g)
-        scaler.scale(torch.nn.functional.cross_entropy(exchange.model(x), y)).backward()
-        if isinstance(exchange.optimizer, DistributedOptimizer):
-            exchange.optimizer.synchronize()  # the mean gradient in .grad before GradScaler looks at it
-        finite = bool(torch.isfinite(poisoned.grad).all())
-        scaler.step(exchange.optimizer)
-        scaler.update()
-        out[(engine, codec)] = (finite, torch.equal(poisoned.detach(), before), scaler.get_scale())
+        before, scale = poisoned.detach().clone(), exchange.scaler.get_scale()
+        state = copy.deepcopy(exchange.state_dict()["codec"])  # tensors change in place
+        stepped = fp16_step(exchange, rank, 1)
+        after = exchange.state_dict()["codec"]
+        out[(engine, codec)] = (stepped, torch.equal(poisoned.detach(), before), exchange.scaler.get_scale() / scale,
+                                same_state(state, after))
         exchange.close()
     return out
 
 
-def test_a_non_finite_gradient_on_one_rank_is_seen_on_every_rank_and_the_step_skipped():
+def same_state(a, b) -> bool:
+    """Whether two codec states hold equal values (tensors bit-equal, NaN equal to NaN)."""
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a.nan_to_num(), b.nan_to_num())
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(map(same_state, a, b))
+    return a == b
+
+
+def test_an_fp16_overflow_on_one_rank_skips_the_step_and_the_codec_update_on_every_rank():
     for ranks in run_workers(inf_on_one_rank, 2):
-        for case, (finite, unchanged, scale) in ranks.items():
-            assert not finite, case
-            assert unchanged and scale == 2.0, case  # GradScaler found the inf, skipped, halved its scale
+        for case, (stepped, unchanged, scale_ratio, same) in ranks.items():
+            assert not stepped and unchanged and scale_ratio == 0.5, case  # skipped; the scale halved
+            assert same, case  # residuals, ranges, counts: as before the skipped step
+
+
+def residual_norms(rank, world):
+    """Top-k's residuals after one step in fp32 and in fp16 (loss scaled by 65536)."""
+    norms = {}
+    for precision in ("fp32", "fp16"):
+        torch.manual_seed(0)
+        model = build_model("resnet8", 10, 3)
+        exchange = build_exchange("scalesgd", model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                  ExchangeSetup("topk", CodecSettings(TopkOptions(density=0.01)), precision=precision))
+        fp16_step(exchange, rank, 0)
+        residuals = [b["residual"] for b in exchange.state_dict()["codec"]["buckets"].values()]
+        norms[precision] = torch.cat([r.flatten() for r in residuals]).norm().item()
+        exchange.close()
+    return norms
+
+
+def test_a_codec_that_keeps_gradients_keeps_them_without_fp16s_loss_scale():
+    for norms in run_workers(residual_norms, 2):
+        assert norms["fp32"] > 0 and abs(norms["fp16"] / norms["fp32"] - 1) < 0.05, norms  # not 65536 times

@@ -4,7 +4,7 @@ options; each codec's module registers it: `cast` (fp32, fp16, bf16), `pytorch` 
 `fp8/` (fp8 and its ablations), `topk/` (topk, topk-global, topk-nodes, lags).
 """
 
-from scalesgd.comm.codecs import cast, fp8, pytorch, topk  # noqa: F401  (each registers its codecs)
+from scalesgd.comm.codecs import cast, fp8, onebit, pytorch, topk  # noqa: F401  (each registers its codecs)
 from scalesgd.comm.codecs.base import BucketView, Channel, Codec, Exchange, Piece, Scratch
 from scalesgd.comm.codecs.cast import CastCodec
 from scalesgd.comm.codecs.fp8.codec import Fp8Codec

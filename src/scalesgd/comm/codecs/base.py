@@ -134,6 +134,8 @@ class Codec(ABC):
     name = "codec"
     needs_topology = False  # True: the transfer runs in the node / cross-node groups of `Channel.topology`
     encode_in_backward = False  # True: `start` and every `encode` run on autograd's thread (no collective there)
+    keeps_gradients = False  # True: it carries gradients across steps (residuals, a momentum): fp16's loss scale,
+    #                          which changes between steps, is divided out of what it is given and put back after
 
     @abstractmethod
     def start(self, flat: torch.Tensor, bucket: BucketView, channel: Channel, scratch: Scratch) -> Exchange:
@@ -141,6 +143,14 @@ class Codec(ABC):
 
     def after_dense(self, out: torch.Tensor, bucket: BucketView) -> None:
         """Called with the mean of a step exchanged dense instead of by this codec (the engine's dense-first steps)."""
+
+    def save_bucket(self, bucket: BucketView):
+        """What `restore_bucket` needs to undo the coming step of this bucket: a codec whose state a step changes
+        before it knows the sum is finite (top-k's residuals) keeps a copy; None where there is nothing to undo."""
+        return None
+
+    def restore_bucket(self, bucket: BucketView, saved) -> None:
+        """Undo a step whose sum was not finite (an fp16 overflow somewhere: the step is skipped everywhere)."""
 
     def counters(self) -> dict[str, float]:
         """This rank's guardrail counters since the last call (fractions, one value per step); {} when none."""

@@ -11,57 +11,30 @@ is read: every process of a run, the launcher's workers included, then knows it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from scalesgd.comm.codecs.base import Codec
 from scalesgd.options import check_fields
-from scalesgd.registry import Registry
+from scalesgd.registry import OptionFamilies, Registry
 
 PLUGINS = "scalesgd.codecs"  # the entry-point group of codecs registered from outside the package
 
 CODEC_OPTIONS: Registry[type] = Registry("codec option family", plugins=PLUGINS)
 
 
-class CodecOptions(Mapping):
-    """One options object per registered family, its family's defaults where none was given."""
+class CodecOptions(OptionFamilies):
+    """One options object per registered codec family, its family's defaults where none was given."""
 
-    def __init__(self, given: Mapping[str, Any] | None = None):
-        given = dict(given or {})
-        unknown = sorted(set(given) - set(CODEC_OPTIONS))
-        if unknown:
-            raise ValueError(f"codec option families {unknown} are not registered; known: {', '.join(CODEC_OPTIONS)}")
-        self._by_family = {name: given.get(name) or cls() for name, cls in CODEC_OPTIONS.items()}
-
-    @classmethod
-    def of(cls, *options) -> CodecOptions:
-        """From options objects, each taken as the family its class is registered for."""
-        families = {cls_: name for name, cls_ in CODEC_OPTIONS.items()}
-        stray = [type(o).__name__ for o in options if type(o) not in families]
-        if stray:
-            raise ValueError(f"{', '.join(stray)} is not a registered codec option family")
-        return cls({families[type(o)]: o for o in options})
-
-    def __getitem__(self, family: str):
-        return self._by_family[family]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._by_family)
-
-    def __len__(self) -> int:
-        return len(self._by_family)
-
-    def __repr__(self) -> str:
-        return f"CodecOptions({self._by_family!r})"
+    registry = CODEC_OPTIONS
 
 
 @dataclass(frozen=True, init=False)
 class CodecSettings:
     """What a codec is built with: each family's options (its defaults where not given) and what the run knows that
-    codecs need: the random seed of their sampling, the steps per epoch (None where not known, as for a library user or a
-    hook: epoch-based schedules are then off), and the optimizer's momentum (DGC's momentum correction moves it into
-    the exchange).
+    codecs need: the random seed of their sampling, the steps per epoch (None where not known, as for a library
+    user: epoch-based schedules are then off; a DDP hook assumes `step_defaults`' epoch), and the optimizer's
+    momentum (DGC's momentum correction moves it into the exchange).
 
         CodecSettings(TopkOptions(density=0.01), Fp8Options(headroom=64), seed=1)
     """
@@ -123,3 +96,43 @@ def make_codec(name: str, settings: CodecSettings | None = None) -> Codec:
     if entry.family is not None:
         check_fields(settings.options[entry.family], prefix=entry.family)
     return entry.build(settings)
+
+
+# ---- the schedule a codec starts with, in steps ------------------------------------------------------------------
+# `scalesgd train` exchanges every lossy codec dense (fp32) until the end of its LR warmup (`--compress-after warmup`,
+# `--warmup-epochs 5`: the 5-epoch gradual warmup of Goyal et al. 2017, "Accurate, Large Minibatch SGD: Training
+# ImageNet in 1 Hour"), then ramps top-k's density over `--density-warmup 4` epochs (Lin et al. 2018, "Deep Gradient
+# Compression"). A codec built where the epoch length is known gets exactly these, in steps; one built where it is not
+# (a DDP hook that was not told) takes an "epoch" of ASSUMED_EPOCH_STEPS steps: what one epoch is in the large-batch
+# runs scalesgd is for (ImageNet's 1.28 M images at a global batch of 6.4k; Goyal et al.'s 8k gives 156 steps,
+# CIFAR-10 at 256 gives 195). That makes the dense start 1,000 steps, the default `start_powerSGD_iter` of PyTorch's
+# PowerSGD hook, and the density ramp 800 steps.
+ASSUMED_EPOCH_STEPS = 200
+DENSE_START_EPOCHS = 5.0  # = `scalesgd train`'s default --warmup-epochs, which --compress-after warmup follows
+
+
+@dataclass(frozen=True)
+class StepDefaults:
+    """The default schedule around a codec, in steps: the epoch its density warm-up counts in, and the steps each
+    parameter is exchanged dense (fp32) before the codec takes over."""
+
+    steps_per_epoch: int
+    dense_steps: int
+
+
+def step_defaults(steps_per_epoch: int | None = None) -> StepDefaults:
+    """`scalesgd train`'s default dense start and epoch for a run of `steps_per_epoch` steps an epoch; where that is
+    not known (None or 0), for an epoch of ASSUMED_EPOCH_STEPS steps."""
+    if steps_per_epoch is not None and steps_per_epoch < 0:
+        raise ValueError(f"steps_per_epoch {steps_per_epoch}: give the steps of an epoch, or None for the assumed "
+                         f"{ASSUMED_EPOCH_STEPS}")
+    epoch = steps_per_epoch or ASSUMED_EPOCH_STEPS
+    return StepDefaults(epoch, round(DENSE_START_EPOCHS * epoch))
+
+
+def with_steps_per_epoch(settings: CodecSettings, steps_per_epoch: int | None) -> CodecSettings:
+    """`settings` for a run of `steps_per_epoch` steps an epoch (the same object where it says so already)."""
+    if settings.steps_per_epoch == steps_per_epoch:
+        return settings
+    return CodecSettings(settings.options, seed=settings.seed, steps_per_epoch=steps_per_epoch,
+                         momentum=settings.momentum, nesterov=settings.nesterov)

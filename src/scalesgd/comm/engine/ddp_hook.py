@@ -9,6 +9,10 @@ iterations, keyed by parameter, and go into checkpoints through `state_dict`), w
 that runs the exchanges in bucket order while backward goes on, each through the same pipelined path as our own
 engine's (`scalesgd.comm.engine.driver`). Codecs with a grouping of their own exchange in it
 whatever DDP's buckets: `lags` one parameter at a time, `topk-global` everything at once after the last bucket.
+
+Defaults are `scalesgd train`'s, in steps (`scalesgd.comm.codecs.registry.step_defaults`): each parameter's first
+steps are exchanged dense (fp32), and top-k's density ramps up over its warm-up epochs, counted in the epoch length
+given (`steps_per_epoch`) or an assumed one. What DDP can be asked for and what is refused: docs/hooks.md.
 """
 
 # No `from __future__ import annotations`: DDP checks that the hook's `bucket` annotation is the
@@ -18,8 +22,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from scalesgd.comm.codecs import CODECS, BucketView, Channel, Codec, CodecSettings, make_codec
+from scalesgd.comm.codecs.registry import step_defaults, with_steps_per_epoch
 from scalesgd.comm.engine.driver import BucketDriver
 from scalesgd.comm.wire.futures import new_future, on_thread, settle
 from scalesgd.comm.wire.topology import Topology
@@ -33,17 +39,33 @@ class CodecHookState:
     whatever order DDP's buckets come in. The state may be made before the process group exists (a Lightning
     script builds its strategy first): it then joins the group at the first exchange. It pickles (the codec and
     its state travel; the group and the thread are made again, and `bind` numbers the model's parameters again).
-    `compress_after`: each parameter's first steps are exchanged dense (fp32) before the codec takes over.
+
+    `compress_after`: each parameter's first steps are exchanged dense (fp32) before the codec takes over; None:
+    `scalesgd train`'s default, the end of its LR warmup (5 epochs), in steps. `steps_per_epoch`: the epoch length
+    that default and top-k's density warm-up count in; None: the settings' own, else an assumed one
+    (`registry.ASSUMED_EPOCH_STEPS`). Pass `compress_after=0` to compress from the first step.
+    `process_group`: a group of the hook's own (the default makes one); never DDP's, whose collectives would
+    interleave with the hook's.
     """
 
     def __init__(self, codec="fp8", process_group=None, topology=None, settings: CodecSettings = None,
-                 model: torch.nn.Module = None, compress_after: int = 0):
-        codec = make_codec(codec, settings) if isinstance(codec, str) else codec
+                 model: torch.nn.Module = None, compress_after: int | None = None, steps_per_epoch: int | None = None):
+        settings = settings or CodecSettings()
+        defaults = step_defaults(steps_per_epoch if steps_per_epoch is not None else settings.steps_per_epoch)
+        if steps_per_epoch is not None or settings.steps_per_epoch is None:  # else the settings' own, as given
+            settings = with_steps_per_epoch(settings, defaults.steps_per_epoch)
+        if isinstance(codec, str):
+            codec = make_codec(codec, settings)
+        if compress_after is not None and compress_after < 0:
+            raise ValueError(f"compress_after {compress_after}: give the dense steps (0: none), or None for the "
+                             f"default {defaults.dense_steps}")
         self.grouping = _grouping(codec)
         self.bytes_sent = 0  # what this rank has sent for the gradients, counted as the codec posts it
-        self.driver = BucketDriver(codec, None, dense_steps=compress_after)
+        self.driver = BucketDriver(codec, None,
+                                   dense_steps=defaults.dense_steps if compress_after is None else compress_after)
         self._group, self._topology = process_group, topology
         self._held: list = []
+        self._bound = False
         self._worker = _thread()
         if model is not None:
             self.bind(model)
@@ -53,6 +75,21 @@ class CodecHookState:
     def bind(self, model: torch.nn.Module) -> None:
         """Number the model's parameters (in its order) for the codec's per-parameter state."""
         self.driver.bind(list(model.parameters()))
+        self._bound = True
+
+    def register(self, ddp: DistributedDataParallel) -> None:
+        """`ddp.register_comm_hook(self, codec_hook)`, after refusing what the hook cannot serve (one ValueError
+        saying what and why), and numbering the wrapped model's parameters if no model was bound."""
+        if self.grouping == "single" and getattr(ddp, "skip_all_reduce_unused_params", False):
+            raise ValueError(f"codec {self.codec.name!r} with skip_all_reduce_unused_params=True is not supported: "
+                             "it exchanges all buckets at once after DDP's last, which DDP skips when its "
+                             "parameters are unused, so the step would wait forever; use topk")
+        if self._group is not None and self._group is ddp.process_group:
+            raise ValueError("the hook's process_group is DDP's own: its exchanges would interleave with DDP's "
+                             "collectives (unused-parameter maps, buffers) and hang; leave process_group=None")
+        if not self._bound:
+            self.bind(ddp.module)
+        ddp.register_comm_hook(self, codec_hook)
 
     @property
     def codec(self) -> Codec:
@@ -88,6 +125,11 @@ class CodecHookState:
         return self.driver.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
+        counted = isinstance(state, dict) and set(state) == {"inner", "done"}  # `DenseFirst.wrap`'s
+        if counted != (self.driver.dense_first is not None):
+            saved, here = ("with", "none") if counted else ("without", "one")
+            raise ValueError(f"this state was saved by a hook {saved} a dense start and this one has {here}: build it "
+                             "with the same compress_after (a hook's was 0 before its defaults had a dense start)")
         self.driver.load_state_dict(state)
 
     def state_dicts_of_all_ranks(self) -> list[dict]:
@@ -106,14 +148,15 @@ class CodecHookState:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._group, self._topology, self._held, self._worker = None, None, [], _thread()
+        self._group, self._topology, self._held, self._worker, self._bound = None, None, [], _thread(), False
 
 
 def codec_hook(state: CodecHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Encode → sum → decode the bucket with the state's codec; the future holds the mean gradient."""
     flat, params = bucket.buffer(), bucket.parameters()
+    _refuse(state, flat)
     if state.grouping == "single":
-        return _hold_until_last(state, flat, params, bucket.is_last())
+        return _hold_until_last(state, flat, params, bucket.index(), bucket.is_last())
     driver = state.driver
     if state.grouping == "layer":
         parts = [(driver.view(driver.key(p), [p], [0], p.numel()), flat[start:start + p.numel()])
@@ -129,17 +172,36 @@ def codec_hook(state: CodecHookState, bucket: dist.GradBucket) -> torch.futures.
     return on_thread(state._worker, exchange, flat.device)
 
 
-def _hold_until_last(state: CodecHookState, flat: torch.Tensor, params: list, last: bool) -> torch.futures.Future:
+def _refuse(state: CodecHookState, flat: torch.Tensor) -> None:
+    """Raise, in backward on every rank alike and before any exchange, what the codec cannot take."""
+    name = state.codec.name
+    if flat.layout != torch.strided:
+        raise ValueError(f"codec {name!r} exchanges dense gradients; DDP handed over a sparse one "
+                         "(nn.Embedding(sparse=True) or similar): use sparse=False")
+    if flat.dtype != torch.float32 and name in CODECS and CODECS[name].sparse:
+        raise ValueError(f"codec {name!r} keeps float32 residuals and sums; DDP handed over {flat.dtype} "
+                         "gradients (parameters in that dtype, or DDP's mixed_precision): keep float32 parameters "
+                         "(autocast still computes in low precision) or use a cast codec")
+
+
+def _hold_until_last(state: CodecHookState, flat: torch.Tensor, params: list, index: int,
+                     last: bool) -> torch.futures.Future:
     """`topk-global`: keep each bucket until DDP hands over the last, then exchange all gradients as one, in the
-    engine's order (the model's parameters, last first), and settle every bucket's future."""
+    engine's order (the model's parameters, last first), and settle every bucket's future. Buckets come in index
+    order: one that does not come after those held starts a new backward, and those held are a backward's that
+    failed before its last bucket: they are dropped, not exchanged with this one's."""
+    if state._held and index <= state._held[-1][3]:
+        stale, state._held = state._held, []
+        for _, _, waiting, _ in stale:
+            waiting.set_exception(RuntimeError("a backward ended before DDP handed over its last bucket"))
     future = new_future(flat.device)
-    state._held.append((flat, params, future))
+    state._held.append((flat, params, future, index))
     if not last:
         return future
     held, state._held = state._held, []
 
     def exchange() -> None:
-        parts = sorted(((p, buffer[start:start + p.numel()]) for buffer, ps, _ in held
+        parts = sorted(((p, buffer[start:start + p.numel()]) for buffer, ps, _, _ in held
                         for p, start in zip(ps, _offsets(ps))), key=lambda part: -state.driver.key(part[0]))
         whole = torch.cat([part for _, part in parts])
         params = [p for p, _ in parts]
@@ -151,10 +213,10 @@ def _hold_until_last(state: CodecHookState, flat: torch.Tensor, params: list, la
         try:
             exchange()
         except BaseException as err:  # every bucket's future fails alike; DDP raises it where backward waits
-            for _, _, waiting in held:
+            for _, _, waiting, _ in held:
                 waiting.set_exception(err)
             return
-        for buffer, _, waiting in held:
+        for buffer, _, waiting, _ in held:
             settle(waiting, lambda buffer=buffer: buffer)
 
     state._worker.submit(run)

@@ -14,6 +14,7 @@ the wire as wire time.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -43,6 +44,8 @@ class Pending:
     view: BucketView
     codec: Codec  # the bucket's codec this step (the dense one in a dense-first step)
     exchange: Exchange | None = None  # None until started
+    scale: float | None = None  # fp16's loss scale, divided out for a codec that keeps gradients (put back after)
+    saved: object = None  # under fp16, the codec's state before the step, restored if the sum is not finite
     encoded: bool = False  # every piece encoded already (in backward)
     times: Times = field(default_factory=Times)
 
@@ -64,6 +67,7 @@ class BucketDriver:
         self.tracer = tracer or Tracer(False)
         self.dense_first = DenseFirst(dense_steps) if dense_steps > 0 else None
         self.norms = norms
+        self.loss_scale: Callable[[], float] | None = None  # fp16's gradient scaler's current scale, where there is one
         self._numbers: dict[int, int] = {}
         self._scratch: dict[int, Scratch] = {}
 
@@ -109,8 +113,13 @@ class BucketDriver:
         jobs = (self._piece(pending, Piece(i, 1 + i % TAGS, i % self.depth)) for i in range(pending.exchange.pieces))
         times.bytes_sent = run_pipelined(jobs, self.depth)
         self._timed("decode", pending, pending.exchange.finish)
+        if pending.scale is not None:
+            pending.flat.mul_(pending.scale)
+            if pending.flat.numel() and not torch.isfinite(pending.flat[:1]).all():  # a codec's NaN fills the bucket
+                pending.codec.restore_bucket(view, pending.saved)  # fp16 skips the step: so does the codec
         if pending.codec is DENSE and self.codec is not DENSE:
-            self.codec.after_dense(pending.flat, view)
+            scaled = self.loss_scale is not None and self.codec.keeps_gradients
+            self.codec.after_dense(pending.flat / self.loss_scale() if scaled else pending.flat, view)
         if self.norms is not None:
             self.norms.add(MEAN, pending.flat)
         times.wire_s = max((now_us() - begin) / 1e6 - times.codec_s, 0.0)
@@ -126,7 +135,7 @@ class BucketDriver:
         return {"codec": self.codec, "depth": self.depth, "dense_first": self.dense_first, "norms": self.norms}
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state, channel=None, tracer=Tracer(False), _numbers={}, _scratch={})
+        self.__dict__.update(state, channel=None, tracer=Tracer(False), loss_scale=None, _numbers={}, _scratch={})
 
     # ---- checkpoint ------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -139,6 +148,10 @@ class BucketDriver:
 
     # ---- the pieces ------------------------------------------------------------------------------
     def _start(self, pending: Pending) -> Exchange:
+        if self.loss_scale is not None and pending.codec.keeps_gradients:
+            pending.scale = self.loss_scale()
+            pending.flat.div_(pending.scale)
+            pending.saved = pending.codec.save_bucket(pending.view)
         scratch = self._scratch.setdefault(pending.view.index, Scratch())
         return pending.codec.start(pending.flat, pending.view, self.channel, scratch)
 

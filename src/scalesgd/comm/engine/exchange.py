@@ -1,14 +1,19 @@
 """The one object a training loop talks to, whichever engine exchanges the gradients: PyTorch DDP or ours.
 
-    exchange = build_exchange("scalesgd", model, optimizer, ExchangeSetup(codec="fp8"))
-    exchange.model(x) … backward()                # buckets travel while backward goes on
-    exchange.optimizer.step()                      # with the mean gradient
+    exchange = build_exchange("scalesgd", model, optimizer, ExchangeSetup(codec="fp8", precision="bf16"))
+    with exchange.no_sync():                       # micro-batches before the last: gradients only summed
+        with exchange.autocast(): loss = … exchange.model(x) …
+        exchange.backward(loss)
+    with exchange.autocast(): loss = … exchange.model(x) …
+    exchange.backward(loss)                        # buckets travel while backward goes on
+    exchange.step()                                # with the mean gradient (False: fp16 overflowed, skipped)
     exchange.stats(), exchange.state_dict(), exchange.close()
 """
 
 from __future__ import annotations
 
 from abc import ABC
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 import torch
@@ -39,14 +44,22 @@ class ExchangeSetup:
     topology: object = None  # prebuilt node and cross-node groups (None: built when needed)
     tracer: Tracer = field(default_factory=Tracer)
     norms: GradientNorms | None = None  # given: each step's local and mean squared norms are counted into it
+    precision: str = "fp32"  # forward and backward under autocast to bf16 or fp16 (with a gradient scaler)
+
+
+AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # precision → autocast dtype
 
 
 class GradientExchange(ABC):
     """The model to call, the optimizer to step, the codec's driver (its state differs per rank; None where PyTorch's
-    own hook or allreduce exchanges), and the run's view of it."""
+    own hook or allreduce exchanges), the precision forward and backward run in, and the run's view of it.
+
+    Under fp16 a `GradScaler` scales the loss; the codec's driver divides its scale out of what a stateful codec
+    keeps (residuals, momentum) and the step is skipped on every rank when any rank overflowed (every codec makes
+    a non-finite bucket non-finite on every rank, and keeps its state as it was)."""
 
     def __init__(self, model: nn.Module, optimizer, driver: BucketDriver | None, plan: BucketPlan | None = None,
-                 bare: nn.Module | None = None, norms: GradientNorms | None = None):
+                 bare: nn.Module | None = None, norms: GradientNorms | None = None, precision: str = "fp32"):
         self.model = model
         self.norms = norms
         self.optimizer = optimizer
@@ -54,6 +67,38 @@ class GradientExchange(ABC):
         self.codec: Codec | None = driver.codec if driver is not None else None
         self.plan = plan  # the buckets, where the engine has its own plan
         self._names = {id(p): name for name, p in (bare or model).named_parameters()}
+        self.device = next((bare or model).parameters()).device
+        self.precision = precision
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=precision == "fp16")
+        if driver is not None and self.scaler.is_enabled():
+            driver.loss_scale = self.scaler.get_scale
+
+    def autocast(self) -> AbstractContextManager:
+        """Forward (and the loss) in the run's precision: autocast to bf16 or fp16, nothing for fp32."""
+        dtype = AUTOCAST[self.precision]
+        return torch.autocast(self.device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Back-propagate `loss`, scaled under fp16; the exchange starts as buckets fill (unless in `no_sync`)."""
+        self.scaler.scale(loss).backward()
+
+    def no_sync(self) -> AbstractContextManager:
+        """Backward passes inside only sum into the gradients; the next one outside exchanges the sum."""
+        raise NotImplementedError
+
+    def synchronize(self) -> None:
+        """Wait until the mean gradients are in `.grad` (DDP's backward already waits for them)."""
+
+    def step(self) -> bool:
+        """Step the optimizer with the mean gradients; False where fp16's scaler found an overflow and skipped it."""
+        if not self.scaler.is_enabled():
+            self.optimizer.step()
+            return True
+        self.synchronize()
+        before = self.scaler.get_scale()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return self.scaler.get_scale() >= before
 
     @staticmethod
     def uses_own_group(codec: CodecEntry) -> bool:
@@ -79,14 +124,18 @@ class GradientExchange(ABC):
         return [f"{self._names.get(id(param), 'a parameter')}: {text}" for param, text in self.codec.pop_notices()]
 
     def state_dict(self) -> dict:
-        """This rank's state: the optimizer's, and the codec's (residuals and ranges differ between ranks)."""
+        """This rank's state: the optimizer's, the codec's (residuals and ranges differ between ranks) and fp16's
+        loss scale (the same on every rank)."""
         return {"optimizer": self.optimizer.state_dict(),
-                "codec": self.driver.state_dict() if self.driver is not None else None}
+                "codec": self.driver.state_dict() if self.driver is not None else None,
+                "scaler": self.scaler.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         if self.driver is not None and state.get("codec") is not None:
             self.driver.load_state_dict(state["codec"])
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
 
     def close(self) -> None:
         """Stop whatever thread the exchange runs on."""
@@ -114,11 +163,14 @@ class DdpExchange(GradientExchange):
             ddp.register_comm_hook(hook.state, hook.hook)
         self._hook = hook
         super().__init__(ddp, optimizer, self._hook_state.driver if self._hook_state is not None else None,
-                         bare=model, norms=setup.norms)
+                         bare=model, norms=setup.norms, precision=setup.precision)
 
     @staticmethod
     def uses_own_group(codec: CodecEntry) -> bool:
         return codec.torch_hook is None  # our hook exchanges in its own group; PyTorch's use DDP's
+
+    def no_sync(self) -> AbstractContextManager:
+        return self.model.no_sync()
 
     def close(self) -> None:
         if self._hook is not None:
@@ -134,7 +186,13 @@ class EngineExchange(GradientExchange):
                                       algorithm=setup.algorithm, buckets=entry.buckets or setup.buckets,
                                       group=setup.group, topology=setup.topology, tracer=setup.tracer,
                                       compress_after=setup.compress_after, norms=setup.norms)
-        super().__init__(model, engine, engine.driver, engine.plan, norms=setup.norms)
+        super().__init__(model, engine, engine.driver, engine.plan, norms=setup.norms, precision=setup.precision)
+
+    def no_sync(self) -> AbstractContextManager:
+        return self.optimizer.no_sync()
+
+    def synchronize(self) -> None:
+        self.optimizer.synchronize()
 
     def stats(self) -> IterationStats:
         return self.optimizer.pop_stats()

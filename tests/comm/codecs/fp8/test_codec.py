@@ -105,7 +105,7 @@ def follow_fp8(rank, world, under_ddp):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     if under_ddp:
         net = DistributedDataParallel(model)
-        state = CodecHookState("fp8", settings=settings)
+        state = CodecHookState("fp8", settings=settings, compress_after=0)
         net.register_comm_hook(state, codec_hook)
         engine = None
     else:

@@ -59,6 +59,7 @@ class Fp8Codec(Codec):
         if any(r.dense for r in ranges):
             return DENSE.start(flat, bucket, channel, scratch)
         w = self._flat_weights(bucket, flat, scratch) if self.relative else None
+        before = [r.state_dict() for r in ranges]  # what a non-finite step (fp16's skipped one) leaves them
         due = [j for j, r in enumerate(ranges) if r.due(self.options.period)]
         if due:
             self._measure(flat, w, bucket, [bucket.keys[j] for j in due], due, channel)
@@ -68,7 +69,7 @@ class Fp8Codec(Codec):
         local = _groups(channel).topology.procs_per_node if self.two_stage else 1
         length = flat.numel() + 1 + len(ranges)  # data, the non-finite flag, a saturation flag per tensor
         wire = scratch.tensor("wire", -(-length // local) * local, torch.uint8, flat.device)  # padded to P′ parts
-        return Fp8Exchange(self, flat, w, unit, send, wire, bucket, ranges, channel, scratch, local)
+        return Fp8Exchange(self, flat, w, unit, send, wire, bucket, ranges, channel, scratch, local, before)
 
     # ---- guardrails ------------------------------------------------------------------------------
     def counters(self) -> dict[str, float]:
@@ -155,8 +156,9 @@ class Fp8Exchange(Exchange):
 
     def __init__(self, codec: Fp8Codec, flat: torch.Tensor, w: torch.Tensor | None, unit: torch.Tensor,
                  send: torch.Tensor, wire: torch.Tensor, bucket: BucketView, ranges: list[TensorRange],
-                 channel: Channel, scratch: Scratch, local: int):
+                 channel: Channel, scratch: Scratch, local: int, before: list[dict]):
         self.codec, self.flat, self.w, self.unit, self.send, self.wire = codec, flat, w, unit, send, wire
+        self.before = before  # the ranges as they were before this step
         self.bucket, self.ranges, self.channel, self.scratch = bucket, ranges, channel, scratch
         self.n = flat.numel()
         self.bounds = channel.bounds(wire.numel(), 1, local)
@@ -204,8 +206,11 @@ class Fp8Exchange(Exchange):
         """Count, then read the summed flags: the same bytes on every rank."""
         self.codec.count(self.n, self.saturated, self.flushed)
         flags = self.wire[self.n:self.n + 1 + len(self.ranges)].tolist()
-        if flags[0]:
-            self.flat.fill_(math.nan)  # some rank's gradient was not finite: every rank sees it
+        if flags[0]:  # some rank's gradient was not finite: every rank sees it, and the step leaves no trace
+            self.flat.fill_(math.nan)
+            for r, saved in zip(self.ranges, self.before):
+                r.__dict__.update(TensorRange.from_state(saved).__dict__)
+            return
         self.codec.heat(self.bucket, self.ranges, flags[1:])
 
     def _tally(self, a: int, stop: int) -> bool:

@@ -42,8 +42,9 @@ class TopkOptions:
                                        flag="--momentum-correction", own=True)
     density_warmup: int = option(4, "sparse codecs: density rises exponentially to --density over this many epochs "
                                  "once compression starts (DGC's warm-up; measured: ρ 0.001 −0.25 points instead of "
-                                 "−4.25); 0: off; a codec built without the run's epoch length (a library user's, a "
-                                 "hook's) has none", flag="--density-warmup", check=checks.at_least(0), own=True)
+                                 "−4.25); 0: off; a DDP hook that is not told the epoch's length assumes 200 steps "
+                                 "(`scalesgd.comm.codecs.registry.step_defaults`)", flag="--density-warmup",
+                                 check=checks.at_least(0), own=True)
     local_clip: float = option(0.0, "sparse codecs: each tensor's local gradient clipped to this norm ÷ √workers "
                                "before it accumulates (DGC); 0: off", flag="--local-clip",
                                check=checks.finite_non_negative, own=True)
@@ -103,6 +104,7 @@ class TopkCodec(Codec):
     """
 
     encode_in_backward = True
+    keeps_gradients = True  # residuals
     MAX_DRIFT = 2.0  # a reused threshold sends between k ÷ this and k × this; outside, the exact top-k is taken again
 
     def __init__(self, name: str = "topk", density: float = 0.1, reuse: int = 1, dgc: DgcOptions = DgcOptions()):
@@ -170,6 +172,26 @@ class TopkCodec(Codec):
             out.add_(st.momentum.add_(out).mul_(self.dgc.momentum))
         else:
             out.copy_(st.momentum.mul_(self.dgc.momentum).add_(out))
+
+    def save_bucket(self, bucket: BucketView):
+        st = self._state.get(bucket.index)
+        if st is None:
+            return None
+        return st, st.residual.clone(), None if st.momentum is None else st.momentum.clone(), (
+            st.threshold, st.density, st.step)
+
+    def restore_bucket(self, bucket: BucketView, saved) -> None:
+        """The residual, momentum, threshold and step as before the step; a bucket's first step leaves no state."""
+        if saved is None:
+            dropped = self._state.pop(bucket.index, None)
+            self._owner = {key: st for key, st in self._owner.items() if st is not dropped}
+            return
+        st, residual, momentum, (st.threshold, st.density, st.step) = saved
+        self._state[bucket.index] = st
+        st.residual.copy_(residual)
+        if momentum is not None:
+            st.momentum.copy_(momentum)
+        self._own(st)
 
     def _bucket(self, bucket: BucketView, like: torch.Tensor) -> _Sparse:
         """The bucket's state; when the bucket now holds other parameters than before (DDP rebuilds its buckets

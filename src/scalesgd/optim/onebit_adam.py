@@ -1,0 +1,83 @@
+"""1-bit Adam's update (Tang, Gan, Rajbhandari, Lian, Zhang, Liu and He 2021, "1-bit Adam: Communication Efficient
+Large-Scale Training with Adam's Convergence Speed"): Adam's variance settles early in training, so after a
+warm-up it is frozen, and Adam becomes momentum SGD with a fixed per-coordinate rate, whose momentum can travel
+compressed with error feedback (`scalesgd.comm.codecs.onebit`).
+
+Steps 1 … `freeze_step` of a parameter are torch's AdamW on the mean gradient, bit for bit (its own functional
+`adam`, decoupled weight decay, bias correction). After them the incoming `.grad` IS the momentum m̄ the onebit
+codec averaged: exp_avg ← m̄, exp_avg_sq stays at its step-`freeze_step` value v_N, and
+
+    p ← p − lr·wd·p − lr · (m̄ / (1 − β1^t)) / (√(v_N / (1 − β2^N)) + eps)
+
+with t the parameter's step and N = `freeze_step`. The paper drops the bias correction of m after the freeze; we
+keep Adam's, so that with an exact exchange this is AdamW with its variance frozen and the step does not jump by
+1/(1 − β1^N) at the freeze (past the paper's warm-ups of thousands of steps the factor is 1 anyway).
+
+The optimizer's β1 must equal the codec's (`--onebit-beta1`), and the codec's dense warm-up (`compress_after`)
+must end where `freeze_step` does: at the freeze the codec's momentum then equals this exp_avg. The state is
+torch's Adam's (`step`, `exp_avg`, `exp_avg_sq`), saved and loaded by torch's optimizer state_dict.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.optim.adam import adam
+
+from scalesgd.optim._batched import BatchedOptimizer, batches, check_adam, require
+
+
+class OneBitAdam(BatchedOptimizer):
+    """AdamW for each parameter's first `freeze_step` steps, then its variance frozen and `.grad` taken as the
+    averaged momentum (see the module)."""
+
+    def __init__(self, params, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, *, freeze_step: int):
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
+                                  "freeze_step": freeze_step})
+
+    @staticmethod
+    def _check(h: dict) -> None:
+        check_adam(h)
+        n = h["freeze_step"]
+        require(isinstance(n, int) and not isinstance(n, bool) and n >= 1, "freeze_step", n,
+                "must be a whole number >= 1 (the variance needs a warm-up to freeze)")
+
+    def _step_group(self, group: dict) -> None:
+        lr, wd, eps, n = group["lr"], group["weight_decay"], group["eps"], group["freeze_step"]
+        beta1, beta2 = group["betas"]
+        for params, grads in batches(group["params"], "OneBitAdam"):
+            states = [self._state(p) for p in params]
+            warm = [i for i, s in enumerate(states) if s["step"].item() < n]
+            frozen = [i for i, s in enumerate(states) if s["step"].item() >= n]
+            if warm:
+                adam([params[i] for i in warm], [grads[i] for i in warm], [states[i]["exp_avg"] for i in warm],
+                     [states[i]["exp_avg_sq"] for i in warm], [], [states[i]["step"] for i in warm],
+                     has_complex=any(torch.is_complex(params[i]) for i in warm), decoupled_weight_decay=True,
+                     amsgrad=False, beta1=beta1, beta2=beta2, lr=lr, weight_decay=wd, eps=eps, maximize=False)
+            if frozen:
+                self._frozen_step([params[i] for i in frozen], [grads[i] for i in frozen],
+                                  [states[i] for i in frozen], lr, wd, eps, beta1, beta2 ** n)
+
+    @staticmethod
+    def _frozen_step(params: list, grads: list, states: list[dict], lr: float, wd: float, eps: float,
+                     beta1: float, beta2_n: float) -> None:
+        """exp_avg ← grad (the averaged momentum), decoupled decay, the step with the frozen v̂."""
+        m, v = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
+        torch._foreach_add_([s["step"] for s in states], 1)
+        torch._foreach_copy_(m, grads)
+        if wd:
+            torch._foreach_mul_(params, 1 - lr * wd)
+        denom = torch._foreach_sqrt(v)
+        torch._foreach_div_(denom, (1 - beta2_n) ** 0.5)
+        torch._foreach_add_(denom, eps)
+        torch._foreach_addcdiv_(params, m, denom, [-lr / (1 - beta1 ** s["step"].item()) for s in states])
+
+    def _state(self, p: torch.Tensor) -> dict:
+        """The parameter's state, new as torch's AdamW makes it (step a host scalar, moments zero)."""
+        state = self.state[p]
+        if not state:
+            state["step"] = torch.tensor(0.0, dtype=torch.float64 if torch.get_default_dtype() == torch.float64
+                                         else torch.float32)
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        return state
