@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+from scalesgd.bench.accuracy import AccuracyBenchConfig, report
 from tests.bench.cli import bench
 
 TINY = ["--", "--workers", "2", "--dataset", "synthetic", "--samples", "256", "--image-size", "8",
@@ -44,3 +45,14 @@ def test_a_bad_variant_is_one_line_exit_2_before_any_run(tmp_path):
 def test_the_bench_owns_seed_and_run_dir(tmp_path):
     proc = bench("accuracy", "--variants", "--codec fp32 --seed 4", "--out", str(tmp_path / "x"), *TINY)
     assert proc.returncode == 2 and "--seed in '--codec fp32 --seed 4': the bench sets it per run" in proc.stderr
+
+
+def test_language_models_are_compared_by_validation_loss_in_per_cent_of_the_reference(tmp_path):
+    cfg = AccuracyBenchConfig(variants=("--codec fp32", "--codec fp8"), seeds=(0, 1, 2), out=str(tmp_path))
+    results = [{"variant": v, "seed": s, "final_test_acc": 0.4, "final_test_loss": loss, "final_test_perplexity": 9.0}
+               for v, losses in (("--codec fp32", (2.0, 2.1, 1.9)), ("--codec fp8", (2.2, 2.02, 2.3)))
+               for s, loss in zip((0, 1, 2), losses)]
+    report(cfg, results, "scalesgd bench accuracy")
+    record = json.loads((tmp_path / "accuracy.json").read_text())
+    assert record["metric"] == "final_test_loss" and record["medians"] == {"--codec fp32": 2.0, "--codec fp8": 2.2}
+    assert "| `--codec fp8` | 2.2000 | 2.0200 | 2.3000 | 2.2000 | +10.00 % |" in (tmp_path / "accuracy.md").read_text()

@@ -51,7 +51,7 @@ def test_a_gpt_is_simulated_at_the_size_its_options_give(capsys, tmp_path):
     assert code == 0
     result = json.loads(out)
     net = gpt(256, GptOptions(layers=2, width=64, block=32))
-    assert result["compute"] == {"iteration_s": pytest.approx(0.1), "batch_per_worker": 8,
+    assert result["compute"] == {"iteration_s": pytest.approx(0.1), "batch_per_worker": 8, "accumulate": 1,
                                  "parameters": sum(p.numel() for p in net.parameters())}  # the tied head once
     saved = json.loads((tmp_path / "sim" / "simulate.json").read_text())["config"]
     assert (saved["gpt_layers"], saved["gpt_width"], saved["gpt_block"]) == (2, 64, 32)

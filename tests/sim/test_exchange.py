@@ -1,5 +1,7 @@
 """One mode's predicted iteration: buckets, wire, codec and the compute its work displaces."""
 
+from dataclasses import replace
+
 import pytest
 
 from scalesgd.comm.cost.link import LinkCost
@@ -21,6 +23,15 @@ def test_no_exchange_is_the_compute_and_the_step():
     for mode in ("none", "scalesgd-fp8"):
         p = predict(parse_mode(mode), PROFILE, cluster(nodes=1) if mode != "none" else cluster())
         assert p.iteration_s == pytest.approx(4.25) and p.exposed_comm_s == 0.0  # forward 1, backward 3, step
+
+
+def test_accumulated_micro_batches_add_their_compute_before_the_one_that_exchanges():
+    three = replace(PROFILE, accumulate=3)
+    for mode in ("none", "scalesgd-fp32", "ddp"):
+        one, more = predict(parse_mode(mode), PROFILE, cluster(rate=1e7)), predict(parse_mode(mode), three,
+                                                                                  cluster(rate=1e7))
+        assert more.iteration_s == pytest.approx(one.iteration_s + 2 * 4.0)  # two more forward + backward passes
+        assert more.exposed_comm_s == pytest.approx(one.exposed_comm_s)  # the exchange still overlaps the last
 
 
 def test_a_free_network_costs_nothing_and_a_slow_one_is_exposed():

@@ -163,3 +163,28 @@ def test_the_command_exits_2_with_one_line(tmp_path):
     assert proc.stderr.strip().splitlines() == [f"scalesgd: error: {missing} does not exist; expected a "
                                                 "`scalesgd train` run directory or a directory of them"]
     assert not (tmp_path / "compare").exists()  # the default --out is not created
+
+
+def text_run(path: Path, codec: str, losses: list[float]) -> Path:
+    """A language model's run directory as `scalesgd train` writes one (two epochs of text)."""
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"model": "gpt", "dataset": "text", "codec": codec, "engine": "ddp",
+                                                  "batch_size": 32, "workers": 2, "gpt_block": 64}))
+    epochs = [{"kind": "epoch", "epoch": e, "iter": 10 * e, "train_loss": loss + 0.1, "train_acc": 0.3,
+               "test_loss": loss, "test_acc": 0.4, "test_perplexity": 2.718281828 ** loss, "tokens_per_s": 2048.0,
+               "lr": 0.001} for e, loss in enumerate(losses, 1)]
+    iters = [{"kind": "iter", "epoch": 1 + i // 10, "iter": i + 1, "lr": 0.001, "loss": 3.0} for i in range(20)]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in iters + epochs))
+    return path
+
+
+def test_language_models_are_compared_by_validation_loss_perplexity_and_tokens_per_second(tmp_path):
+    runs = [text_run(tmp_path / "fp32", "fp32", [2.5, 2.0]), text_run(tmp_path / "fp8", "fp8", [2.6, 2.1])]
+    out = tmp_path / "out"
+    assert main(["compare", *map(str, runs), "--out", str(out)]) == 0
+    rows = md_rows(out)
+    assert "final test acc %" not in rows[0]  # every run is a language model's
+    assert [row["final val loss"].split()[0] for row in rows] == ["2.0000", "2.1000"]
+    assert rows[1]["perplexity"].split()[0] == f"{2.718281828 ** 2.1:.3f}"
+    assert rows[0]["throughput /s"] == "2048 tokens/s"
+    assert (out / "compare.png").read_bytes()[:4] == b"\x89PNG"

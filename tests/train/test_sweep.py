@@ -10,6 +10,7 @@ import pytest
 from scalesgd.cli import main
 from scalesgd.train.sweep import (
     Point,
+    Scale,
     SweepConfig,
     best_rates,
     grid,
@@ -138,3 +139,10 @@ def test_points_at_the_base_batch_share_one_run_whatever_the_rule_and_warmup():
     assert run_name(a, 16) == run_name(b, 16)
     assert run_name(a, 8) != run_name(b, 8)
     assert run_name(Point(16, "sqrt", "gradual", "lars", None, 0), 16) != run_name(a, 16)
+
+
+def test_a_language_models_sweep_reads_validation_loss_and_its_limit_is_relative():
+    errors = {"a": {16: 2.00, 32: 2.015, 64: 2.05}}
+    assert limits(errors, Scale(loss=True)) == {"a": 32}  # within 1 % of the smallest batch's 2.00 nats
+    assert limits(errors) == {"a": 16}  # read as error fractions, 1.5 points is beyond 1 point
+    assert Scale.of([{"metric": "loss"}]).loss and not Scale.of([{}]).loss

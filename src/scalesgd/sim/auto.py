@@ -4,6 +4,7 @@ decided once at start-up (kept on resume) and shown as a table (collective: ever
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import statistics
@@ -73,10 +74,11 @@ class Decision:
 
 
 def decide(model: nn.Module, batch, loss_fn, codecs: tuple[str, ...], settings: CodecSettings, algorithm: str,
-           group, topology, procs_per_node: int, batch_per_worker: int) -> Decision:
+           group, topology, procs_per_node: int, batch_per_worker: int, accumulate: int = 1) -> Decision:
     """Profile, measure, simulate, choose (collective); rank 0's choice is every rank's."""
     device = next(model.parameters()).device
-    compute = from_layers(profile.layer_profile(model, batch, loss_fn, group), 0.0, batch_per_worker)
+    compute = replace(from_layers(profile.layer_profile(model, batch, loss_fn, group), 0.0, batch_per_worker),
+                      accumulate=accumulate)
     world = dist.get_world_size(group)
     links = link.measure_topology(world, procs_per_node, group=group)
     inter, intra = links["inter"], links["intra"]
@@ -242,7 +244,7 @@ def choose(cfg: TrainConfig, model: torch.nn.Module, batches: list, loss_fn, env
     else:
         decision = decide(model, batches[0], loss_fn, cfg.auto_codecs, cfg.codec_settings(), cfg.algorithm,
                           env.exchange_group, env.topology_groups, env.local_world_size
-                          if not cfg.procs_per_node else cfg.procs_per_node, cfg.per_worker_batch)
+                          if not cfg.procs_per_node else cfg.procs_per_node, cfg.micro_batch, cfg.accumulate)
         if len(decision.finalists) > 1:
             decision = decision.tried(trial(cfg, model, batches, loss_fn, env, decision.finalists))
         if env.is_main and saved is not None:
@@ -271,11 +273,12 @@ def trial(cfg: TrainConfig, model: torch.nn.Module, batches: list, loss_fn, env:
     times: list[list[float]] = [[] for _ in runs]
     for i in range(TRIAL_WARMUP):
         for exchange in runs:
-            _step(exchange, batches[i % len(batches)], loss_fn)
+            _step(exchange, batches[i % len(batches)], loss_fn, cfg.accumulate)
     for _ in range(TRIAL_ROUNDS):
         for exchange, took in zip(runs, times):
             dist.barrier()
-            took += [_step(exchange, batches[i % len(batches)], loss_fn) for i in range(TRIAL_PER_ROUND)]
+            took += [_step(exchange, batches[i % len(batches)], loss_fn, cfg.accumulate)
+                     for i in range(TRIAL_PER_ROUND)]
     for exchange in runs:
         exchange.close()
     slowest = torch.tensor(times, dtype=torch.float64)
@@ -283,11 +286,14 @@ def trial(cfg: TrainConfig, model: torch.nn.Module, batches: list, loss_fn, env:
     return [statistics.median(row) for row in slowest.tolist()]
 
 
-def _step(exchange, batch, loss_fn) -> float:
-    """One training iteration through `exchange`: forward, backward, exchange, step; its seconds on this rank."""
+def _step(exchange, batch, loss_fn, accumulate: int = 1) -> float:
+    """One training iteration through `exchange`: `accumulate` forward and backward passes of `batch`, the last one
+    exchanging, then the step; its seconds on this rank."""
     x, y = batch
     start = time.perf_counter()
-    loss_fn(exchange.model(x), y).backward()
+    for micro in range(accumulate):
+        with exchange.no_sync() if micro < accumulate - 1 else contextlib.nullcontext():
+            loss_fn(exchange.model(x), y).backward()
     exchange.optimizer.step()
     exchange.optimizer.zero_grad(set_to_none=True)
     return time.perf_counter() - start

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from scalesgd import checks, output
@@ -62,7 +62,10 @@ class SimulateConfig:
                         "tokens over the 256 byte values)", choices=lambda: ("", *MODELS))
     iteration_time: float = option(0.0, "with --model: seconds of one worker's forward + backward + step",
                                    check=checks.finite_non_negative)
-    batch_per_worker: int = option(32, "with --model: samples per worker per iteration", check=checks.positive)
+    batch_per_worker: int = option(32, "with --model: samples per worker per micro-batch", check=checks.positive)
+    accumulate: int = option(1, "with --model: micro-batches per step (the ones before the last compute with "
+                             "nothing to exchange; --iteration-time is one micro-batch's and the step)",
+                             check=checks.at_least(1))
     image_size: int = option(224, "with --model: input side", check=checks.positive)
     classes: int = option(1000, "with --model: classifier outputs", check=checks.at_least(2, "classes"))
     model_options: ModelOptions = expanded(MODEL_OPTIONS.items, ModelOptions, lambda held, family: held[family],
@@ -138,6 +141,7 @@ def run(cfg: SimulateConfig, command: str) -> int:
                                     top.inter.bytes_per_s * 10)
     result = {"rows": table, "bandwidth": sweep, "cluster": _describe(cluster),
               "compute": {"iteration_s": profile.iteration_s, "batch_per_worker": profile.batch_per_worker,
+                          "accumulate": profile.accumulate,
                           "parameters": profile.numel},
               "costs": {m: c.to_dict() for m, c in costs.items()}}
     if cfg.preset:
@@ -151,6 +155,7 @@ def _profile_and_costs(cfg: SimulateConfig):
         text = MODELS[cfg.model].data == TEXT  # a language model: over the byte values, as `train` has it
         profile = compute.from_flops(cfg.model, cfg.iteration_time, cfg.batch_per_worker, cfg.image_size,
                                      VOCAB_SIZE if text else cfg.classes, options=cfg.model_options)
+        profile = replace(profile, accumulate=cfg.accumulate)
         source = cfg.calibration
     elif (Path(cfg.profile) / "train.json").is_file():
         profile = None

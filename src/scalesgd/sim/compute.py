@@ -20,22 +20,31 @@ from scalesgd.models import MODELS, TEXT, ModelOptions, build_model
 
 @dataclass(frozen=True)
 class ComputeProfile:
-    """One worker's iteration without exchange: forward, per-tensor backward (forward order), step; seconds."""
+    """One worker's iteration without exchange: forward, per-tensor backward (forward order) of one micro-batch,
+    the micro-batches of a step (the ones before the last only compute: the exchange overlaps the last), step;
+    seconds."""
 
     names: tuple[str, ...]
     sizes: tuple[int, ...]
     t_f: float
     t_b: tuple[float, ...]
     t_step: float
-    batch_per_worker: int
+    batch_per_worker: int  # samples of one micro-batch
+    accumulate: int = 1  # micro-batches per step
 
     @property
     def compute_s(self) -> float:
+        """One micro-batch's forward and backward."""
         return self.t_f + sum(self.t_b)
 
     @property
+    def accumulating_s(self) -> float:
+        """The micro-batches before the last: forward and backward with nothing to exchange."""
+        return (self.accumulate - 1) * self.compute_s
+
+    @property
     def iteration_s(self) -> float:
-        return self.compute_s + self.t_step
+        return self.accumulating_s + self.compute_s + self.t_step
 
     @property
     def numel(self) -> int:

@@ -107,7 +107,7 @@ def predict(mode: Mode, profile: ComputeProfile, cluster: network.Cluster, costs
     so the two are solved together (a fixed point).
     """
     if mode.engine == "none" or cluster.workers == 1:
-        return Prediction(mode.name, profile.iteration_s, 0.0, profile.compute_s, [])
+        return Prediction(mode.name, profile.iteration_s, 0.0, profile.accumulating_s + profile.compute_s, [])
 
     channel, inline = costs.channel(mode, cluster), costs.inline
     groups = grouping(mode, profile, channel, inline)
@@ -117,4 +117,5 @@ def predict(mode: Mode, profile: ComputeProfile, cluster: network.Cluster, costs
         scale = 1 + displaced / backward if backward > 0 else 1.0
         line = timeline(groups, profile.t_f, [t * scale for t in profile.t_b], profile.sizes, channel, inline)
         displaced = costs.exchange_cpu_s * (line.overlapped / line.busy if line.busy > 0 else 0.0)
-    return Prediction(mode.name, line.end + profile.t_step, line.exposed, line.backward_end, groups)
+    before = profile.accumulating_s  # micro-batches accumulated before the one whose backward exchanges
+    return Prediction(mode.name, before + line.end + profile.t_step, line.exposed, before + line.backward_end, groups)

@@ -30,6 +30,7 @@ from scalesgd.train.study import failed, train_once
 
 SETS = ("batch_size", "lr_scaling", "warmup", "seed", "run_dir", "resume")  # train options every point sets
 LIMIT_POINTS = 1.0  # a batch is within the limit while its error is at most this many points above the smallest's
+LIMIT_LOSS = 0.01  # a language model's: while its validation loss is at most this fraction above the smallest's
 
 
 @dataclass
@@ -160,8 +161,10 @@ def run(cfg: SweepConfig, command: str) -> int:
 
 
 def result_of(point: Point, run_dir: Path) -> dict:
-    """A finished point's final and best test error and its per-epoch curves."""
+    """A finished point's final and best test error and its per-epoch curves; a language model's "error" is its
+    validation loss (nats per token), with its perplexity beside it."""
     summary = json.loads((run_dir / SUMMARY_NAME).read_text())
+    text = "final_test_perplexity" in summary
     epochs = [r for r in read(run_dir / METRICS_NAME) if r["kind"] == "epoch"]
     measured = [r["noise_scale"] for r in epochs if r.get("noise_scale") is not None]
     return {"batch": point.batch, "recipe": point.recipe, "family": point.family, "base_lr": point.base_lr,
@@ -172,10 +175,40 @@ def result_of(point: Point, run_dir: Path) -> dict:
             "noise_scale_average": summary.get("noise_scale_average"),
             "peak_lr": summary["peak_lr"], "steps_per_epoch": summary["steps_per_epoch"],
             "epochs_trained": summary.get("epochs_trained", summary["epochs"]),  # AdaScale's may exceed --epochs
-            "final_test_error": 1 - summary["final_test_acc"], "best_test_error": 1 - summary["best_test_acc"],
+            **({"metric": "loss", "final_test_error": summary["final_test_loss"],
+                "best_test_error": min(r["test_loss"] for r in epochs),
+                "final_test_perplexity": summary["final_test_perplexity"]} if text else
+               {"final_test_error": 1 - summary["final_test_acc"], "best_test_error": 1 - summary["best_test_acc"]}),
             "wall_time_s": summary["wall_time_s"],
-            "curve": [{"epoch": r["epoch"], "train_error": 1 - r["train_acc"], "train_loss": r["train_loss"],
-                       "test_error": 1 - r["test_acc"]} for r in epochs]}
+            "curve": [{"epoch": r["epoch"], "train_error": r["train_loss"] if text else 1 - r["train_acc"],
+                       "train_loss": r["train_loss"], "test_error": r["test_loss"] if text else 1 - r["test_acc"]}
+                      for r in epochs]}
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How a sweep's errors read: test error in per cent (a batch within LIMIT_POINTS points of the smallest is
+    within the limit), or a language model's validation loss in nats per token (within LIMIT_LOSS of it)."""
+
+    loss: bool = False
+
+    @classmethod
+    def of(cls, results: list[dict]) -> Scale:
+        return cls(any(r.get("metric") == "loss" for r in results))
+
+    def shown(self, error: float) -> float:
+        return error if self.loss else 100 * error
+
+    def within(self, error: float, smallest: float) -> bool:
+        return error - smallest <= (LIMIT_LOSS * smallest if self.loss else LIMIT_POINTS / 100)
+
+    @property
+    def name(self) -> str:
+        return "validation loss (nats/token)" if self.loss else "test error (%)"
+
+    @property
+    def limit_text(self) -> str:
+        return f"≤ {100 * LIMIT_LOSS:g} % more loss" if self.loss else f"≤ {LIMIT_POINTS:g} point"
 
 
 def median_errors(results: list[dict]) -> dict[str, dict[int, float]]:
@@ -198,12 +231,13 @@ def best_rates(errors: dict[str, dict[int, float]], results: list[dict]) -> dict
     return {family: {b: lr for b, (_, lr) in sorted(row.items())} for family, row in best.items()}
 
 
-def limits(errors: dict[str, dict[int, float]]) -> dict[str, int]:
-    """recipe → the largest batch whose median error is within LIMIT_POINTS of the recipe's smallest batch."""
+def limits(errors: dict[str, dict[int, float]], scale: Scale = Scale()) -> dict[str, int]:
+    """recipe → the largest batch whose median error is within the limit (`Scale.within`) of the recipe's smallest
+    batch's."""
     found = {}
     for recipe, row in errors.items():
         smallest = row[min(row)]
-        found[recipe] = max(b for b, e in row.items() if 100 * (e - smallest) <= LIMIT_POINTS)
+        found[recipe] = max(b for b, e in row.items() if scale.within(e, smallest))
     return found
 
 
@@ -222,16 +256,19 @@ def noise_at_smallest(results: list[dict], key: str = "noise_scale_average") -> 
 def report(cfg: SweepConfig, results: list[dict], command: str) -> None:
     """sweep.md/json: error per recipe and batch with its distance to the recipe's smallest batch, the limit and
     the noise scale beside it; the plots."""
-    errors = median_errors(results)
+    errors, scale = median_errors(results), Scale.of(results)
     batches = sorted(cfg.batches)
-    limit, rates = limits(errors), best_rates(errors, results)
+    limit, rates = limits(errors, scale), best_rates(errors, results)
     noise, noise_median = noise_at_smallest(results), noise_at_smallest(results, "noise_scale")
-    columns = ["recipe", *(f"{b} error % (Δ)" for b in batches), f"limit (≤ {LIMIT_POINTS:g} point)",
+    what = "val loss" if scale.loss else "error %"
+    columns = ["recipe", *(f"{b} {what} (Δ)" for b in batches), f"limit ({scale.limit_text})",
                f"noise scale at {batches[0]}: run average", "median of epochs"]
     rows = []
+    digits = 4 if scale.loss else 2
     for recipe, row in errors.items():
         first = row[batches[0]]
-        rows.append([recipe, *(f"{100 * row[b]:.2f} ({100 * (row[b] - first):+.2f})" for b in batches), limit[recipe],
+        rows.append([recipe, *(f"{scale.shown(row[b]):.{digits}f} ({scale.shown(row[b] - first):+.{digits}f})"
+                               for b in batches), limit[recipe],
                      *(f"{n[recipe]:.0f}" if n.get(recipe) is not None else "—" for n in (noise, noise_median))])
     out = Path(cfg.out)
     output.write(out, "sweep", {"config": cfg.to_dict(), "median_final_test_error": {
@@ -239,10 +276,10 @@ def report(cfg: SweepConfig, results: list[dict], command: str) -> None:
         "noise_scale_average_at_smallest": noise, "noise_scale_at_smallest": noise_median,
         "best_base_lr": {family: {str(b): lr for b, lr in row.items()} for family, row in rates.items()},
         "results": results}, columns, rows, command)
-    plot_error(out / "sweep.png", errors, len(cfg.seeds), limit, noise, noise_median)
-    plot_curves(out / "curves.png", results, batches)
-    output.console().print(output.rich_table(f"final test error against global minibatch (median of {len(cfg.seeds)} "
-                                      "seed(s); Δ: points vs the smallest batch)", columns, rows))
+    plot_error(out / "sweep.png", errors, len(cfg.seeds), limit, noise, noise_median, scale)
+    plot_curves(out / "curves.png", results, batches, scale)
+    output.console().print(output.rich_table(f"final {scale.name} against global minibatch (median of "
+                                             f"{len(cfg.seeds)} seed(s); Δ: vs the smallest batch)", columns, rows))
     for family, row in rates.items():
         output.console().print(f"best base rate, {family}: " + ", ".join(f"{lr:g} at {b}" for b, lr in row.items()),
                                highlight=False)
@@ -251,27 +288,28 @@ def report(cfg: SweepConfig, results: list[dict], command: str) -> None:
 
 def plot_error(path: Path, errors: dict[str, dict[int, float]], seeds: int, limit: dict[str, int] | None = None,
                noise: dict[str, float | None] | None = None,
-               noise_median: dict[str, float | None] | None = None) -> None:
+               noise_median: dict[str, float | None] | None = None, scale: Scale = Scale()) -> None:
     """Final test error against global minibatch, one line per recipe (Goyal et al. Figure 1); each recipe's limit
     starred, the noise scale measured at the smallest batch a vertical line of the same colour: its run average
     dash-dotted, its median over epochs dotted."""
     plt = output.pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, (recipe, row) in enumerate(errors.items()):
-        ax.plot(list(row), [100 * e for e in row.values()], "o-", color=f"C{i}", label=recipe)
+        ax.plot(list(row), [scale.shown(e) for e in row.values()], "o-", color=f"C{i}", label=recipe)
         if limit:
-            ax.plot([limit[recipe]], [100 * row[limit[recipe]]], "*", ms=14, color=f"C{i}", mec="k")
+            ax.plot([limit[recipe]], [scale.shown(row[limit[recipe]])], "*", ms=14, color=f"C{i}", mec="k")
         for values, style in ((noise, "-."), (noise_median, ":")):
             if values and values.get(recipe):
                 ax.axvline(values[recipe], color=f"C{i}", ls=style, lw=1.2)
     if limit or noise or noise_median:
-        ax.set_title(f"★ largest batch within {LIMIT_POINTS:g} point of the smallest\nnoise scale B_simple at the "
+        ax.set_title(f"★ largest batch within the limit ({scale.limit_text}) of the smallest\nnoise scale "
+                     "B_simple at the "
                      "smallest: -· its run average, ⋮ its median over epochs", fontsize=9)
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted({b for row in errors.values() for b in row}))
     ax.get_xaxis().set_major_formatter(plt.matplotlib.ticker.ScalarFormatter())
     ax.set_xlabel("global minibatch kn")
-    ax.set_ylabel(f"final test error (%), median of {seeds}")
+    ax.set_ylabel(f"final {scale.name}, median of {seeds}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -279,7 +317,7 @@ def plot_error(path: Path, errors: dict[str, dict[int, float]], seeds: int, limi
     plt.close(fig)
 
 
-def plot_curves(path: Path, results: list[dict], batches: list[int]) -> None:
+def plot_curves(path: Path, results: list[dict], batches: list[int], scale: Scale = Scale()) -> None:
     """Training error per epoch of each larger batch against the smallest (Goyal et al. Figures 2–3)."""
     plt = output.pyplot()
     larger = batches[1:] or batches
@@ -297,14 +335,14 @@ def plot_curves(path: Path, results: list[dict], batches: list[int]) -> None:
                 continue  # one reference curve: the smallest batch of the first recipe
             curve = r["curve"]
             style = {"color": "k", "linestyle": "--"} if small else {"color": colours[r["recipe"]]}
-            ax.plot([c["epoch"] for c in curve], [100 * c["train_error"] for c in curve], **style,
+            ax.plot([c["epoch"] for c in curve], [scale.shown(c["train_error"]) for c in curve], **style,
                     label=f"kn={batches[0]} (reference)" if small else r["recipe"])
         ax.set_title(f"kn = {batch} against kn = {batches[0]}")
         ax.set_xlabel("epoch")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     for ax in axes[:, 0]:
-        ax.set_ylabel("training error (%)")
+        ax.set_ylabel("training loss (nats/token)" if scale.loss else "training error (%)")
     for ax in list(axes.flat)[len(larger):]:
         ax.set_visible(False)
     fig.tight_layout()
