@@ -154,6 +154,7 @@ REFUSED = [
     ((*TRAIN, "--codec", "onebit", "--optimizer", "onebit-adam", "--compress-after", "0"),
      "--compress-after 0 leaves 1-bit Adam no dense warm-up"),
     ((*TRAIN, "--betas", "0.9,1"), "--betas 0.9,1.0: give two decay rates"),
+    ((*TRAIN, "--freeze-variance"), "--freeze-variance freezes AdamW's variance where compression starts"),
     ((*TRAIN, "--precision", "fp8"), "--precision 'fp8' is not known; choose from fp32, bf16, fp16"),
     (("profile", "prof-empty"), "prof-empty/profile.json is not a profile (no entry 'profile')"),
     (("profile", "prof-garbage"), "prof-garbage/profile.json is not a profile (Expecting value"),

@@ -58,6 +58,23 @@ def test_after_the_freeze_grad_is_the_momentum_and_the_variance_stays():
         assert state["step"].item() == steps
 
 
+def test_with_gradients_after_the_freeze_it_is_adamw_with_its_variance_frozen():
+    ps, n, steps = params(), 3, 7
+    optimizer = OneBitAdam(ps, freeze_step=n, grad_is_momentum=False, **HYPER)
+    run(optimizer, ps, steps)
+    lr, (b1, b2), eps, wd = HYPER["lr"], HYPER["betas"], HYPER["eps"], HYPER["weight_decay"]
+    for j, p0 in enumerate(params()):
+        w, m, v = p0.detach().double(), 0.0, 0.0
+        for t in range(1, steps + 1):
+            g = grads(t - 1)[j].double()
+            m = b1 * m + (1 - b1) * g  # Adam's momentum throughout
+            if t <= n:
+                v = b2 * v + (1 - b2) * g * g
+            w = w * (1 - lr * wd) - lr * (m / (1 - b1 ** t)) / ((v / (1 - b2 ** min(t, n))).sqrt() + eps)
+        assert torch.allclose(ps[j].detach().double(), w, atol=1e-6, rtol=0)
+        assert torch.allclose(optimizer.state[ps[j]]["exp_avg"].double(), m, atol=1e-6, rtol=0)
+
+
 def test_state_dict_round_trips_and_a_resumed_run_is_bit_identical():
     whole = params()
     run(OneBitAdam(whole, freeze_step=3, **HYPER), whole, 8)

@@ -91,27 +91,34 @@ class Metric:
     def shown(self, value: float) -> str:
         return f"{self.scale * value:.2f}" if self.scale != 1 else f"{value:.4f}"
 
-    def apart(self, value: float, reference: float) -> str:
-        """How far `value` is from the reference's: points of accuracy, or per cent of the loss."""
-        if self.scale != 1:
-            return f"{self.scale * (value - reference):+.2f}"
-        return f"{100 * (value - reference) / reference:+.2f} %"
+    def apart(self, value: float, reference: float, signed: bool = True):
+        """How far `value` is from the reference's: points of accuracy, or per cent of the loss (as text, or the
+        number where not `signed`)."""
+        distance = self.scale * (value - reference) if self.scale != 1 else 100 * (value - reference) / reference
+        if not signed:
+            return distance
+        return f"{distance:+.2f}" + (" %" if self.scale == 1 else "")
 
 
 def report(cfg: AccuracyBenchConfig, results: list[dict], command: str) -> None:
-    """Per variant: every seed's accuracy (or validation loss), the median, and the median's distance to the first
-    variant."""
+    """Per variant: every seed's accuracy (or validation loss), the median, the median's distance to the first
+    variant's, and the distances seed by seed (the same seed starts from the same weights and sees the same data,
+    so a codec's effect shows apart from the seeds' own spread)."""
     metric = Metric.of(results)
     medians = {v: statistics.median(r[metric.key] for r in results if r["variant"] == v) for v in cfg.variants}
     reference = medians[cfg.variants[0]]
     unit = " %" if metric.scale != 1 else ""
+    apart = "points" if metric.scale != 1 else "per cent"
     columns = ["variant", *(f"seed {s}{unit}" for s in cfg.seeds), f"median{unit}",
-               f"{'points' if metric.scale != 1 else 'per cent'} vs `{cfg.variants[0]}`"]
+               f"{apart} vs `{cfg.variants[0]}`", f"{apart} vs it, seed by seed: median (min–max)"]
     rows = []
+    by_seed = {(r["variant"], r["seed"]): r[metric.key] for r in results}
     for v in cfg.variants:
         values = [r[metric.key] for r in results if r["variant"] == v]
+        paired = sorted(metric.apart(by_seed[v, s], by_seed[cfg.variants[0], s], signed=False) for s in cfg.seeds)
         rows.append([f"`{v}`", *(metric.shown(a) for a in values), metric.shown(medians[v]),
-                     metric.apart(medians[v], reference)])
+                     metric.apart(medians[v], reference),
+                     f"{statistics.median(paired):+.2f} ({paired[0]:+.2f} – {paired[-1]:+.2f})"])
     out = Path(cfg.out)
     output.write(out, "accuracy", {"config": cfg.to_dict(), "metric": metric.key, "medians": medians,
                                    "results": results}, columns, rows, command)

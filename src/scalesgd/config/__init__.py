@@ -131,6 +131,10 @@ class TrainConfig:
                             "needs --codec onebit)", choices=OPTIMIZERS, group=RECIPE)
     betas: tuple[float, ...] = option((0.9, 0.999), "Adam's β1,β2 (lamb, adamw, onebit-adam)", group=RECIPE,
                                       parse=floats_of("betas"), check=checks.betas)
+    freeze_variance: bool = option(False, "adamw: Adam's variance frozen at its value where compression starts "
+                                   "(--compress-after), as 1-bit Adam does: an error-fed sparse gradient arrives in "
+                                   "rare large spikes, which inflate the variance and shrink Adam's steps",
+                                   group=RECIPE)
     trust_coefficient: float = option(0.001, "LARS trust coefficient", group=RECIPE, check=checks.positive)
     momentum: float = option(0.9, "momentum coefficient μ of SGD (and LARS), in [0, 1); lamb ignores it",
                              group=RECIPE, check=checks.within(0, 1, high_open=True))
@@ -266,7 +270,8 @@ class TrainConfig:
         return build_optimizer(model, self.optimizer, self.peak_lr, self.momentum, self.nesterov,
                                self.weight_decay, self.bias_decay, self.trust_coefficient,
                                momentum_in_exchange=self.topk.momentum_correction, betas=self.betas,
-                               freeze_step=self.compress_after_steps(steps_per_epoch))
+                               freeze_step=self.compress_after_steps(steps_per_epoch),
+                               freeze_variance=self.freeze_variance)
 
     def exchange_setup(self, group=None, topology=None, tracer: Tracer | None = None, plan=None,
                        steps_per_epoch: int = 1, norms=None) -> ExchangeSetup:

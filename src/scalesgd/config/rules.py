@@ -53,6 +53,10 @@ def exchange(cfg) -> None:
         if cfg.compress_after_steps(1_000_000) == 0:
             raise UsageError(f"`compress_after` {cfg.compress_after} leaves 1-bit Adam no dense warm-up: its variance "
                              "is frozen at the warm-up's end; give STEPS, EPOCHSep or warmup (with a warmup)")
+    if cfg.freeze_variance and (cfg.optimizer != "adamw" or cfg.compress_after_steps(1_000_000) == 0):
+        raise UsageError(f"`freeze_variance` freezes AdamW's variance where compression starts: it needs `optimizer` "
+                         f"adamw and dense steps first (`compress_after`); got {cfg.optimizer} with "
+                         f"`compress_after` {cfg.compress_after}")
     if cfg.topk.momentum_correction and (cfg.optimizer != "sgd" or cfg.momentum == 0):
         raise UsageError(f"`momentum_correction` moves SGD's momentum into the exchange: it needs `optimizer` "
                          f"sgd and `momentum` above 0; got {cfg.optimizer} with momentum {cfg.momentum}")

@@ -25,6 +25,7 @@ class OptimizerSettings:
     trust_coefficient: float = 0.001  # lars
     betas: tuple[float, float] = (0.9, 0.999)  # lamb, adamw, onebit-adam
     freeze_step: int = 0  # onebit-adam: the last step with a dense exchange (its variance is frozen after it)
+    freeze_variance: bool = False  # adamw: its variance frozen after `freeze_step` too (for a sparse exchange)
 
 
 # name → builder(param_groups, settings)
@@ -33,7 +34,9 @@ OPTIMIZERS.add("sgd", lambda groups, s: torch.optim.SGD(groups, lr=s.lr, momentu
 OPTIMIZERS.add("lars", lambda groups, s: LARS(groups, lr=s.lr, momentum=s.momentum, nesterov=s.nesterov,
                                               trust_coefficient=s.trust_coefficient))
 OPTIMIZERS.add("lamb", lambda groups, s: LAMB(groups, lr=s.lr, betas=s.betas))
-OPTIMIZERS.add("adamw", lambda groups, s: torch.optim.AdamW(groups, lr=s.lr, betas=s.betas))
+OPTIMIZERS.add("adamw", lambda groups, s: OneBitAdam(groups, lr=s.lr, betas=s.betas, freeze_step=s.freeze_step,
+                                                     grad_is_momentum=False)
+               if s.freeze_variance else torch.optim.AdamW(groups, lr=s.lr, betas=s.betas))
 OPTIMIZERS.add("onebit-adam", lambda groups, s: OneBitAdam(groups, lr=s.lr, betas=s.betas,
                                                            freeze_step=s.freeze_step))
 

@@ -31,9 +31,9 @@ class OneBitAdam(BatchedOptimizer):
     averaged momentum (see the module)."""
 
     def __init__(self, params, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, *, freeze_step: int):
+                 weight_decay: float = 0.0, *, freeze_step: int, grad_is_momentum: bool = True):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
-                                  "freeze_step": freeze_step})
+                                  "freeze_step": freeze_step, "grad_is_momentum": grad_is_momentum})
 
     @staticmethod
     def _check(h: dict) -> None:
@@ -56,15 +56,20 @@ class OneBitAdam(BatchedOptimizer):
                      amsgrad=False, beta1=beta1, beta2=beta2, lr=lr, weight_decay=wd, eps=eps, maximize=False)
             if frozen:
                 self._frozen_step([params[i] for i in frozen], [grads[i] for i in frozen],
-                                  [states[i] for i in frozen], lr, wd, eps, beta1, beta2 ** n)
+                                  [states[i] for i in frozen], lr, wd, eps, beta1, beta2 ** n,
+                                  group.get("grad_is_momentum", True))
 
     @staticmethod
     def _frozen_step(params: list, grads: list, states: list[dict], lr: float, wd: float, eps: float,
-                     beta1: float, beta2_n: float) -> None:
-        """exp_avg ← grad (the averaged momentum), decoupled decay, the step with the frozen v̂."""
+                     beta1: float, beta2_n: float, grad_is_momentum: bool = True) -> None:
+        """exp_avg ← grad (the averaged momentum), or Adam's m ← β1·m + (1 − β1)·grad where the grad is a gradient
+        (a sparse codec's); decoupled decay, the step with the frozen v̂."""
         m, v = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
         torch._foreach_add_([s["step"] for s in states], 1)
-        torch._foreach_copy_(m, grads)
+        if grad_is_momentum:
+            torch._foreach_copy_(m, grads)
+        else:
+            torch._foreach_lerp_(m, grads, 1 - beta1)
         if wd:
             torch._foreach_mul_(params, 1 - lr * wd)
         denom = torch._foreach_sqrt(v)

@@ -45,7 +45,7 @@ def build_sgd(model: nn.Module, lr: float, momentum: float, nesterov: bool, weig
 def build_optimizer(model: nn.Module, kind: str, lr: float, momentum: float, nesterov: bool, weight_decay: float,
                     bias_decay: bool = True, trust_coefficient: float = 0.001,
                     momentum_in_exchange: bool = False, betas: tuple[float, float] = (0.9, 0.999),
-                    freeze_step: int = 0) -> torch.optim.Optimizer:
+                    freeze_step: int = 0, freeze_variance: bool = False) -> torch.optim.Optimizer:
     """A registered optimizer on the recipe's groups (LARS leaves the no-decay group, BN γ/β, alone; Adam's kinds
     decay no bias, norm or embedding, as is usual for transformers).
 
@@ -58,4 +58,4 @@ def build_optimizer(model: nn.Module, kind: str, lr: float, momentum: float, nes
             raise ValueError(f"momentum in the exchange needs the sgd optimizer, got {kind!r}")
         return MomentumCorrectedSGD(groups, lr, momentum, nesterov=nesterov)
     return OPTIMIZERS[kind](groups, OptimizerSettings(lr, momentum, nesterov, trust_coefficient, tuple(betas),
-                                                      freeze_step))
+                                                      freeze_step, freeze_variance))

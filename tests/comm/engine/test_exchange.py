@@ -151,3 +151,27 @@ def residual_norms(rank, world):
 def test_a_codec_that_keeps_gradients_keeps_them_without_fp16s_loss_scale():
     for norms in run_workers(residual_norms, 2):
         assert norms["fp32"] > 0 and abs(norms["fp16"] / norms["fp32"] - 1) < 0.05, norms  # not 65536 times
+
+
+def every_codec_in_mixed_precision(rank, world):
+    """Two steps of every codec of our engine under bf16 and fp16 autocast: the weights each rank ends with."""
+    out = {}
+    for codec in [name for name, entry in CODECS.items() if entry.runs_on("scalesgd") and name != "onebit"]:
+        for precision in ("bf16", "fp16"):
+            torch.manual_seed(0)
+            model = build_model("resnet8", 10, 3)
+            before = torch.cat([p.detach().flatten() for p in model.parameters()])
+            exchange = build_exchange("scalesgd", model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                      ExchangeSetup(codec, CodecSettings(TopkOptions(density=0.1)), precision=precision))
+            stepped = [fp16_step(exchange, rank, step) for step in range(2)]
+            after = torch.cat([p.detach().flatten() for p in model.parameters()])
+            out[(codec, precision)] = (stepped, after, bool(torch.isfinite(after).all()), not torch.equal(after, before))
+            exchange.close()
+    return out
+
+
+def test_every_codec_of_our_engine_trains_under_bf16_and_fp16_autocast():
+    ranks = run_workers(every_codec_in_mixed_precision, 2)
+    for case, (stepped, after, finite, moved) in ranks[0].items():
+        assert all(stepped) and finite and moved, case
+        assert torch.equal(after, ranks[1][case][1]), case  # every rank steps alike
