@@ -67,10 +67,12 @@ BAD = [
     (("--engine", "scalesgd", "--codec", "topk", "--density-warmup", "2", "--codec", "fp16"),
      "--density-warmup applies to the topk codecs"),
     (("--engine", "scalesgd", "--codec", "topk", "--momentum-correction", "--optimizer", "lars"),
-     "--momentum-correction moves SGD's momentum into the exchange: it needs --optimizer sgd and --momentum above "
-     "0; got lars"),
+     "--momentum-correction moves the optimizer's momentum into the exchange: it needs --optimizer sgd with "
+     "--momentum above 0, or adamw with dense steps first"),
     (("--engine", "scalesgd", "--codec", "topk", "--momentum-correction", "--momentum", "0"),
-     "it needs --optimizer sgd and --momentum above 0"),
+     "got sgd with momentum 0.0"),
+    (("--engine", "scalesgd", "--codec", "topk", "--momentum-correction", "--optimizer", "adamw", "--compress-after",
+      "0"), "or adamw with dense steps first (--compress-after, where its variance is frozen); got adamw"),
 ]
 
 

@@ -256,8 +256,10 @@ class TrainConfig:
 
     def codec_settings(self, steps_per_epoch: int = 1) -> CodecSettings:
         """What this run's codecs are built with: each family's options and the run's seed, epoch and momentum."""
+        adam = self.optimizer == "adamw"  # Adam's momentum, where an exchange carries it
         return CodecSettings(self.codec_options, seed=self.seed, steps_per_epoch=steps_per_epoch,
-                             momentum=self.momentum, nesterov=self.nesterov)
+                             momentum=self.betas[0] if adam else self.momentum, nesterov=self.nesterov,
+                             momentum_average=adam)
 
     @property
     def topk(self):

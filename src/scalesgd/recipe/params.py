@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from scalesgd.optim import ADAPTIVE, OPTIMIZERS, MomentumCorrectedSGD, OptimizerSettings
+from scalesgd.optim import ADAPTIVE, OPTIMIZERS, MomentumCorrectedSGD, OneBitAdam, OptimizerSettings
 
 _NORM_TYPES = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)
 
@@ -50,12 +50,15 @@ def build_optimizer(model: nn.Module, kind: str, lr: float, momentum: float, nes
     decay no bias, norm or embedding, as is usual for transformers).
 
     `momentum_in_exchange`: the exchange applies the gradient's momentum (DGC's momentum correction), so
-    SGD keeps momentum for the weight decay only (`MomentumCorrectedSGD`)."""
+    SGD keeps momentum for the weight decay only (`MomentumCorrectedSGD`), and AdamW steps with the momentum that
+    arrives, its variance frozen after `freeze_step` (`OneBitAdam`)."""
     adaptive = kind in ADAPTIVE and kind != "lamb"  # lamb keeps the recipe's groups it was measured with
     groups = param_groups(model, weight_decay, bias_decay and not adaptive, embedding_decay=not adaptive)
     if momentum_in_exchange:
+        if kind == "adamw":  # the exchange carries Adam's momentum: Adam steps with it, its variance frozen
+            return OneBitAdam(groups, lr=lr, betas=tuple(betas), freeze_step=freeze_step)
         if kind != "sgd":
-            raise ValueError(f"momentum in the exchange needs the sgd optimizer, got {kind!r}")
+            raise ValueError(f"momentum in the exchange needs the sgd or adamw optimizer, got {kind!r}")
         return MomentumCorrectedSGD(groups, lr, momentum, nesterov=nesterov)
     return OPTIMIZERS[kind](groups, OptimizerSettings(lr, momentum, nesterov, trust_coefficient, tuple(betas),
                                                       freeze_step, freeze_variance))

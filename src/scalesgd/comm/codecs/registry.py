@@ -44,12 +44,13 @@ class CodecSettings:
     steps_per_epoch: int | None = None
     momentum: float = 0.0
     nesterov: bool = False
+    momentum_average: bool = False  # the momentum is Adam's: an average of the gradients, not their sum
 
     def __init__(self, *options, seed: int = 0, steps_per_epoch: int | None = None, momentum: float = 0.0,
-                 nesterov: bool = False):
+                 nesterov: bool = False, momentum_average: bool = False):
         held = options[0] if len(options) == 1 and isinstance(options[0], CodecOptions) else CodecOptions.of(*options)
         for name, value in (("options", held), ("seed", seed), ("steps_per_epoch", steps_per_epoch),
-                            ("momentum", momentum), ("nesterov", nesterov)):
+                            ("momentum", momentum), ("nesterov", nesterov), ("momentum_average", momentum_average)):
             object.__setattr__(self, name, value)
 
 
@@ -135,4 +136,5 @@ def with_steps_per_epoch(settings: CodecSettings, steps_per_epoch: int | None) -
     if settings.steps_per_epoch == steps_per_epoch:
         return settings
     return CodecSettings(settings.options, seed=settings.seed, steps_per_epoch=steps_per_epoch,
-                         momentum=settings.momentum, nesterov=settings.nesterov)
+                         momentum=settings.momentum, nesterov=settings.nesterov,
+                         momentum_average=settings.momentum_average)

@@ -218,3 +218,30 @@ def test_a_non_finite_gradient_sends_nothing_keeps_the_residual_and_poisons_the_
     (all_nan_0, residual_0), (all_nan_1, residual_1) = run_workers(flagged, 2)
     assert all_nan_0 and all_nan_1
     assert residual_0 == 0 and residual_1 > 0  # rank 0 kept its (empty) residual; rank 1 accumulated as usual
+
+
+def adam_with_momentum_in_the_exchange(rank, world, correction):
+    """Three dense steps, then five at density 1: with Adam's momentum carried by the exchange (never masked under
+    Adam) the run is AdamW with its variance frozen after the dense steps, as a dense exchange of the gradient gives."""
+    torch.manual_seed(0)
+    model = build_model("resnet8", 10, 3)
+    options = TopkOptions(density=1.0, reuse=1, momentum_correction=correction)
+    settings = CodecSettings(options, momentum=0.9, momentum_average=True)
+    optimizer = build_optimizer(model, "adamw", 0.01, 0.0, False, 0.0, momentum_in_exchange=correction,
+                                betas=(0.9, 0.99), freeze_step=3, freeze_variance=not correction)
+    engine = DistributedOptimizer(optimizer, model, codec=make_codec("topk", settings) if correction else "fp32",
+                                  buckets="single", compress_after=3)
+    for step in range(8):
+        g = torch.Generator().manual_seed(10 * step + rank)
+        x, y = torch.randn(4, 3, 16, 16, generator=g), torch.randint(0, 10, (4,), generator=g)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        engine.step()
+        engine.zero_grad()
+    engine.close()
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def test_adams_momentum_in_the_exchange_is_adamw_with_its_variance_frozen():
+    carried = run_workers(adam_with_momentum_in_the_exchange, 2, True)[0]
+    frozen = run_workers(adam_with_momentum_in_the_exchange, 2, False)[0]
+    assert torch.allclose(carried, frozen, atol=1e-5)

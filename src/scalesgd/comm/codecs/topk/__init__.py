@@ -12,7 +12,8 @@ def _topk(name: str, reuse_every: int | None = None, kind: type = TopkCodec):
     """A sparse codec's builder: the family's options, the threshold reused as they say (or every `reuse_every`)."""
     def build(s: CodecSettings) -> TopkCodec:
         o = s.options["topk"]
-        return kind(name, o.density, reuse_every or o.reuse, o.dgc(s.momentum, s.nesterov, s.steps_per_epoch))
+        return kind(name, o.density, reuse_every or o.reuse,
+                    o.dgc(s.momentum, s.nesterov, s.steps_per_epoch, s.momentum_average))
     return build
 
 

@@ -10,7 +10,10 @@ reused in between (DLGS), unless the reused H would send more than 2k or fewer t
 that drifted as the gradients grew or shrank: the bytes stay within 2× of what the density promises); `reuse=1`
 is an exact top-k every step (LAGS per layer, global Top-K on one bucket holding everything). With momentum
 correction v accumulates the local momentum u = m·u + g instead of g, and u is zeroed where v was sent; the
-optimizer then applies no momentum of its own to the gradient (`scalesgd.optim.MomentumCorrectedSGD`).
+optimizer then applies no momentum of its own to the gradient (`scalesgd.optim.MomentumCorrectedSGD`). Under Adam
+the momentum is its average u = β1·u + (1 − β1)·g and the optimizer steps with what arrives as Adam's momentum, its
+variance frozen where compression starts (`scalesgd.optim.OneBitAdam`): with a fixed per-coordinate rate Adam is
+momentum SGD, whose momentum DGC's correction carries.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ class TopkOptions:
     reuse: int = option(10, "topk: exact threshold recomputed every S steps, reused between",
                         check=checks.at_least(1, "1 recomputes the threshold every step"))
     momentum_correction: bool = option(False, "sparse codecs: DGC's momentum correction (the exchange accumulates the "
-                                       "velocity, masked where sent; SGD keeps momentum for the decay only)",
+                                       "velocity, masked where sent; SGD keeps momentum for the decay only; with "
+                                       "adamw, Adam's momentum, its variance frozen where compression starts)",
                                        flag="--momentum-correction", own=True)
     density_warmup: int = option(4, "sparse codecs: density rises exponentially to --density over this many epochs "
                                  "once compression starts (DGC's warm-up; measured: ρ 0.001 −0.25 points instead of "
@@ -49,11 +53,12 @@ class TopkOptions:
                                "before it accumulates (DGC); 0: off", flag="--local-clip",
                                check=checks.finite_non_negative, own=True)
 
-    def dgc(self, momentum: float, nesterov: bool, steps_per_epoch: int | None) -> DgcOptions:
-        """The corrections for a run whose optimizer has `momentum` and whose epochs are `steps_per_epoch` long."""
+    def dgc(self, momentum: float, nesterov: bool, steps_per_epoch: int | None, average: bool = False) -> DgcOptions:
+        """The corrections for a run whose optimizer has `momentum` (an average of the gradients where `average`:
+        Adam's β1) and whose epochs are `steps_per_epoch` long."""
         return DgcOptions(momentum=momentum if self.momentum_correction else 0.0, nesterov=nesterov,
                           warmup_epochs=self.density_warmup if steps_per_epoch else 0,
-                          steps_per_epoch=steps_per_epoch or 1, clip=self.local_clip)
+                          steps_per_epoch=steps_per_epoch or 1, clip=self.local_clip, average=average)
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,7 @@ class DgcOptions:
     warmup_epochs: int = 0  # density rises exponentially to its target over this many epochs
     steps_per_epoch: int = 1
     clip: float = 0.0  # > 0: each tensor's local gradient clipped to this norm ÷ √ranks before it accumulates
+    average: bool = False  # Adam's momentum, u ← m·u + (1 − m)·g, kept through the dense steps, which pass unchanged
 
     def density_at(self, density: float, step: int) -> float:
         """The density of a step during warm-up: ρ^((e+1)/(W+1)) in epoch e < W (DGC's exponential ramp)."""
@@ -134,6 +140,8 @@ class TopkCodec(Codec):
         gradient_sq = flat.square().sum()
         if st.momentum is None:
             v = st.residual.add_(flat)
+        elif self.dgc.average:
+            v = st.residual.add_(st.momentum.mul_(self.dgc.momentum).add_(flat, alpha=1 - self.dgc.momentum))
         elif self.dgc.nesterov:
             v = st.residual.add_(st.momentum.add_(flat).mul_(self.dgc.momentum)).add_(flat)
         else:
@@ -141,8 +149,9 @@ class TopkCodec(Codec):
         idx = self.select(v, st, density)
         values = v[idx]
         v[idx] = 0  # what is sent leaves the residual; the rest stays
-        if st.momentum is not None:
-            st.momentum[idx] = 0  # momentum factor masking
+        if st.momentum is not None and not self.dgc.average:
+            st.momentum[idx] = 0  # momentum factor masking (Adam's average is kept: with its variance frozen, what is
+            #                       sent adds up to the dense momentum's steps, delayed, which masking would cut)
         wire_idx = idx.to(torch.int32) if flat.numel() < 2 ** 31 else idx  # 4 bytes per index on the wire
         self._counts += torch.stack([torch.tensor(float(idx.numel())), torch.tensor(float(flat.numel())),
                                      v.square().sum().double().cpu(), gradient_sq.double().cpu()])
@@ -164,11 +173,14 @@ class TopkCodec(Codec):
         return top.indices
 
     def after_dense(self, out: torch.Tensor, bucket: BucketView) -> None:
-        """A dense step (before compression starts) still carries momentum when the optimizer has none."""
+        """A dense step (before compression starts) still carries momentum when the optimizer has none; Adam's
+        momentum is only kept (Adam's dense warm-up steps with the mean gradient, and its variance)."""
         if self.dgc.momentum <= 0:
             return
         st = self._bucket(bucket, out)
-        if self.dgc.nesterov:
+        if self.dgc.average:
+            st.momentum.mul_(self.dgc.momentum).add_(out, alpha=1 - self.dgc.momentum)
+        elif self.dgc.nesterov:
             out.add_(st.momentum.add_(out).mul_(self.dgc.momentum))
         else:
             out.copy_(st.momentum.mul_(self.dgc.momentum).add_(out))
