@@ -57,10 +57,11 @@ def exchange(cfg) -> None:
         raise UsageError(f"`freeze_variance` freezes AdamW's variance where compression starts: it needs `optimizer` "
                          f"adamw and dense steps first (`compress_after`); got {cfg.optimizer} with "
                          f"`compress_after` {cfg.compress_after}")
-    if cfg.topk.momentum_correction and not (cfg.optimizer == "sgd" and cfg.momentum > 0 or cfg.optimizer == "adamw"
-                                             and cfg.compress_after_steps(1_000_000) > 0):
-        raise UsageError(f"`momentum_correction` moves the optimizer's momentum into the exchange: it needs `optimizer` "
-                         f"sgd with `momentum` above 0, or adamw with dense steps first (`compress_after`, where its "
+    carried = (cfg.optimizer == "sgd" and cfg.momentum > 0
+               or cfg.optimizer == "adamw" and cfg.compress_after_steps(1_000_000) > 0)
+    if cfg.topk.momentum_correction and not carried:
+        raise UsageError(f"`momentum_correction` moves the optimizer's momentum into the exchange: it needs "
+                         f"`optimizer` sgd with `momentum` above 0, or adamw with dense steps first (`compress_after`, where its "
                          f"variance is frozen); got {cfg.optimizer} with momentum {cfg.momentum} and `compress_after` "
                          f"{cfg.compress_after}")
     if cfg.topk.momentum_correction and cfg.optimizer == "adamw" and cfg.nesterov:
