@@ -62,9 +62,12 @@ FP8_RANGES = ["--fp8-period", "7", "--fp8-samples", "64"]  # ranges re-estimated
                                      "--weight-decay", "5e-4"],
                                     ["--optimizer", "lars", "--weight-decay", "5e-4", "--schedule", "arccot",
                                      "--arccot-epoch", "2", "--label-smoothing", "0.1", "--bn-momentum", "0.05",
-                                     "--bn-batch", "8"]],
+                                     "--bn-batch", "8"],
+                                    ["--engine", "scalesgd", "--codec", "onebit", "--optimizer", "onebit-adam",
+                                     "--base-lr", "0.001", "--precision", "fp16", "--accumulate", "2",
+                                     "--compress-after", "10"]],  # errors, frozen variance, loss scale saved
                          ids=["ddp", "scalesgd-fp16", "scalesgd-fp8", "ddp-fp8-hook", "scalesgd-topk", "scalesgd-topk-dgc",
-                              "lars-arccot"])
+                              "lars-arccot", "onebit-adam-fp16-accumulated"])
 def test_interrupted_and_resumed_run_ends_with_the_same_parameters(tmp_path, engine):
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     run = [*RESUME_RUN, *engine]
