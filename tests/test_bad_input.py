@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -155,6 +156,9 @@ REFUSED = [
      "--compress-after 0 leaves 1-bit Adam no dense warm-up"),
     ((*TRAIN, "--betas", "0.9,1"), "--betas 0.9,1.0: give two decay rates"),
     ((*TRAIN, "--freeze-variance"), "--freeze-variance freezes AdamW's variance where compression starts"),
+    *([((*TRAIN, "--engine", "ddp", "--codec", "bf16"), "--codec bf16 with --engine ddp is PyTorch's own hook, "
+                                                        "which runs only on CUDA with NCCL (this machine has no GPU)")]
+      if not torch.cuda.is_available() else []),
     ((*TRAIN, "--precision", "fp8"), "--precision 'fp8' is not known; choose from fp32, bf16, fp16"),
     (("profile", "prof-empty"), "prof-empty/profile.json is not a profile (no entry 'profile')"),
     (("profile", "prof-garbage"), "prof-garbage/profile.json is not a profile (Expecting value"),
