@@ -147,3 +147,11 @@ def test_a_language_model_trains_in_fp16_with_a_lossy_codec_and_reports_loss_and
     iters = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "iter"]
     assert all(r["loss_scale"] > 0 and "skipped" in r for r in iters) and "topk_density" in iters[-1]
     assert (run / "report.png").stat().st_size > 0
+
+
+def test_a_sparse_codec_under_adamw_warns_once_and_names_the_correction(tmp_path):
+    proc = scalesgd("train", *TEXT_RUN, "--engine", "scalesgd", "--codec", "topk", "--optimizer", "adamw",
+                    "--compress-after", "2", "--run-dir", str(tmp_path / "warned"))
+    assert proc.returncode == 0, proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("scalesgd: warning:")]
+    assert len(warnings) == 1 and "--momentum-correction carries Adam's momentum" in warnings[0], proc.stderr

@@ -15,6 +15,8 @@ from scalesgd.options import flat_options, flatten, refuse, require_choice
 from scalesgd.recipe.scaling import scaled_lr
 
 MIN_PER_WORKER = 2  # BatchNorm needs more than one sample per worker
+# top-k ρ 0.01 under AdamW on the language model against fp32, median of 3 seeds (docs/results.md#language-model)
+SPARSE_ADAM_LOSS, SPARSE_ADAM_CORRECTED = "+8.3 %", "+2.5 %"
 NO_PLANNER = "none"
 
 
@@ -153,3 +155,13 @@ def data(cfg) -> None:
         refuse("samples", cfg.samples, problem and f"the {cfg.dataset} data of {cfg.image_size}×"
                f"{cfg.image_size} images in each of {copies} worker(s): {problem}; use fewer `samples`, a "
                "smaller `image_size` or fewer `workers`")
+
+
+def advice(cfg) -> list[str]:
+    """What a valid configuration is known to lose, and what to add instead (warnings, naming options)."""
+    found = []
+    if cfg.optimizer == "adamw" and cfg.codec_entry.sparse and not cfg.topk.momentum_correction:
+        found.append(f"`codec` {cfg.codec} under `optimizer` adamw sends the gradient in rare spikes that inflate "
+                     f"Adam's variance (measured: validation loss {SPARSE_ADAM_LOSS}); `momentum_correction` carries "
+                     f"Adam's momentum instead ({SPARSE_ADAM_CORRECTED}; docs/hooks.md)")
+    return found

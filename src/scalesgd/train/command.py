@@ -4,11 +4,12 @@ joining a torchrun launch."""
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from scalesgd.config import TrainConfig
-from scalesgd.errors import UsageError
+from scalesgd.config import TrainConfig, rules
+from scalesgd.errors import UsageError, as_flags
 from scalesgd.options import nested, option
 from scalesgd.runtime import process_group
 from scalesgd.train import checkpoint, rundir, worker
@@ -44,6 +45,9 @@ class TrainCommand:
 def run(command: TrainCommand, argv: list[str]) -> int:
     """Train: join torchrun's launch, or spawn `workers` local processes (continuing a run where asked)."""
     cfg, resume_dir = command.config, command.resume or None
+    if int(os.environ.get("RANK", 0)) == 0:
+        for line in rules.advice(cfg):
+            print(f"scalesgd: warning: {as_flags(line)}", file=sys.stderr)
     if process_group.launched_by_torchrun():
         return worker.run(cfg, *torchrun_run_dir(cfg, resume_dir))
     if resume_dir is not None:
