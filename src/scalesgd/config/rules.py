@@ -32,11 +32,11 @@ def exchange(cfg) -> None:
             if not (CODECS[codec].simulated and CODECS[codec].runs_on("scalesgd")):
                 known = (name for name, entry in CODECS.items() if entry.simulated and entry.runs_on("scalesgd"))
                 raise UsageError(f"`auto_codecs` {codec}: auto chooses among {', '.join(known)}")
+    runs_here = [name for name, entry in CODECS.items() if entry.runs_on(cfg.engine)]
+    require_choice("codec", cfg.codec, runs_here, f" (with `engine` {cfg.engine})")
     if cfg.engine == "ddp" and cfg.codec_entry.torch_hook_needs_cuda and not torch.cuda.is_available():
         raise UsageError(f"`codec` {cfg.codec} with `engine` ddp is PyTorch's own hook, which runs only on CUDA with "
                          f"NCCL (this machine has no GPU); our {cfg.codec} runs anywhere: add `engine` scalesgd")
-    runs_here = [name for name, entry in CODECS.items() if entry.runs_on(cfg.engine)]
-    require_choice("codec", cfg.codec, runs_here, f" (with `engine` {cfg.engine})")
     if cfg.planner != NO_PLANNER and not (cfg.codec_entry.plannable and cfg.engine == "scalesgd"):
         plannable = " | ".join(name for name, entry in CODECS.items() if entry.plannable)
         raise UsageError(f"`planner` {cfg.planner} plans the groups of `codec` {plannable} (with `engine` "
