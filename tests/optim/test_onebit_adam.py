@@ -36,21 +36,27 @@ def test_before_the_freeze_it_is_torch_adamw_bit_for_bit():
     assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
 
 
+def reference(j: int, n: int, steps: int, grad_is_momentum: bool):
+    """Parameter j after `steps` steps in float64, and its m and v: AdamW for the first n, then v frozen, and the
+    incoming gradient either the averaged momentum itself or folded into Adam's m as before."""
+    lr, (b1, b2), eps, wd = HYPER["lr"], HYPER["betas"], HYPER["eps"], HYPER["weight_decay"]
+    w, m, v = params()[j].detach().double(), 0.0, 0.0
+    for t in range(1, steps + 1):
+        g = grads(t - 1)[j].double()
+        m = g if grad_is_momentum and t > n else b1 * m + (1 - b1) * g
+        if t <= n:
+            v = b2 * v + (1 - b2) * g * g
+        v_hat = v / (1 - b2 ** min(t, n))  # after the freeze: v at step n, corrected for step n
+        w = w * (1 - lr * wd) - lr * (m / (1 - b1 ** t)) / (v_hat.sqrt() + eps)
+    return w, m, v
+
+
 def test_after_the_freeze_grad_is_the_momentum_and_the_variance_stays():
     ps, n, steps = params(), 3, 7
     optimizer = OneBitAdam(ps, freeze_step=n, **HYPER)
     run(optimizer, ps, steps)
-    lr, (b1, b2), eps, wd = HYPER["lr"], HYPER["betas"], HYPER["eps"], HYPER["weight_decay"]
-    for j, p0 in enumerate(params()):
-        w, m, v = p0.detach().double(), 0.0, 0.0
-        for t in range(1, steps + 1):
-            g = grads(t - 1)[j].double()
-            if t <= n:  # AdamW
-                m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
-                v_hat = v / (1 - b2 ** t)
-            else:  # the gradient is the averaged momentum; v̂ is v at step n, corrected for step n
-                m, v_hat = g, v / (1 - b2 ** n)
-            w = w * (1 - lr * wd) - lr * (m / (1 - b1 ** t)) / (v_hat.sqrt() + eps)
+    for j in range(len(ps)):
+        w, _, v = reference(j, n, steps, grad_is_momentum=True)
         state = optimizer.state[ps[j]]
         assert torch.allclose(ps[j].detach().double(), w, atol=1e-6, rtol=0)
         assert torch.equal(state["exp_avg"], grads(steps - 1)[j])
@@ -62,15 +68,8 @@ def test_with_gradients_after_the_freeze_it_is_adamw_with_its_variance_frozen():
     ps, n, steps = params(), 3, 7
     optimizer = OneBitAdam(ps, freeze_step=n, grad_is_momentum=False, **HYPER)
     run(optimizer, ps, steps)
-    lr, (b1, b2), eps, wd = HYPER["lr"], HYPER["betas"], HYPER["eps"], HYPER["weight_decay"]
-    for j, p0 in enumerate(params()):
-        w, m, v = p0.detach().double(), 0.0, 0.0
-        for t in range(1, steps + 1):
-            g = grads(t - 1)[j].double()
-            m = b1 * m + (1 - b1) * g  # Adam's momentum throughout
-            if t <= n:
-                v = b2 * v + (1 - b2) * g * g
-            w = w * (1 - lr * wd) - lr * (m / (1 - b1 ** t)) / ((v / (1 - b2 ** min(t, n))).sqrt() + eps)
+    for j in range(len(ps)):
+        w, m, _ = reference(j, n, steps, grad_is_momentum=False)
         assert torch.allclose(ps[j].detach().double(), w, atol=1e-6, rtol=0)
         assert torch.allclose(optimizer.state[ps[j]]["exp_avg"].double(), m, atol=1e-6, rtol=0)
 

@@ -103,7 +103,7 @@ class Metric:
 def report(cfg: AccuracyBenchConfig, results: list[dict], command: str) -> None:
     """Per variant: every seed's accuracy (or validation loss), the median, the median's distance to the first
     variant's, and the distances seed by seed (the same seed starts from the same weights and sees the same data,
-    so a codec's effect shows apart from the seeds' own spread)."""
+    so a codec's effect shows apart from the spread between runs)."""
     metric = Metric.of(results)
     medians = {v: statistics.median(r[metric.key] for r in results if r["variant"] == v) for v in cfg.variants}
     reference = medians[cfg.variants[0]]

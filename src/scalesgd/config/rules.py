@@ -20,6 +20,12 @@ SPARSE_ADAM_LOSS, SPARSE_ADAM_CORRECTED = "+8.3 %", "+2.5 %"
 NO_PLANNER = "none"
 
 
+def dense_start(cfg) -> bool:
+    """Whether `compress_after` leaves any dense step, whatever the epoch's length (where Adam's variance can settle
+    before it is frozen)."""
+    return cfg.compress_after_steps(1_000_000) > 0
+
+
 def exchange(cfg) -> None:
     """`exchange` auto, the codec on its engine, the planner, a codec family's own options."""
     if cfg.exchange == "auto":
@@ -57,15 +63,15 @@ def exchange(cfg) -> None:
         if onebit.beta1 != cfg.betas[0]:
             raise UsageError(f"`onebit_beta1` {onebit.beta1} must equal the optimizer's β1 (`betas` "
                              f"{','.join(map(str, cfg.betas))}): the codec keeps the momentum the optimizer steps with")
-        if cfg.compress_after_steps(1_000_000) == 0:
+        if not dense_start(cfg):
             raise UsageError(f"`compress_after` {cfg.compress_after} leaves 1-bit Adam no dense warm-up: its variance "
                              "is frozen at the warm-up's end; give STEPS, EPOCHSep or warmup (with a warmup)")
-    if cfg.freeze_variance and (cfg.optimizer != "adamw" or cfg.compress_after_steps(1_000_000) == 0):
+    if cfg.freeze_variance and (cfg.optimizer != "adamw" or not dense_start(cfg)):
         raise UsageError(f"`freeze_variance` freezes AdamW's variance where compression starts: it needs `optimizer` "
                          f"adamw and dense steps first (`compress_after`); got {cfg.optimizer} with "
                          f"`compress_after` {cfg.compress_after}")
     carried = (cfg.optimizer == "sgd" and cfg.momentum > 0
-               or cfg.optimizer == "adamw" and cfg.compress_after_steps(1_000_000) > 0)
+               or cfg.optimizer == "adamw" and dense_start(cfg))
     if cfg.topk.momentum_correction and not carried:
         raise UsageError(f"`momentum_correction` moves the optimizer's momentum into the exchange: it needs "
                          f"`optimizer` sgd with `momentum` above 0, or adamw with dense steps first (`compress_after`, where its "

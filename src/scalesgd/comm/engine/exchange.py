@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from abc import ABC
+from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
@@ -82,9 +82,9 @@ class GradientExchange(ABC):
         """Back-propagate `loss`, scaled under fp16; the exchange starts as buckets fill (unless in `no_sync`)."""
         self.scaler.scale(loss).backward()
 
+    @abstractmethod
     def no_sync(self) -> AbstractContextManager:
         """Backward passes inside only sum into the gradients; the next one outside exchanges the sum."""
-        raise NotImplementedError
 
     def synchronize(self) -> None:
         """Wait until the mean gradients are in `.grad` (DDP's backward already waits for them)."""

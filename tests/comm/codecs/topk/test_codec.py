@@ -162,6 +162,18 @@ def test_local_clipping_bounds_each_tensors_norm_before_it_accumulates():
     assert sent[:3000].norm() == pytest.approx(1.0, rel=1e-4) and sent[3000:].norm() == pytest.approx(1.0, rel=1e-4)
 
 
+def trained(model, engine, rank, steps):
+    """`steps` steps of this rank's random batches through `engine`; the model's parameters, flat, after them."""
+    for step in range(steps):
+        g = torch.Generator().manual_seed(10 * step + rank)
+        x, y = torch.randn(4, 3, 16, 16, generator=g), torch.randint(0, 10, (4,), generator=g)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        engine.step()
+        engine.zero_grad()
+    engine.close()
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
 def dgc_at_full_density(rank, world, correction):
     """Five steps at density 1 with weight decay 0: with momentum correction every entry is sent and its momentum
     masked each step, so the run is SGD without momentum; without it, the optimizer's momentum acts."""
@@ -170,14 +182,7 @@ def dgc_at_full_density(rank, world, correction):
     settings = CodecSettings(TopkOptions(density=1.0, reuse=1, momentum_correction=correction), momentum=0.9)
     optimizer = build_optimizer(model, "sgd", 0.05, 0.9, False, 0.0, momentum_in_exchange=correction)
     engine = DistributedOptimizer(optimizer, model, codec=make_codec("topk", settings), buckets="single")
-    for step in range(5):
-        g = torch.Generator().manual_seed(10 * step + rank)
-        x, y = torch.randn(4, 3, 16, 16, generator=g), torch.randint(0, 10, (4,), generator=g)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        engine.step()
-        engine.zero_grad()
-    engine.close()
-    return torch.cat([p.detach().flatten() for p in model.parameters()])
+    return trained(model, engine, rank, 5)
 
 
 def plain_sgd(rank, world, momentum):
@@ -231,14 +236,7 @@ def adam_with_momentum_in_the_exchange(rank, world, correction):
                                 betas=(0.9, 0.99), freeze_step=3, freeze_variance=not correction)
     engine = DistributedOptimizer(optimizer, model, codec=make_codec("topk", settings) if correction else "fp32",
                                   buckets="single", compress_after=3)
-    for step in range(8):
-        g = torch.Generator().manual_seed(10 * step + rank)
-        x, y = torch.randn(4, 3, 16, 16, generator=g), torch.randint(0, 10, (4,), generator=g)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        engine.step()
-        engine.zero_grad()
-    engine.close()
-    return torch.cat([p.detach().flatten() for p in model.parameters()])
+    return trained(model, engine, rank, 8)
 
 
 def test_adams_momentum_in_the_exchange_is_adamw_with_its_variance_frozen():
