@@ -74,8 +74,8 @@ def exchange(cfg) -> None:
                or cfg.optimizer == "adamw" and dense_start(cfg))
     if cfg.topk.momentum_correction and not carried:
         raise UsageError(f"`momentum_correction` moves the optimizer's momentum into the exchange: it needs "
-                         f"`optimizer` sgd with `momentum` above 0, or adamw with dense steps first (`compress_after`, where its "
-                         f"variance is frozen); got {cfg.optimizer} with momentum {cfg.momentum} and `compress_after` "
+                         f"`optimizer` sgd with `momentum` above 0, or adamw with dense steps first (`compress_after`, "
+                         f"where its variance is frozen); got {cfg.optimizer} with momentum {cfg.momentum} and `compress_after` "
                          f"{cfg.compress_after}")
     if cfg.topk.momentum_correction and cfg.optimizer == "adamw" and cfg.nesterov:
         raise UsageError("`nesterov` is momentum SGD's (sgd, lars); adamw takes Adam's moments")
