@@ -160,6 +160,15 @@ REFUSED = [
                                                         "which runs only on CUDA with NCCL (this machine has no GPU)")]
       if not torch.cuda.is_available() else []),
     ((*TRAIN, "--precision", "fp8"), "--precision 'fp8' is not known; choose from fp32, bf16, fp16"),
+    ((*TRAIN, "--dataset", "imagefolder"), "--dataset imagefolder needs --data-dir: the folder holding train/<class>"),
+    ((*TRAIN, "--dataset", "imagefolder", "--data-dir", "f"), "image folder not found: f (expected a directory with "),
+    ((*TRAIN, "--dataset", "imagefolder", "--data-dir", "prof-empty"), "prof-empty has no train/ or val/ folder"),
+    ((*TRAIN, "--skip-bad-images"), "--skip-bad-images is for images streamed from a folder: it needs --dataset "),
+    ((*TRAIN, "--loader-workers", "-1"), "--loader-workers -1: must be >= 0"),
+    ((*TRAIN, "--augment", "heavy"), "--augment 'heavy' is not known; choose from standard, none"),
+    (("data", "fake", "--out", "f"), "--out f: exists and is not a directory"),
+    (("data", "fake", "--out", "t", "--size", "375"), "--size 375: give WIDTHxHEIGHT in pixels"),
+    (("bench", "data", "--data-dir", "t", "--loader-workers", "1,1"), "--loader-workers 1,1: "),
     (("profile", "prof-empty"), "prof-empty/profile.json is not a profile (no entry 'profile')"),
     (("profile", "prof-garbage"), "prof-garbage/profile.json is not a profile (Expecting value"),
 ]

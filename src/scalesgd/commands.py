@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from scalesgd import checks
-from scalesgd.bench import accuracy, allreduce, codec, faults, fp8_range, link, optimizer
+from scalesgd.bench import accuracy, allreduce, codec, data, faults, fp8_range, link, optimizer
 from scalesgd.bench import train as bench_train
 from scalesgd.bench.launch import command_line, in_process, on_workers
 from scalesgd.comm.codecs.fp8 import kernels
 from scalesgd.comm.cost.planner import ProfileCommand, show_profile
 from scalesgd.comm.engine.buckets import PlanCommand, show_plan
+from scalesgd.data import command as data_trees
 from scalesgd.errors import UsageError
 from scalesgd.options import build, check_fields, default_text, describe, flat_options, option
 from scalesgd.registry import Registry
@@ -55,6 +56,7 @@ ENVIRONMENT_CHECKS = (checks.launch_problem, kernels.environment_problem)  # set
 GROUPS = {  # commands named "GROUP VERB" are VERB under GROUP
     "bench": "measure collectives and training speed against the baselines",
     "testbed": "a cluster of network namespaces with shaped links on this machine (root)",
+    "data": "image folder trees in the ImageNet layout, generated or exported",
     "docs": "documents made from the code",
 }
 
@@ -130,6 +132,8 @@ for kind, config, run, help_, workers, description in [
      "fp8 kernel throughput, fused (torch.compile) against eager, one process", False, ""),
     ("fp8-range", fp8_range.Fp8RangeBenchConfig, fp8_range.run,
      "fp8's range settings (quantile × headroom) on real gradients: error, clipping, flushing", False, ""),
+    ("data", data.DataBenchConfig, data.run,
+     "images/s an image folder is decoded and augmented at, per loader worker, beside the model's step", False, ""),
     ("optimizer", optimizer.OptimizerBenchConfig, optimizer.run,
      "time of one optimizer step(), LARS against torch's SGD, one process", False, ""),
     ("accuracy", accuracy.AccuracyBenchConfig, accuracy.run,
@@ -161,5 +165,11 @@ COMMANDS.add("testbed status", Command(testbed.TestbedPrefix, testbed.status, "s
 COMMANDS.add("testbed shape", Command(testbed.TestbedShape, testbed.shape,
                                       "change the running testbed's link rate in place"))
 COMMANDS.add("testbed run", Command(testbed.TestbedRun, testbed.run, "run a command's workers in the nodes"))
+COMMANDS.add("data fake", Command(data_trees.FakeTree, data_trees.fake, "write an ImageNet-like folder tree of "
+                                  "generated JPEGs", "Write DIR/train/<class>/*.JPEG and DIR/val/<class>/*.JPEG: "
+                                  "real JPEGs whose classes differ in colour and stripes, for `scalesgd train "
+                                  "--dataset imagefolder` and `scalesgd bench data`."))
+COMMANDS.add("data export", Command(data_trees.ExportTree, data_trees.export, "write a bundled dataset as an image "
+                                    "folder tree"))
 COMMANDS.add("docs cli", Command(DocsCli, write_cli_docs, "write docs/cli.md: every command and option, from their "
                                  "declarations"))

@@ -45,6 +45,7 @@ from scalesgd.trace import Tracer
 
 EXCHANGES = ("manual", "auto")
 PRECISIONS = ("fp32", "bf16", "fp16")  # forward and backward under autocast to this type (fp32: none)
+AUGMENTS = ("standard", "none")
 AUTO_CODECS = ("fp32", "fp16", "bf16", "fp8")  # the dense codecs: sparse ones change what is learned, so only on request
 
 WORKERS, DATA, RECIPE, OUTPUT = "workers", "data and model", "large-minibatch recipe", "output"
@@ -79,13 +80,28 @@ class TrainConfig:
     workers: int = option(2, "local worker processes; under torchrun the launch decides", group=WORKERS,
                           check=checks.local_workers)
     dataset: str = option("digits", "the data trained and tested on", choices=DATASETS, group=DATA)
-    data_dir: str | None = option(None, "folder holding the dataset's files (cifar10: cifar-10-batches-py)",
-                                  parse=str, group=DATA)
+    data_dir: str | None = option(None, "folder holding the dataset's files (cifar10: cifar-10-batches-py; "
+                                  "imagefolder: train/<class>/* and val/<class>/*, JPEG or PNG)", parse=str,
+                                  group=DATA)
     data_file: str | None = option(None, "text: a file of your own to train on, read as bytes", parse=str,
                                    group=DATA, shown_default="the Python standard library's own sources")
     samples: int = option(5000, "synthetic: training samples; text: training sequences at most", group=DATA,
                           check=checks.positive)
-    image_size: int = option(32, "synthetic image side", group=DATA, check=checks.positive)
+    image_size: int | None = option(None, "image side: synthetic images are made at it, imagefolder's are cropped "
+                                    "to it", parse=int, group=DATA, shown_default="synthetic 32, imagefolder 224",
+                                    check=lambda v: None if v is None else checks.positive(v))
+    augment: str = option("standard", "standard: the dataset's training augmentation (cifar10: pad-4 crop and flip; "
+                          "imagefolder: random-resized crop, area 8–100 %, aspect ¾–4/3, and flip, evaluated at a "
+                          "256/224 resize and centre crop); none: the images as they are (imagefolder: resized to "
+                          "--image-size and centre-cropped, for training and evaluation)", choices=AUGMENTS,
+                          group=DATA)
+    skip_bad_images: bool = option(False, "imagefolder: leave out a file that is empty, truncated or no image, "
+                                   "saying its path once and counting it in summary.json (default: stop, naming it)",
+                                   group=DATA)
+    loader_workers: int | None = option(None, "imagefolder: processes decoding images for each worker (0: in the "
+                                        "worker itself)", parse=int, group=DATA, runtime=True,
+                                        shown_default="the cores training leaves free, shared out, at least 1",
+                                        check=lambda v: None if v is None else checks.at_least(0)(v))
     classes: int = option(10, "synthetic classes", group=DATA, check=checks.at_least(2, "classes to tell apart"))
     model: str = option("resnet8", "the network trained (gpt: a language model, on text)", choices=MODELS,
                         group=DATA)
@@ -226,8 +242,14 @@ class TrainConfig:
     def data_request(self) -> DataRequest:
         """What the run asks of its dataset."""
         return DataRequest(data_dir=self.data_dir, data_file=self.data_file, samples=self.samples,
-                           image_size=self.image_size, num_classes=self.classes,
-                           sequence_length=self.model_options["gpt"].block)
+                           image_size=self.side, num_classes=self.classes,
+                           sequence_length=self.model_options["gpt"].block, augment=self.augment != "none",
+                           skip_bad_images=self.skip_bad_images, seed=self.seed)
+
+    @property
+    def side(self) -> int:
+        """The image side: --image-size, else the dataset's own default."""
+        return self.image_size or DATASETS[self.dataset].image_size
 
     @property
     def codec_entry(self) -> CodecEntry:

@@ -145,6 +145,11 @@ def data(cfg) -> None:
         except DataError as err:
             raise UsageError(f"`data_file` {cfg.data_file}: {err}") from None
     refuse("gpt_width", cfg.model_options["gpt"].width, cfg.model_options["gpt"].problem())
+    if cfg.dataset != "imagefolder":
+        for name in ("skip_bad_images", "loader_workers"):
+            if getattr(cfg, name) not in (None, False):
+                raise UsageError(f"`{name}` is for images streamed from a folder: it needs `dataset` imagefolder, "
+                                 f"got {cfg.dataset}")
     if dataset.check_dir is not None:
         if not cfg.data_dir:
             raise UsageError(f"`dataset` {cfg.dataset} needs `data_dir`: the folder holding {dataset.files}")
@@ -158,8 +163,8 @@ def data(cfg) -> None:
     if dataset.memory is not None:  # every worker holds its own copy
         copies = checks.processes_here(cfg.workers)
         problem = checks.fits_in_memory(dataset.memory(cfg.data_request()) * copies)
-        refuse("samples", cfg.samples, problem and f"the {cfg.dataset} data of {cfg.image_size}×"
-               f"{cfg.image_size} images in each of {copies} worker(s): {problem}; use fewer `samples`, a "
+        refuse("samples", cfg.samples, problem and f"the {cfg.dataset} data of {cfg.side}×"
+               f"{cfg.side} images in each of {copies} worker(s): {problem}; use fewer `samples`, a "
                "smaller `image_size` or fewer `workers`")
 
 

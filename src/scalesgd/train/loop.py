@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 import time
 from concurrent.futures import Future
 from contextlib import nullcontext
@@ -19,12 +20,22 @@ from scalesgd.comm.engine.exchange import GradientExchange, build_exchange
 from scalesgd.comm.engine.optimizer import IterationStats
 from scalesgd.comm.engine.policies import GradientNorms
 from scalesgd.config import NO_PLANNER, TrainConfig
-from scalesgd.data import DataBundle, GlobalBatchSampler, Split, load_bundle, random_crop_flip
+from scalesgd.data import (
+    DataBundle,
+    FolderData,
+    GlobalBatchSampler,
+    LoaderSettings,
+    default_loader_workers,
+    load_bundle,
+    open_pipeline,
+)
+from scalesgd.data.pipeline import FolderPipeline, MemoryPipeline
 from scalesgd.errors import NonFiniteLoss
 from scalesgd.models import build_model
 from scalesgd.recipe import build_scheduler, global_batch_loss, initialize, use_ghost_batch
 from scalesgd.recipe.adascale import AdaScaleFactor, gain
 from scalesgd.recipe.noise_scale import NoiseScale
+from scalesgd.runtime import process_group
 from scalesgd.runtime.process_group import DistEnv, sync_buffers
 from scalesgd.sim import auto
 from scalesgd.trace import Tracer, write_chrome_trace
@@ -38,6 +49,7 @@ PROBE_BATCHES = 4  # the first batches of the training set, in turn, for the pla
 
 EVAL_BATCH = 1000
 SKIP_ITERS = 2  # first iterations of a run, left out of the timing breakdown (allocation, warm caches)
+SKIPPED_LISTED = 1000  # bad files summary.json names (all are counted)
 
 
 @dataclass
@@ -47,7 +59,8 @@ class Run:
     cfg: TrainConfig
     run_dir: Path
     env: DistEnv
-    data: DataBundle
+    data: DataBundle | FolderData
+    pipeline: MemoryPipeline | FolderPipeline  # each step's micro-batches, the test shards, the probes' batches
     model: nn.Module  # the bare model: evaluated and saved
     exchange: GradientExchange  # forward and backward through `exchange.model`, step `exchange.optimizer`
     scheduler: torch.optim.lr_scheduler.LambdaLR
@@ -120,14 +133,17 @@ def setup(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool) 
     env = env.result() if isinstance(env, Future) else env
     model.to(env.device)
     sampler = GlobalBatchSampler(len(data.train), cfg.batch_size, env.world_size, env.rank, seed=cfg.seed)
+    pipeline = open_pipeline(data, sampler, cfg.accumulate, loader_settings(cfg, env, data), env.rank, env.world_size)
+    if env.is_main:
+        for path, what in getattr(data, "skipped", ()):
+            print(f"scalesgd: skipped {path}: {what}", file=sys.stderr)
     optimizer = cfg.build_optimizer(model, len(sampler))
     scheduler = build_scheduler(optimizer, cfg.lr_schedule(len(sampler)).factor)
     objective = Objective(data.is_text, cfg.label_smoothing, data.sequence_length)
     tracer = Tracer(False)
     plan, planned, chosen = None, {}, {}
     if cfg.planner != NO_PLANNER or cfg.exchange == "auto":
-        batches = [(data.train.x[i].to(env.device), data.train.y[i].to(env.device))  # fixed batches: no RNG drawn
-                   for i in torch.arange(len(data.train.y)).split(cfg.micro_batch)[:PROBE_BATCHES]]
+        batches = pipeline.first_batches(cfg.micro_batch, PROBE_BATCHES)  # fixed batches: no RNG drawn
         if cfg.exchange == "auto":
             cfg, plan, chosen = auto.choose(cfg, model, batches, objective.loss, env, run_dir, resume, cfg.quiet)
         else:
@@ -138,7 +154,20 @@ def setup(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool) 
         env.exchange_group, env.topology_groups, tracer, plan, len(sampler), norms))
     if env.is_main and exchange.plan is not None:
         write_json(run_dir / BUCKETS_NAME, exchange.plan.to_dict())
-    return Run(cfg, run_dir, env, data, model, exchange, scheduler, sampler, objective, tracer, planned, chosen)
+    return Run(cfg, run_dir, env, data, pipeline, model, exchange, scheduler, sampler, objective, tracer, planned,
+               chosen)
+
+
+def loader_settings(cfg: TrainConfig, env: DistEnv, data: DataBundle | FolderData) -> LoaderSettings:
+    """How this rank's pipeline reads: loader processes, device, the crops' seed, evaluation batches of the training
+    micro-batch's size for streamed images (EVAL_BATCH predictions for data held in memory)."""
+    workers = cfg.loader_workers
+    if workers is None:
+        workers = default_loader_workers(process_group.local_world_size(cfg.workers))
+    streamed = isinstance(data, FolderData)
+    per_sample = data.sequence_length or 1
+    return LoaderSettings(workers, env.device, cfg.seed, cfg.skip_bad_images,
+                          cfg.micro_batch if streamed else max(1, EVAL_BATCH // per_sample))
 
 
 def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None, progress: EpochProgress,
@@ -167,13 +196,15 @@ def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None, progress: 
     pending: list[dict] = []  # the window's iterations, as the log will have them
     start = last_saved = time.perf_counter() - resumed.epoch_s
     saved_at = resumed.step
-    for i, indices in enumerate(sampler):
-        if i < resumed.step:
-            continue  # done before the checkpoint this run resumed from
+    batches = run.pipeline.steps(resumed.step)  # from where the checkpoint this run resumed from left off
+    streamed = isinstance(run.data, FolderData)
+    for i in range(resumed.step, steps):
+        waited = time.perf_counter()
+        parts = next(batches)
         t0 = time.perf_counter()
         lr = opt.param_groups[0]["lr"]
         row = window[len(pending)]
-        forward_backward(run, indices, sampler.global_counts(i), row)
+        forward_backward(run, parts, sampler.global_counts(i), row)
         t1 = time.perf_counter()
         stepped = run.exchange.step()
         if cfg.measures_noise:
@@ -184,8 +215,10 @@ def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None, progress: 
         run.scheduler.step()
         opt.zero_grad(set_to_none=True)
         counters = run.exchange.counters()
-        run.timings.append({**iteration_timing(run.exchange.stats(), t0, t1, time.perf_counter()), **counters})
+        run.timings.append({**iteration_timing(run.exchange.stats(), waited, t0, t1, time.perf_counter()),
+                            **counters})
         pending.append({"kind": "iter", "epoch": epoch, "iter": (epoch - 1) * steps + i + 1, "lr": lr, **counters,
+                        **({"data_wait_s": t0 - waited} if streamed else {}),
                         **({"skipped": not stepped, "loss_scale": run.exchange.scaler.get_scale()}
                            if run.exchange.scaler.is_enabled() else {}),
                         "notices": run.exchange.notices()})
@@ -208,19 +241,15 @@ def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None, progress: 
     return totals, time.perf_counter() - start
 
 
-def forward_backward(run: Run, indices: list[int], global_count: int, row: torch.Tensor) -> None:
-    """This rank's share of one step, in `accumulate` micro-batches whose gradients sum (only the last one's backward
+def forward_backward(run: Run, parts: list[tuple[torch.Tensor, torch.Tensor]], global_count: int,
+                     row: torch.Tensor) -> None:
+    """This rank's share of one step, in its micro-batches whose gradients sum (only the last one's backward
     exchanges): the loss is the global batch's mean over every prediction. Its loss sum, correct predictions and
     predictions go into `row`."""
-    cfg, data, exchange, tracer = run.cfg, run.data, run.exchange, run.tracer
+    exchange, tracer = run.exchange, run.tracer
     scale = global_count * run.objective.predictions_per_sample
     sums = torch.zeros(3, dtype=torch.float64, device=run.env.device)
-    parts = torch.tensor(indices).chunk(cfg.accumulate)
-    for j, part in enumerate(parts):
-        x, y = data.train.x[part], data.train.y[part]
-        if data.augment:
-            x = random_crop_flip(x)
-        x, y = x.to(run.env.device, non_blocking=True), y.to(run.env.device, non_blocking=True)
+    for j, (x, y) in enumerate(parts):
         with exchange.no_sync() if j < len(parts) - 1 else nullcontext():
             with tracer.span("forward"), exchange.autocast():
                 loss_sum, correct = run.objective(exchange.model(x), y)
@@ -277,7 +306,8 @@ def noise_record(run: Run) -> dict:
 def end_epoch(run: Run, epoch: int, totals: torch.Tensor, images_per_s: float) -> dict:
     """Evaluate with rank 0's BN statistics (as DDP's forward would use them); the epoch's record."""
     sync_buffers(run.model)
-    test = evaluate(run.model, run.data.test, run.env, run.objective, run.exchange.autocast)
+    test = evaluate(run.model, run.pipeline.test_batches(run.env.rank, run.env.world_size), run.objective,
+                    run.exchange.autocast)
     return {"kind": "epoch", "epoch": epoch, "iter": epoch * len(run.sampler),
             "train_loss": totals[0].item() / totals[2].item(), "train_acc": totals[1].item() / totals[2].item(),
             **test, throughput_key(run.data.is_text): images_per_s,
@@ -285,15 +315,13 @@ def end_epoch(run: Run, epoch: int, totals: torch.Tensor, images_per_s: float) -
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, split: Split, env: DistEnv, objective: Objective, autocast=nullcontext) -> dict:
-    """Test loss (per prediction, without label smoothing) and accuracy (and a language model's perplexity), each
-    rank taking a strided shard in the run's precision, summed across ranks."""
+def evaluate(model: nn.Module, batches, objective: Objective, autocast=nullcontext) -> dict:
+    """Test loss (per prediction, without label smoothing) and accuracy (and a language model's perplexity) over
+    this rank's shard of the test set (`batches`), in the run's precision, summed across ranks."""
     model.eval()
     plain = Objective(objective.text, 0.0, objective.predictions_per_sample)
-    shard = torch.arange(env.rank, len(split), env.world_size)
     sums = torch.zeros(3, dtype=torch.float64)
-    for chunk in shard.split(EVAL_BATCH // objective.predictions_per_sample or 1):
-        x, y = split.x[chunk].to(env.device), split.y[chunk].to(env.device)
+    for x, y in batches:
         with autocast():
             loss_sum, correct = plain(model(x), y)
         sums[0] += loss_sum.item()
@@ -308,6 +336,7 @@ def finish(run: Run, done: Progress, record: dict, images_per_s: list[float], pr
     if run.cfg.trace:
         save_trace(run.cfg.trace, run.tracer, run.env)
     run.exchange.close()
+    run.pipeline.close()
     timed = run.timings[SKIP_ITERS:] or run.timings
     summary = {
         "final_test_acc": record.get("test_acc", done.best_test_acc), "best_test_acc": done.best_test_acc,
@@ -324,6 +353,9 @@ def finish(run: Run, done: Progress, record: dict, images_per_s: list[float], pr
         summary["planner"] = {**run.planned, "measured_iteration_s": statistics.median(measured)}
     if run.cfg.noise_scale:  # B_simple in samples at the end and over the run, beside the batch trained with
         summary.update(noise_scale=run.noise.value, noise_scale_average=run.noise.average)
+    if isinstance(run.pipeline, FolderPipeline) and run.cfg.skip_bad_images:  # every rank's, once each
+        skipped = skipped_files(run)
+        summary.update(skipped_images=len(skipped), skipped_files=dict(sorted(skipped.items())[:SKIPPED_LISTED]))
     if run.auto:  # predicted against measured: the step is in both
         summary["auto"] = {**run.auto, "measured_iteration_s": summary["iteration"].get("median_iteration_s")}
     if run.env.is_main:
@@ -333,9 +365,18 @@ def finish(run: Run, done: Progress, record: dict, images_per_s: list[float], pr
     return summary
 
 
-def iteration_timing(stats: IterationStats | None, start: float, backward_end: float, end: float) -> dict:
-    """One iteration's times, and how much of the exchange was hidden where the engine measures it."""
-    timing = {"iteration_s": end - start, "compute_s": backward_end - start}
+def skipped_files(run: Run) -> dict[str, str]:
+    """Every file any rank skipped (path: what is wrong), gathered (collective)."""
+    everyone: list = [None] * run.env.world_size
+    dist.all_gather_object(everyone, run.pipeline.skipped)
+    return {path: what for ranks in everyone for path, what in ranks.items()}
+
+
+def iteration_timing(stats: IterationStats | None, waited: float, start: float, backward_end: float,
+                     end: float) -> dict:
+    """One iteration's times (from when it asked for its batch: the wait for data is part of the step), and how
+    much of the exchange was hidden where the engine measures it."""
+    timing = {"iteration_s": end - waited, "data_wait_s": start - waited, "compute_s": backward_end - start}
     if stats is not None:
         timing.update(codec_s=stats.codec_s, comm_s=stats.comm_s, exposed_comm_s=stats.exposed_s,
                       overlapped_comm_s=stats.overlapped_s, bytes_sent=stats.bytes_sent)

@@ -77,7 +77,7 @@ def run_config(run_dir: Path) -> dict:
     return read_json(Path(run_dir) / SUMMARY_NAME).get("config") or read_json(Path(run_dir) / CONFIG_NAME)
 
 
-ITER_KEYS = ("kind", "epoch", "iter", "lr", "loss")  # an iteration's record; anything else is a codec counter
+ITER_KEYS = ("kind", "epoch", "iter", "lr", "loss", "data_wait_s")  # an iteration's record; the rest: codec counters
 
 
 @dataclass
@@ -121,14 +121,15 @@ def plot_noise_scale(ax, epochs: list[dict], batch: int | None) -> None:
 
 
 def plot_report(run_dir: Path) -> Path:
-    """report.png: loss, accuracy (a language model's perplexity), learning rate and (for a lossy codec) its
-    guardrail counters against iterations."""
+    """report.png: loss, accuracy (a language model's perplexity), learning rate, (for a lossy codec) its guardrail
+    counters and (for images streamed from files) the time each step waited for its batch, against iterations."""
     plt = output.pyplot()
 
     curves = read_curves(run_dir)
     iters, epochs, counters = curves.iters, curves.epochs, curves.counters
     noise = [e for e in epochs if "noise_scale" in e]  # --noise-scale runs: B_simple per epoch
-    panels = 3 + bool(counters) + bool(noise)
+    waits = [r for r in iters if "data_wait_s" in r]
+    panels = 3 + bool(counters) + bool(waits) + bool(noise)
     fig, axes = plt.subplots(panels, 1, figsize=(8, 3 * panels), sharex=True)
     ax_loss, ax_acc, ax_lr = axes[:3]
     ax_loss.plot([r["iter"] for r in iters], [r["loss"] for r in iters], lw=0.8, label="train (per iteration)")
@@ -155,6 +156,12 @@ def plot_report(run_dir: Path) -> Path:
                          label=name)
         axes[3].set_ylabel("codec counters (fractions)")
         axes[3].legend(fontsize=8)
+    if waits:
+        ax_wait = axes[3 + bool(counters)]
+        ax_wait.plot([r["iter"] for r in waits], [1e3 * r["data_wait_s"] for r in waits], lw=0.8,
+                     label="rank 0's step waiting for its batch")
+        ax_wait.set_ylabel("data wait (ms)")
+        ax_wait.legend(fontsize=8)
     if noise:
         plot_noise_scale(axes[-1], noise, run_config(run_dir).get("batch_size"))
     axes[-1].set_xlabel("iteration")

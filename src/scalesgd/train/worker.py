@@ -10,7 +10,7 @@ from pathlib import Path
 
 from scalesgd.comm.wire.collectives import broadcast_object
 from scalesgd.config import TrainConfig
-from scalesgd.data import DataError
+from scalesgd.data import BadImage, DataError
 from scalesgd.errors import EXIT_NON_FINITE, EXIT_USAGE, NonFiniteLoss, UsageError, as_flags
 from scalesgd.runtime import launcher, process_group
 from scalesgd.train import rundir
@@ -47,6 +47,9 @@ def run(cfg: TrainConfig, run_dir: Path | None, resume: bool) -> int:
         train(cfg, run_dir, pending, resume)
         process_group.finish()
         return 0
+    except BadImage as err:  # met by this rank alone, while reading its share
+        print(f"scalesgd: error: {as_flags(str(err))}", file=sys.stderr)
+        return EXIT_USAGE
     except (UsageError, DataError) as err:
         _say(rank, f"error: {err}")
         return EXIT_USAGE

@@ -1,0 +1,84 @@
+"""`scalesgd data fake` and `scalesgd data export`: image folder trees in the ImageNet layout, for trying the
+folder pipeline without ImageNet and for checking it against the in-memory datasets."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from scalesgd import checks, output
+from scalesgd.data.image_trees import export_digits, write_fake_tree
+from scalesgd.options import check_fields, option
+
+SIZE = re.compile(r"^(\d+)x(\d+)$")
+EXPORTABLE = ("digits",)
+
+
+def _size(text: str) -> str | None:
+    """What is wrong with a WIDTHxHEIGHT value, or None."""
+    match = SIZE.match(text)
+    if not match or not all(0 < int(v) <= 8192 for v in match.groups()):
+        return "give WIDTHxHEIGHT in pixels, each 1..8192 (e.g. 375x500)"
+    return None
+
+
+def _empty_or_new(value: str) -> str | None:
+    """A tree is written only where no train/ or val/ holds files already: a user's data is never overwritten."""
+    for split in ("train", "val"):
+        folder = Path(value) / split
+        if folder.is_dir() and any(folder.iterdir()):
+            return f"{folder} already holds files; give a new or empty folder"
+    return checks.output_dir(value)
+
+
+@dataclass
+class FakeTree:
+    """`scalesgd data fake`: an ImageNet-like tree of real JPEGs whose classes a network can tell apart."""
+
+    out: str = option("", "the folder to write train/ and val/ into", required=True, check=_empty_or_new)
+    classes: int = option(10, "class folders", check=checks.within(1, 10_000))
+    per_class: int = option(50, "training images per class", check=checks.within(1, 1_000_000))
+    val_per_class: int = option(0, "validation images per class", shown_default="per-class ÷ 5, at least 1",
+                                check=checks.at_least(0))
+    size: str = option("375x500", "WIDTHxHEIGHT of every image (ImageNet's are about 400×350 to 500×375)",
+                       check=_size)
+    quality: int = option(90, "JPEG quality", check=checks.within(1, 100))
+    seed: int = option(0, "seeds the noise in the images", check=checks.seed)
+
+    def validate(self) -> FakeTree:
+        check_fields(self)
+        return self
+
+
+@dataclass
+class ExportTree:
+    """`scalesgd data export`: a bundled dataset written as an image folder tree."""
+
+    dataset: str = option("digits", "the dataset to write (digits: scikit-learn's 8×8 digits as greyscale PNGs, with "
+                          "the in-memory dataset's train/test split as train/ and val/)", choices=EXPORTABLE,
+                          positional="1")
+    out: str = option("", "the folder to write train/ and val/ into", required=True, check=_empty_or_new)
+
+    def validate(self) -> ExportTree:
+        check_fields(self)
+        return self
+
+
+def fake(cfg: FakeTree, argv: list[str]) -> int:
+    width, height = (int(v) for v in SIZE.match(cfg.size).groups())
+    written = write_fake_tree(Path(cfg.out), cfg.classes, cfg.per_class, (width, height),
+                              cfg.val_per_class or None, cfg.seed, cfg.quality)
+    return _said(cfg.out, written)
+
+
+def export(cfg: ExportTree, argv: list[str]) -> int:
+    return _said(cfg.out, export_digits(Path(cfg.out)))
+
+
+def _said(out: str, written: dict) -> int:
+    """One line of what was written, and where."""
+    output.console().print(f"wrote {written['train']:,} training and {written['val']:,} validation images of "
+                           f"{written['classes']} classes ({written['bytes'] / 1e6:.1f} MB) to {out}", highlight=False)
+    return 0
+
