@@ -8,7 +8,7 @@ import scalesgd.data as data
 
 
 def test_public_names():
-    assert tuple(data.DATASETS) == ("digits", "synthetic", "cifar10", "text")
+    assert tuple(data.DATASETS) == ("digits", "synthetic", "cifar10", "imagefolder", "text")
     for name in ("DataError", "Split", "DataBundle", "GlobalBatchSampler", "random_crop_flip", "load_bundle"):
         assert name in data.__all__ and hasattr(data, name)
 

@@ -304,10 +304,13 @@ def noise_record(run: Run) -> dict:
 
 
 def end_epoch(run: Run, epoch: int, totals: torch.Tensor, images_per_s: float) -> dict:
-    """Evaluate with rank 0's BN statistics (as DDP's forward would use them); the epoch's record."""
+    """Evaluate with rank 0's BN statistics (as DDP's forward would use them); the epoch's record. Every rank learns
+    the files the others skipped, so none names one again in a later epoch."""
     sync_buffers(run.model)
     test = evaluate(run.model, run.pipeline.test_batches(run.env.rank, run.env.world_size), run.objective,
                     run.exchange.autocast)
+    if skips_bad_files(run):
+        run.pipeline.skipped = skipped_files(run)
     return {"kind": "epoch", "epoch": epoch, "iter": epoch * len(run.sampler),
             "train_loss": totals[0].item() / totals[2].item(), "train_acc": totals[1].item() / totals[2].item(),
             **test, throughput_key(run.data.is_text): images_per_s,
@@ -353,7 +356,7 @@ def finish(run: Run, done: Progress, record: dict, images_per_s: list[float], pr
         summary["planner"] = {**run.planned, "measured_iteration_s": statistics.median(measured)}
     if run.cfg.noise_scale:  # B_simple in samples at the end and over the run, beside the batch trained with
         summary.update(noise_scale=run.noise.value, noise_scale_average=run.noise.average)
-    if isinstance(run.pipeline, FolderPipeline) and run.cfg.skip_bad_images:  # every rank's, once each
+    if skips_bad_files(run):  # every rank's, once each
         skipped = skipped_files(run)
         summary.update(skipped_images=len(skipped), skipped_files=dict(sorted(skipped.items())[:SKIPPED_LISTED]))
     if run.auto:  # predicted against measured: the step is in both
@@ -363,6 +366,11 @@ def finish(run: Run, done: Progress, record: dict, images_per_s: list[float], pr
         report.plot_report(run.run_dir)
         progress.table(report.summary_table(summary))
     return summary
+
+
+def skips_bad_files(run: Run) -> bool:
+    """Whether the run streams files and leaves out those that cannot be decoded."""
+    return isinstance(run.pipeline, FolderPipeline) and run.cfg.skip_bad_images
 
 
 def skipped_files(run: Run) -> dict[str, str]:

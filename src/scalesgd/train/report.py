@@ -38,6 +38,7 @@ def summary_table(summary: dict):
         ("epochs", epochs_trained(summary)),
         *quality,
         ("train throughput", f"{speed:.0f} {unit}"),
+        *input_pipeline(summary),
         ("wall time", f"{summary['wall_time_s']:.1f} s"),
         ("run directory", summary["run_dir"]),
     ]
@@ -45,6 +46,18 @@ def summary_table(summary: dict):
         table.add_row(what, value)
     return table
 
+
+
+def input_pipeline(summary: dict) -> list[tuple[str, str]]:
+    """For images streamed from files: how long a step waited for its batch, and the files left out."""
+    timing = summary.get("iteration", {})
+    if summary["config"]["dataset"] != "imagefolder" or "mean_data_wait_s" not in timing:
+        return []
+    rows = [("waiting for data", f"{1e3 * timing['mean_data_wait_s']:.1f} ms of a "
+                                 f"{1e3 * timing['median_iteration_s']:.0f} ms step")]
+    if "skipped_images" in summary:
+        rows.append(("images skipped", str(summary["skipped_images"])))
+    return rows
 
 
 def title(cfg: dict) -> str:
