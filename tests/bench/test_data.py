@@ -4,7 +4,7 @@ import json
 import math
 import statistics
 
-from scalesgd.data.image_trees import write_fake_tree
+from scalesgd.data.imagefolder.trees import write_fake_tree
 from tests.bench.cli import bench
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from scalesgd.data import GlobalBatchSampler, LoaderSettings, default_loader_workers, load_bundle, load_image_folder
-from scalesgd.data.image_trees import write_fake_tree
+from scalesgd.data.imagefolder.trees import write_fake_tree
 from scalesgd.data.pipeline import EpochBatches, MemoryPipeline, loader, open_pipeline
 
 CPU = torch.device("cpu")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from scalesgd.data.image_trees import write_fake_tree
+from scalesgd.data.imagefolder.trees import write_fake_tree
 from tests.train.cli import load_ckpt, scalesgd, wait_for_checkpoint
 
 RUN = ["--quiet", "--dataset", "imagefolder", "--image-size", "24", "--model", "resnet8", "--batch-size", "8",

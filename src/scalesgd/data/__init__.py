@@ -12,8 +12,8 @@ from scalesgd.data.augment import random_crop_flip
 from scalesgd.data.cifar10 import check_cifar10_dir, load_cifar10_bundle
 from scalesgd.data.dataset import DataBundle, DataError, Split
 from scalesgd.data.digits import load_digits_bundle
-from scalesgd.data.folder import BadImage, check_image_folder, count_train_images
-from scalesgd.data.image_files import FolderData, load_image_folder
+from scalesgd.data.imagefolder.files import FolderData, load_image_folder
+from scalesgd.data.imagefolder.scan import BadImage, check_image_folder, count_train_images
 from scalesgd.data.pipeline import LoaderSettings, default_loader_workers, open_pipeline
 from scalesgd.data.sampler import GlobalBatchSampler
 from scalesgd.data.synthetic import load_synthetic_bundle, synthetic_bytes

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scalesgd import checks, output
-from scalesgd.data.image_trees import export_digits, write_fake_tree
+from scalesgd.data.imagefolder.trees import export_digits, write_fake_tree
 from scalesgd.options import check_fields, option
 
 SIZE = re.compile(r"^(\d+)x(\d+)$")

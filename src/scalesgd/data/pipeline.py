@@ -19,7 +19,7 @@ import torch
 
 from scalesgd.data.augment import random_crop_flip
 from scalesgd.data.dataset import DataBundle, Split
-from scalesgd.data.image_files import FolderData, check_batch, collate
+from scalesgd.data.imagefolder.files import FolderData, check_batch, collate
 from scalesgd.data.sampler import GlobalBatchSampler
 
 PREFETCH = 2  # batches each loader worker decodes ahead (PyTorch's default)

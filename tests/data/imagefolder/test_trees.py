@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from scalesgd.data.digits import load_digits_bundle
-from scalesgd.data.image_trees import export_digits, write_fake_tree
+from scalesgd.data.imagefolder.trees import export_digits, write_fake_tree
 
 SMALL = {"classes": 3, "per_class": 4, "size": (40, 30)}
 

@@ -1,7 +1,7 @@
 """Image folders in the ImageNet layout (DIR/train/<class>/*, DIR/val/<class>/*): found, checked and pre-scanned.
 
 Class names sorted give the labels, as in the PyTorch ImageNet example; files are listed, never loaded: each is
-decoded when a batch needs it (`scalesgd.data.image_files`). The pre-scan reads every file's header only, so
+decoded when a batch needs it (`scalesgd.data.imagefolder.files`). The pre-scan reads every file's header only, so
 an empty file or one that is no image stops a run before training, naming it.
 """
 

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from scalesgd.data import DataError, check_image_folder
-from scalesgd.data.folder import count_train_images, index_image_folder
-from scalesgd.data.image_trees import write_fake_tree
+from scalesgd.data.imagefolder.scan import count_train_images, index_image_folder
+from scalesgd.data.imagefolder.trees import write_fake_tree
 
 
 def tree(root: Path, classes: int = 2, per_class: int = 3) -> Path:
@@ -55,7 +55,7 @@ def test_the_pre_scan_names_an_empty_or_non_image_file_or_leaves_it_out_when_ask
 
 
 def test_a_folder_of_greyscale_images_is_one_channel(tmp_path):
-    from scalesgd.data.image_trees import export_digits
+    from scalesgd.data.imagefolder.trees import export_digits
     export_digits(tmp_path / "d")
     index = index_image_folder(tmp_path / "d")
     assert index.channels == 1 and index.classes == tuple("0123456789") and len(index.train) == 1437

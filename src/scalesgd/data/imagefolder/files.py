@@ -16,8 +16,8 @@ import torch
 from PIL import Image
 
 from scalesgd.data.dataset import DataError
-from scalesgd.data.folder import GREY_MODES, SKIP_HINT, BadImage, index_image_folder
-from scalesgd.data.image_transforms import eval_image, plain_image, train_image
+from scalesgd.data.imagefolder.scan import GREY_MODES, SKIP_HINT, BadImage, index_image_folder
+from scalesgd.data.imagefolder.transforms import eval_image, plain_image, train_image
 
 TRANSFORMS = ("train", "eval", "plain")  # random-resized crop and flip; resize to 256/224 and centre crop; as is
 SUBSTITUTES = 16  # with skip_bad: the following files tried in place of a bad one, at most

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from scalesgd.data.image_transforms import (
+from scalesgd.data.imagefolder.transforms import (
     ATTEMPTS,
     EVAL_RESIZE,
     RATIO,

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from scalesgd.data import BadImage, load_image_folder
-from scalesgd.data.folder import index_image_folder
-from scalesgd.data.image_files import ImageFiles, channel_stats, check_batch, collate
-from scalesgd.data.image_trees import write_fake_tree
+from scalesgd.data.imagefolder.files import ImageFiles, channel_stats, check_batch, collate
+from scalesgd.data.imagefolder.scan import index_image_folder
+from scalesgd.data.imagefolder.trees import write_fake_tree
 
 
 @pytest.fixture(scope="module")
