@@ -65,3 +65,20 @@ def test_the_memory_pipeline_cuts_the_tensors_as_the_sampler_says():
 def test_loader_workers_default_to_the_cores_training_leaves_free(local, cores, expected):
     assert default_loader_workers(local, cores) == expected
 
+
+
+@pytest.mark.cuda
+def test_on_a_gpu_batches_are_normalised_on_the_device_and_equal_the_cpu_ones(data):
+    def first_step(device: torch.device) -> list:
+        sampler = GlobalBatchSampler(len(data.train), 6, 1, 0, seed=1)
+        pipeline = open_pipeline(data, sampler, 1, LoaderSettings(1, device))
+        try:
+            return next(pipeline.steps(0))
+        finally:
+            pipeline.close()
+
+    (x, y), = first_step(torch.device("cuda"))
+    (x_cpu, y_cpu), = first_step(CPU)
+    assert x.is_cuda and y.is_cuda
+    torch.testing.assert_close(x.cpu(), x_cpu)
+    assert torch.equal(y.cpu(), y_cpu)

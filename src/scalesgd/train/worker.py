@@ -51,6 +51,7 @@ def run(cfg: TrainConfig, run_dir: Path | None, resume: bool) -> int:
         print(f"scalesgd: error: {as_flags(str(err))}", file=sys.stderr)
         return EXIT_USAGE
     except (UsageError, DataError) as err:
+        settle(pending, cfg.timeout)
         _say(rank, f"error: {err}")
         return EXIT_USAGE
     except NonFiniteLoss as err:
@@ -68,6 +69,17 @@ def run(cfg: TrainConfig, run_dir: Path | None, resume: bool) -> int:
                 process_group.close()
             except Exception:
                 pass
+
+
+def settle(pending, timeout_s: float) -> None:
+    """Let the group finish joining before a rank leaves on bad input found while it joined (the data is read
+    meanwhile): rank 0 holds the rendezvous store, and a peer still joining would see it vanish and say so."""
+    if pending is None:
+        return
+    try:
+        pending.result(timeout=timeout_s)
+    except Exception:  # the group could not form: nothing to wait for
+        pass
 
 
 def what_is_kept(run_dir: Path | None) -> str:
