@@ -1,4 +1,4 @@
-"""The CUDA path: every codec on our engine and as a DDP hook, the profiler's clock and one training epoch, on GPUs
+"""The CUDA path: every codec on our engine and as a DDP hook, the profiler's clock and a short training run, on GPUs
 with NCCL beside gloo (one rank per GPU, at most two). Skipped where there is no GPU."""
 
 import json
@@ -52,7 +52,7 @@ def test_every_codec_runs_on_the_engine_and_as_a_ddp_hook():
         engine, name = case
         assert torch.isfinite(grad).all(), case
         assert all(torch.equal(grad, other[case]) for other in ranks[1:]), case  # every rank has the same mean
-        if not CODECS[name].sparse and name not in ("powersgd", "onebit"):  # onebit sends Adam's momentum
+        if not CODECS[name].sparse and name not in ("powersgd", "onebit", "lowrank"):  # onebit sends Adam's momentum
             cosine = torch.nn.functional.cosine_similarity(grad, reference, dim=0).item()
             assert cosine > 0.99, (case, cosine)
 
@@ -78,11 +78,12 @@ def test_the_profiler_times_gpu_work_not_the_host_queueing_it():
 
 
 @pytest.mark.parametrize("engine,codec", [("scalesgd", "fp8"), ("ddp", "fp32")])
-def test_one_training_epoch(tmp_path, engine, codec):
+def test_a_short_training_run_learns(tmp_path, engine, codec):
     run = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "scalesgd", "train", "--workers", str(gpus()), "--epochs", "1",
-                           "--engine", engine, "--codec", codec, "--run-dir", str(run), "--quiet"],
+    done = subprocess.run([sys.executable, "-m", "scalesgd", "train", "--workers", str(gpus()), "--epochs", "3",
+                           "--warmup", "none", "--engine", engine, "--codec", codec, "--run-dir", str(run),
+                           "--quiet"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["final_test_acc"] > 0.5
+    assert summary["final_test_acc"] > 0.5  # 0.61 and 0.60 on the CPU (1 epoch: 0.33, the 2026-11-26 H200 run)

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 Check = Callable[[Any], "str | None"]
 
 INT64_MAX = 2**63 - 1  # the largest count torch and numpy hold
@@ -113,6 +115,21 @@ def threads(low: int = 0, note: str = "") -> Check:
         why = f"this machine has {cores} cores; more threads only take turns on them"
         return within(low, cores, note=f"{note}; {why}" if note else why)(value)
     return check
+
+
+DEVICES = ("auto", "cpu", "cuda")  # where a benchmark computes; auto: the GPU where one is present
+
+
+def device(value: str) -> str | None:
+    """A device to compute on: cuda only where PyTorch sees a CUDA GPU."""
+    if value == "cuda" and not torch.cuda.is_available():
+        return "needs a CUDA GPU and PyTorch sees none here; choose cpu or auto"
+    return None
+
+
+def resolve_device(value: str):
+    """The torch.device that `value` names (auto: the GPU where one is present)."""
+    return torch.device("cuda" if value == "cuda" or (value == "auto" and torch.cuda.is_available()) else "cpu")
 
 
 def local_workers(value) -> str | None:

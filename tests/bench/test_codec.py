@@ -32,3 +32,10 @@ def test_unknown_path_is_one_line_exit_2(tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert "--paths 'fused' is not known; choose from compiled, eager" in proc.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_a_gpu_asked_for_where_there_is_none_is_one_line_exit_2(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU, on any machine
+    proc = bench("codec", "--device", "cuda", "--out", str(tmp_path / "x"))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "--device cuda: needs a CUDA GPU and PyTorch sees none here; choose cpu or auto" in proc.stderr

@@ -50,6 +50,24 @@ def test_a_pipeline_started_mid_epoch_reads_exactly_the_rest_of_the_epoch(data):
     assert x.dtype == torch.float32 and abs(x.mean().item()) < 0.5  # normalised on the device
 
 
+def test_an_epoch_prepared_ahead_is_being_decoded_before_its_first_step_and_reads_the_same_batches(data):
+    def epoch_two(prepare: bool) -> list:
+        sampler = GlobalBatchSampler(len(data.train), 6, 2, 0, seed=1)
+        pipeline = open_pipeline(data, sampler, 1, LoaderSettings(2, CPU))
+        try:
+            list(pipeline.steps(0))  # epoch 0, as training reads it
+            if prepare:
+                pipeline.prepare(2)
+                assert pipeline.started[1]._send_idx == min(2 * 2, len(sampler))  # handed out ahead, 2 a process
+            sampler.set_epoch(2)  # what the training loop does at the epoch's start
+            return [x.clone() for (x, _), in pipeline.steps(0)]
+        finally:
+            pipeline.close()
+
+    ahead, asked = epoch_two(True), epoch_two(False)
+    assert len(ahead) == len(asked) and all(torch.equal(a, b) for a, b in zip(ahead, asked))
+
+
 def test_the_memory_pipeline_cuts_the_tensors_as_the_sampler_says():
     bundle = load_bundle("digits")
     sampler = GlobalBatchSampler(len(bundle.train), 64, 2, 0, seed=0)

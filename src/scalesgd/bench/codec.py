@@ -1,4 +1,5 @@
-"""`scalesgd bench codec`: throughput of the fp8 kernels, fused (torch.compile) against eager, one thread."""
+"""`scalesgd bench codec`: throughput of the fp8 kernels, fused (torch.compile) against eager, on the CPU (one
+thread by default) or a GPU."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 import torch
 
 from scalesgd import checks, output
+from scalesgd.bench.data import device_name
+from scalesgd.trace import synchronize
 from scalesgd.comm.codecs.fp8 import kernels as fp8
 from scalesgd.options import check_fields, option, record, words
 from scalesgd.options import sizes as element_counts
@@ -28,6 +31,8 @@ class CodecBenchConfig:
     repeats: int = option(5, "timed calls per point", check=checks.positive)
     warmup: int = option(2, "untimed calls first", check=checks.at_least(0))
     threads: int = option(1, "compute threads", check=checks.threads(1))
+    device: str = option("cpu", "where the kernels run (auto: the GPU where one is present)",
+                         choices=checks.DEVICES, check=checks.device)
     out: str = option("", "output directory", shown_default="runs/bench/codec-<timestamp>", check=checks.output_dir)
 
     def validate(self) -> CodecBenchConfig:
@@ -56,13 +61,14 @@ OUTPUT = {"encode": "bytes", "decode": "floats", "encode_relative": "bytes", "de
 def run(cfg: CodecBenchConfig, command: str) -> int:
     """Time every kernel on both paths; GB/s counts the float32 side (4 bytes per element)."""
     torch.set_num_threads(cfg.threads)
+    device = checks.resolve_device(cfg.device)
     tables = {mode: fp8.kernel_table(mode) for mode in cfg.paths}
     results = []
     for numel in cfg.sizes:
-        inputs = _inputs(numel)
+        inputs = {k: v.to(device) for k, v in _inputs(numel).items()}
         for name in KERNELS:
             for mode, table in tables.items():
-                seconds = _time(lambda: KERNELS[name][1](table, inputs), cfg.warmup, cfg.repeats)
+                seconds = _time(lambda: KERNELS[name][1](table, inputs), cfg.warmup, cfg.repeats, device)
                 results.append({"kernel": name, "path": mode, "numel": numel, "median_s": seconds,
                                 "gbps": 4 * numel / seconds / 1e9})
         same = all(_result(name, tables[cfg.paths[0]], inputs).equal(_result(name, t, inputs))
@@ -91,13 +97,16 @@ def _result(name: str, table: dict, inputs: dict) -> torch.Tensor:
     return inputs[OUTPUT[name]].clone()
 
 
-def _time(fn, warmup: int, repeats: int) -> float:
+def _time(fn, warmup: int, repeats: int, device: torch.device) -> float:
+    """Median seconds of one call, the device's queue drained before and after (a GPU returns before it is done)."""
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(repeats):
+        synchronize(device)
         start = time.perf_counter()
         fn()
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -116,12 +125,17 @@ def report(cfg: CodecBenchConfig, results: list[dict], command: str) -> None:
                 row.append(f"{speeds[0] / speeds[1]:.1f}")
             rows.append(row)
     out = Path(cfg.out)
+    where = _where(cfg)
     output.write(out, "codec", {"config": cfg.to_dict(), "kernel_mode_default": fp8.kernel_mode(),
-                                "results": results}, columns, rows, command)
+                                "device": where, "results": results}, columns, rows, command)
     plot(out / "codec.png", cfg, results)
-    output.console().print(output.rich_table(f"fp8 kernels, {cfg.threads} thread(s), median of {cfg.repeats}",
-                                      columns, rows))
+    output.console().print(output.rich_table(f"fp8 kernels, {where}, median of {cfg.repeats}", columns, rows))
     output.console().print(f"written to {out}/codec.{{json,md,png}}", highlight=False)
+
+
+def _where(cfg: CodecBenchConfig) -> str:
+    name = device_name(cfg.device)
+    return name if name != "CPU" else f"CPU, {cfg.threads} thread(s)"
 
 
 def plot(path: Path, cfg: CodecBenchConfig, results: list[dict]) -> None:
@@ -136,7 +150,7 @@ def plot(path: Path, cfg: CodecBenchConfig, results: list[dict]) -> None:
         ax.bar([j + i * width for j in range(len(KERNELS))], speeds, width, label=mode)
     ax.set_xticks([j + width * (len(cfg.paths) - 1) / 2 for j in range(len(KERNELS))], list(KERNELS), rotation=15)
     ax.set_ylabel("GB/s of float32")
-    ax.set_title(f"fp8 kernels on {numel:,} elements, {cfg.threads} thread(s)")
+    ax.set_title(f"fp8 kernels on {numel:,} elements, {_where(cfg)}")
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()

@@ -63,8 +63,8 @@ class MemoryPipeline:
 
     def __init__(self, data: DataBundle, sampler: GlobalBatchSampler, accumulate: int, device: torch.device,
                  eval_batch: int) -> None:
-        self.data, self.sampler, self.accumulate, self.device, self.eval_batch = data, sampler, accumulate, device, \
-            eval_batch
+        self.data, self.sampler, self.accumulate = data, sampler, accumulate
+        self.device, self.eval_batch = device, eval_batch
         self.skipped: dict[str, str] = {}
 
     def steps(self, start: int = 0) -> Iterator[MicroBatches]:
@@ -84,6 +84,9 @@ class MemoryPipeline:
         split: Split = self.data.test
         for chunk in torch.arange(rank, len(split), world).split(self.eval_batch):
             yield split.x[chunk].to(self.device), split.y[chunk].to(self.device)
+
+    def prepare(self, epoch: int) -> None:
+        """Nothing to start ahead: batches are cut when asked for."""
 
     def first_batches(self, size: int, count: int) -> MicroBatches:
         """The training set's first `count` batches of `size`, in order, with no random draw."""
@@ -107,11 +110,25 @@ class FolderPipeline:
         self.train = loader(data.train, settings, batch_sampler=self.batches)
         shard = torch.utils.data.Subset(data.test, range(rank, len(data.test), world))
         self.test = loader(shard, settings, batch_size=settings.eval_batch)
+        self.started: tuple[int, Iterator] | None = None  # an epoch whose decoding began ahead of its first step
+
+    def prepare(self, epoch: int) -> None:
+        """Have the loader processes start decoding `epoch`'s first batches now (while the last epoch is evaluated):
+        persistent workers otherwise sit idle until the epoch's first step asks, and that step waits for a whole
+        batch (0.5 s of ResNet-50's 56 ms steps on an H200)."""
+        self.batches.sampler.set_epoch(epoch)
+        self.batches.start = 0
+        self.started = (epoch, iter(self.train))
 
     def steps(self, start: int = 0) -> Iterator[MicroBatches]:
         """Each step's micro-batches from step `start` of the sampler's epoch, normalised on the device."""
-        self.batches.start = start
-        for batch in self.train:
+        started, self.started = self.started, None
+        if started is not None and started[0] == self.batches.sampler.epoch and start == 0:
+            batches = started[1]
+        else:
+            self.batches.start = start
+            batches = iter(self.train)
+        for batch in batches:
             x, y = self.on_device(batch)
             yield list(zip(x.chunk(self.accumulate), y.chunk(self.accumulate)))
 
@@ -139,11 +156,11 @@ class FolderPipeline:
         return x, batch.y.to(device, non_blocking=True)
 
     def close(self) -> None:
-        """Stop the loader processes."""
+        """Stop the loader processes now, not when the loaders are collected (persistent workers outlive an epoch)."""
         for source in (self.train, self.test):
-            iterator = getattr(source, "_iterator", None)
-            if iterator is not None:
-                iterator._shutdown_workers()
+            shutdown = getattr(getattr(source, "_iterator", None), "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
 
 
 def loader(dataset, settings: LoaderSettings, **batching) -> torch.utils.data.DataLoader:

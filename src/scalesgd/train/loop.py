@@ -107,6 +107,8 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
         totals, seconds = train_epoch(run, epoch, log, progress, done if epoch == done.epoch + 1 else Progress(),
                                       save_mid_epoch)
         images_per_s.append(totals[2].item() / seconds)
+        if epoch < last_epoch:
+            run.pipeline.prepare(epoch + 1)  # the next epoch's batches decode while this one is evaluated
         record = end_epoch(run, epoch, totals, images_per_s[-1])
         record.update(noise_record(run))
         done = Progress(epoch, max(done.best_test_acc, record["test_acc"]),
@@ -392,11 +394,13 @@ def iteration_timing(stats: IterationStats | None, waited: float, start: float, 
 
 
 def breakdown(timings: list[dict]) -> dict:
-    """Median iteration time and the mean of each part, for summary.json (a codec counter over the iterations that
+    """Median iteration time and wait for data (a few slow first batches make the mean wait say little of a step),
+    and the mean of each part, for summary.json (a codec counter over the iterations that
     have it: none while the exchange is still dense)."""
     if not timings:
         return {}
-    out = {"iterations": len(timings), "median_iteration_s": statistics.median(t["iteration_s"] for t in timings)}
+    out = {"iterations": len(timings), "median_iteration_s": statistics.median(t["iteration_s"] for t in timings),
+           "median_data_wait_s": statistics.median(t["data_wait_s"] for t in timings)}
     for key in dict.fromkeys(k for t in timings for k in t):
         out[f"mean_{key}"] = statistics.fmean(t[key] for t in timings if key in t)
     return out
