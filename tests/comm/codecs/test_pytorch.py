@@ -4,6 +4,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from scalesgd.comm.codecs import CodecSettings, LowrankOptions
 from scalesgd.comm.codecs.pytorch import POWERSGD_START_ITER, InOrder, powersgd
 from tests.spawn_util import run_workers
 
@@ -38,3 +39,10 @@ def test_powersgd_runs_in_several_buckets_on_gloo_and_every_rank_steps_alike():
     assert state is InOrder and buckets >= 3
     assert all(torch.equal(weights, other[0]) for other in ranks[1:])
     assert losses[-1] < losses[POWERSGD_START_ITER]  # the compressed steps still descend
+
+
+def test_powersgd_takes_the_lowrank_familys_rank_and_compression_rule_as_lowrank_does():
+    default = powersgd(on_cuda=False).state.state
+    assert (default.matrix_approximation_rank, default.min_compression_rate) == (4, 2)
+    given = powersgd(False, CodecSettings(LowrankOptions(rank=2, min_rate=3.0))).state.state
+    assert (given.matrix_approximation_rank, given.min_compression_rate) == (2, 3.0)

@@ -51,22 +51,26 @@ def allreduce(state, bucket):
     return default_hooks.allreduce_hook(state, bucket)
 
 
-def builtin(on_cuda: bool) -> None:
+def builtin(on_cuda: bool, settings=None) -> None:
     """No hook: DDP's own fp32 allreduce."""
     return None
 
 
-def fp16(on_cuda: bool) -> DdpHook:
+def fp16(on_cuda: bool, settings=None) -> DdpHook:
     return DdpHook(None, default_hooks.fp16_compress_hook)
 
 
-def bf16(on_cuda: bool) -> DdpHook:
+def bf16(on_cuda: bool, settings=None) -> DdpHook:
     return DdpHook(None, default_hooks.bf16_compress_hook)
 
 
-def powersgd(on_cuda: bool) -> DdpHook:
-    """PowerSGD at rank 4 after 10 plain iterations, in DDP's default buckets; on gloo its chains run in order."""
-    state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=POWERSGD_RANK,
+def powersgd(on_cuda: bool, settings=None) -> DdpHook:
+    """PowerSGD at the lowrank family's `--rank` (4 by default) and its min_compression_rate after 10 plain iterations,
+    in DDP's default buckets; on gloo its chains run in order."""
+    options = settings.options["lowrank"] if settings is not None else None
+    state = powerSGD_hook.PowerSGDState(process_group=None,
+                                        matrix_approximation_rank=options.rank if options else POWERSGD_RANK,
+                                        min_compression_rate=options.min_rate if options else 2,
                                         start_powerSGD_iter=POWERSGD_START_ITER)
     if on_cuda:
         return DdpHook(state, powerSGD_hook.powerSGD_hook)

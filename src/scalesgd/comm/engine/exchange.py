@@ -149,7 +149,7 @@ class DdpExchange(GradientExchange):
         on_cuda = next(model.parameters()).is_cuda
         self._hook_state = None
         if entry.torch_hook is not None:
-            hook = entry.torch_hook(on_cuda)
+            hook = entry.torch_hook(on_cuda, setup.settings)
         else:
             self._hook_state = CodecHookState(setup.codec, setup.group, setup.topology, setup.settings, model,
                                               setup.compress_after)

@@ -1,0 +1,14 @@
+"""Low-rank exchange after Vogels et al. 2019 (PowerSGD), as our codec: each gradient matrix as two rank-r factors
+with error feedback and a warm start, the factors on a dense wire of ours, or one factor a step (ACP-SGD); the
+family's options and the registration."""
+
+from scalesgd.comm.codecs.lowrank.codec import LowrankCodec, LowrankOptions
+from scalesgd.comm.codecs.registry import CODEC_OPTIONS, CODECS, CodecEntry
+
+CODEC_OPTIONS.add("lowrank", LowrankOptions)
+
+CODECS.add("lowrank", CodecEntry("PowerSGD's rank-r factors with error feedback, on our engine and as our hook, "
+                                 "their wire chosen by --factor-wire (Vogels et al. 2019)",
+                                 lambda s: LowrankCodec(s.options["lowrank"], seed=s.seed), family="lowrank"))
+
+__all__ = ["LowrankCodec", "LowrankOptions"]

@@ -1,0 +1,252 @@
+"""Low-rank exchange: PowerSGD (Vogels, Karimireddy and Jaggi 2019, "PowerSGD: Practical Low-Rank Gradient
+Compression for Distributed Optimization") as a codec of ours, its factors on any dense wire of ours.
+
+Per compressed matrix (`factors.layout`): M = g + e (the error fed back); P = M·Q̂ with Q̂ last step's Q made
+orthonormal (warm start; a fresh random Q, the same on every rank, the first time); P summed; P̂ = P made orthonormal;
+Q = Mᵀ·P̂ summed; the mean M̂ = P̂·Qᵀ/W is written into the bucket and e = M − M̂ kept. That is one step of subspace
+iteration a training step, two sums of (n + m)·r numbers where the gradient has n·m. The uncompressed tensors travel
+in P's message, summed exactly, with no error kept.
+
+`alternate` sends one factor a step (ACP-SGD: Zhang, Wang and others 2023, "Evaluation and Optimization of Gradient
+Compression for Distributed Deep Learning"): odd steps P = M·Q̂ with Q̂ kept from the step before, even steps
+Q = Mᵀ·P̂; M̂ is the product of the factor just summed and the one kept. One sum a step instead of two, each half
+the size on square matrices.
+
+The sums run on the factor wire, one of our dense codecs (`--factor-wire`: fp32, fp16 or bf16), as nested steps of
+this bucket's transfer, so they pipeline and overlap backward like any other exchange on gloo and NCCL alike.
+
+A non-finite gradient on any rank makes the summed P non-finite on every rank: every rank then skips the Q sum,
+fills the bucket with NaN and keeps its state (fp16's skipped step).
+
+State per parameter (keyed by the engine's parameter numbers, so DDP's bucket rebuild keeps it): the error and the
+factor(s) kept for the warm start, with the phase in alternating mode. PyTorch's hook differs in two ways: it keys
+its state by bucket, and for an uncompressed tensor it keeps local − mean as error, which we do not (that tensor was
+sent exactly).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from scalesgd import checks
+from scalesgd.comm.codecs.base import BucketView, Channel, Codec, Exchange, Piece, Scratch
+from scalesgd.comm.codecs.cast import CastCodec
+from scalesgd.comm.codecs.lowrank.factors import Layout, Matrix, batched, layout, orthogonalize
+from scalesgd.comm.wire.pipeline import Steps
+from scalesgd.options import option
+
+FACTOR_WIRES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class LowrankOptions:
+    """The low-rank codec's options: the rank, the wire its factors travel on, one factor a step or two."""
+
+    rank: int = option(4, "lowrank: rank of each gradient matrix's factors (PowerSGD's r; PyTorch's hook, "
+                       "--codec powersgd, at the same rank)", flag="--rank", check=checks.within(1, 1 << 16))
+    factor_wire: str = option("fp32", "lowrank: the wire the factors and the uncompressed tensors travel on",
+                              flag="--factor-wire", choices=tuple(FACTOR_WIRES), own=True)
+    alternate: bool = option(False, "lowrank: one factor a step, P and Q in turn (ACP-SGD): one sum a step instead "
+                             "of two", own=True)
+    min_rate: float = option(2.0, "lowrank: a matrix is factored only when its factors are this many times smaller "
+                             "(PyTorch's min_compression_rate; its hook, --codec powersgd, takes it too)",
+                             check=checks.within(1, 1e6))
+
+
+class _State:
+    """One parameter's error feedback and the factors kept for the next step."""
+
+    def __init__(self, numel: int, matrix: Matrix, device: torch.device, dtype: torch.dtype, seed: int):
+        self.error = torch.zeros(numel, dtype=dtype, device=device)
+        # the first Q: random, drawn from (seed, parameter) alone, so every rank and a resumed run draw the same
+        gen = torch.Generator().manual_seed(hash((seed, matrix.key)) & (2 ** 62 - 1))
+        self.q = torch.randn(matrix.cols, matrix.rank, generator=gen, dtype=torch.float32).to(device, dtype)
+        self.p = torch.zeros(matrix.rows, matrix.rank, dtype=dtype, device=device)
+        self.phase = 0  # alternating: 0 computes P next, 1 computes Q
+
+    def state_dict(self) -> dict:
+        return {"error": self.error.clone(), "q": self.q.clone(), "p": self.p.clone(), "phase": self.phase}
+
+    def load(self, saved: dict) -> None:
+        self.error.copy_(saved["error"])
+        self.q.copy_(saved["q"])
+        self.p.copy_(saved["p"])
+        self.phase = int(saved["phase"])
+
+
+class LowrankCodec(Codec):
+    """Each gradient matrix as two rank-r factors with error feedback; small tensors uncompressed beside them."""
+
+    keeps_gradients = True  # the error carries gradients across steps
+
+    def __init__(self, options: LowrankOptions = LowrankOptions(), seed: int = 0):
+        self.name, self.options, self.seed = "lowrank", options, seed
+        self.wire = CastCodec(f"lowrank_{options.factor_wire}", FACTOR_WIRES[options.factor_wire])
+        self._states: dict[int, _State] = {}  # parameter number → its state
+        self._loaded: dict[int, dict] = {}  # saved states not yet claimed by a bucket (their shapes come with it)
+        self._counts = torch.zeros(3, dtype=torch.float64)  # elements, Σ error², Σ gradient²
+
+    def start(self, flat: torch.Tensor, bucket: BucketView, channel: Channel, scratch: Scratch) -> Exchange:
+        o = self.options
+        shapes = tuple(tuple(p.shape) for p in bucket.params)
+        plan = scratch.memo("layout", (bucket.keys, shapes, flat.numel(), o.rank, o.min_rate),
+                            lambda: layout(bucket.keys, bucket.offsets, shapes, flat.numel(), o.rank, o.min_rate))
+        return LowrankExchange(self, flat, bucket, plan, channel, scratch)
+
+    def state_of(self, matrix: Matrix, like: torch.Tensor) -> _State:
+        """The matrix's state: kept, loaded from a checkpoint, or new."""
+        st = self._states.get(matrix.key)
+        if st is None or st.error.numel() != matrix.numel or st.q.shape != (matrix.cols, matrix.rank):
+            st = self._states[matrix.key] = _State(matrix.numel, matrix, like.device, like.dtype, self.seed)
+            saved = self._loaded.pop(matrix.key, None)
+            if saved is not None and saved["error"].numel() == matrix.numel:
+                st.load(saved)
+        return st
+
+    def count(self, error_sq: torch.Tensor, gradient_sq: torch.Tensor, elements: int) -> None:
+        self._counts += torch.stack([torch.tensor(float(elements)), error_sq.double().cpu(),
+                                     gradient_sq.double().cpu()])
+
+    def counters(self) -> dict[str, float]:
+        elements, error_sq, gradient_sq = self._counts.tolist()
+        self._counts.zero_()
+        out = self.wire.counters()
+        if elements and gradient_sq:
+            out["lowrank_error_ratio"] = math.sqrt(error_sq / gradient_sq)
+        return out
+
+    def save_bucket(self, bucket: BucketView):
+        return {key: self._states[key].state_dict() for key in bucket.keys if key in self._states}
+
+    def restore_bucket(self, bucket: BucketView, saved) -> None:
+        """The errors and factors as before the step; a parameter's first step leaves no state."""
+        for key in bucket.keys:
+            if key in saved:
+                self._states[key].load(saved[key])
+            else:
+                self._states.pop(key, None)
+
+    def state_dict(self) -> dict:
+        return {"params": {key: st.state_dict() for key, st in self._states.items()} | dict(self._loaded)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._states = {}
+        self._loaded = {int(key): saved for key, saved in state["params"].items()}
+
+
+class LowrankExchange(Exchange):
+    """One bucket's step, one piece: P (and the uncompressed tensors) summed, then Q; or one of them, alternating."""
+
+    def __init__(self, codec: LowrankCodec, flat: torch.Tensor, bucket: BucketView, plan: Layout, channel: Channel,
+                 scratch: Scratch):
+        self.codec, self.flat, self.plan, self.channel, self.scratch = codec, flat, plan, channel, scratch
+        dtype, device = torch.promote_types(flat.dtype, torch.float32), flat.device
+        self.dtype = dtype
+        self.work = flat if flat.dtype == dtype else scratch.tensor("work", flat.numel(), dtype, device)
+        self.states = [codec.state_of(m, self.work) for m in plan.matrices]
+        self.alternate = codec.options.alternate
+        # what this step sends: P, or (alternating) whichever factor this step computes; the uncompressed after it
+        phases = {st.phase for st in self.states}
+        self.phase = phases.pop() if len(phases) == 1 else 0  # a bucket's parameters step together
+        self.sends_q = self.alternate and self.phase == 1
+        factors = plan.q_numel if self.sends_q else plan.p_numel
+        self.message = scratch.tensor("message_q" if self.sends_q else "message", factors + plan.dense_numel, dtype,
+                                      device)
+        self.factors = self.message[:factors]
+        self.p = self.factors if not self.sends_q else scratch.tensor("p", plan.p_numel, dtype, device)
+        self.q = scratch.tensor("q", plan.q_numel, dtype, device) if not self.sends_q else self.factors
+        self.bounds = [(0, flat.numel())]
+        self.flagged = False
+
+    def matrix(self, m: Matrix) -> torch.Tensor:
+        return self.work[m.start:m.start + m.numel].view(m.rows, m.cols)
+
+    def encode(self, piece: Piece) -> None:
+        """M = g + e; the factor this step sends, from the one kept (made orthonormal); the uncompressed tensors."""
+        if self.work is not self.flat:
+            self.work.copy_(self.flat)
+        for m, st in zip(self.plan.matrices, self.states):
+            self.matrix(m).view(-1).add_(st.error)
+            if self.sends_q:
+                self.p[m.p_at:m.p_at + m.rows * m.rank].view(m.rows, m.rank).copy_(st.p)
+            else:
+                self.q[m.q_at:m.q_at + m.cols * m.rank].view(m.cols, m.rank).copy_(st.q)
+        kept = "p" if self.sends_q else "q"
+        for group in self.plan.groups():
+            orthogonalize(batched(self.p if kept == "p" else self.q, group, kept))
+        for m in self.plan.matrices:
+            self._multiply(m, "q" if self.sends_q else "p")
+        at = self.factors.numel()
+        for start, size in self.plan.dense:
+            self.message[at:at + size].copy_(self.work[start:start + size])
+            at += size
+
+    def _multiply(self, m: Matrix, into: str) -> None:
+        """P = M·Q̂ (`into` "p") or Q = Mᵀ·P̂ ("q") for one matrix."""
+        p = self.p[m.p_at:m.p_at + m.rows * m.rank].view(m.rows, m.rank)
+        q = self.q[m.q_at:m.q_at + m.cols * m.rank].view(m.cols, m.rank)
+        if into == "p":
+            torch.mm(self.matrix(m), q, out=p)
+        else:
+            torch.mm(self.matrix(m).t(), p, out=q)
+
+    def transfer(self, piece: Piece) -> Steps:
+        """The message's mean on the factor wire; then, unless alternating, P̂ and Q's mean."""
+        sent = yield from self._mean(self.message, "message", piece)
+        self.flagged = not bool(torch.isfinite(self.message).all())  # the same sum on every rank: the same verdict
+        if self.flagged or self.alternate or not self.plan.matrices:
+            return sent
+        for group in self.plan.groups():
+            orthogonalize(batched(self.p, group, "p"))
+        for m in self.plan.matrices:
+            self._multiply(m, "q")
+        sent += yield from self._mean(self.q, "q", piece)
+        self.flagged = not bool(torch.isfinite(self.q).all())
+        return sent
+
+    def _mean(self, tensor: torch.Tensor, name: str, piece: Piece) -> Steps:
+        """`tensor`'s mean over ranks on the factor wire, its pieces one after another under this piece's tag."""
+        inner_scratch = self.scratch.memo(f"wire:{name}", True, Scratch)
+        exchange = self.codec.wire.start(tensor, BucketView(-1, []), self.channel, inner_scratch)
+        sent = 0
+        for i in range(exchange.pieces):
+            part = Piece(i, piece.tag, 0)
+            exchange.encode(part)
+            sent += yield from exchange.transfer(part)
+            exchange.decode(part)
+        exchange.finish()
+        return sent
+
+    def decode(self, piece: Piece) -> None:
+        """M̂ = P̂·Qᵀ into the bucket and e = M − M̂ kept (the factors' means carry the 1/W), the uncompressed means
+        beside; NaN everywhere when some rank's gradient was not finite."""
+        if self.flagged:
+            self.flat.fill_(math.nan)
+            return
+        error_sq = gradient_sq = torch.zeros((), dtype=torch.float64, device=self.flat.device)
+        elements = 0
+        for m, st in zip(self.plan.matrices, self.states):
+            p = self.p[m.p_at:m.p_at + m.rows * m.rank].view(m.rows, m.rank)
+            q = self.q[m.q_at:m.q_at + m.cols * m.rank].view(m.cols, m.rank)
+            matrix = self.matrix(m)
+            approx = torch.mm(p, q.t())
+            gradient_sq = gradient_sq + matrix.square().sum(dtype=torch.float64)
+            st.error.copy_((matrix - approx).view(-1))
+            error_sq = error_sq + st.error.square().sum(dtype=torch.float64)
+            elements += m.numel
+            matrix.copy_(approx)
+            st.q.copy_(q)  # the mean Q (made orthonormal next step), or alternating, the factor kept or summed
+            if self.alternate:
+                st.p.copy_(p)
+                st.phase = 1 - self.phase
+        at = self.factors.numel()
+        for start, size in self.plan.dense:
+            self.work[start:start + size].copy_(self.message[at:at + size])
+            at += size
+        if self.work is not self.flat:
+            self.flat.copy_(self.work)
+        if elements:
+            self.codec.count(error_sq, gradient_sq, elements)
