@@ -61,8 +61,8 @@ BAD = [
     (("--density-warmup", "-1"), "--density-warmup -1: must be >= 0"),
     (("--codec", "lowrank", "--rank", "0"), "--rank 0: must be in [1, 65536]"),
     (("--codec", "lowrank", "--factor-wire", "fp9"), "--factor-wire 'fp9' is not known; choose from fp32, fp16, bf16"),
-    (("--codec", "fp16", "--factor-wire", "bf16"), "--factor-wire applies to the lowrank codecs (lowrank); got "
-                                                    "--codec fp16"),
+    (("--codec", "fp16", "--factor-wire", "bf16"), "--factor-wire applies to the lowrank codecs (lowrank, "
+                                                    "lowrank-acp); got --codec fp16"),
     (("--local-clip", "-1"), "--local-clip -1.0: must be a finite number >= 0"),
     (("--noise-scale", "--workers", "1"), "--noise-scale compares each worker's gradient with the mean over "
                                           "workers: it needs --workers 2 or more, got 1"),

@@ -8,6 +8,7 @@ import torch
 from scalesgd.bench.train import TrainBenchConfig, criterion, describe, synthetic_batches
 from scalesgd.bench.train_report import add_ratios, spread
 from scalesgd.cli import main
+from scalesgd.comm.wire.compact import compact_size
 from scalesgd.models import ModelOptions
 from scalesgd.models.gpt import GptOptions, gpt
 from scalesgd.sim.modes import Mode, parse_mode
@@ -45,9 +46,9 @@ def test_sparse_modes_report_their_plan_and_prediction(tmp_path):
     results = {r["mode"]: r for r in json.loads((out / "train.json").read_text())["results"]}
     planned = results["scalesgd-topk@0.1-ring-planner:optimal"]
     assert planned["planned_groups"] >= 1 and planned["predicted_s"] > 0 and planned["measured_exchange_end_s"] > 0
-    # at 1 % of 78,042 entries (781 per rank), a rank sends its own (index, value) pairs, 8 bytes each, and
-    # its (count, non-finite flag) pair, 16 bytes
-    assert results["scalesgd-topk-global@0.01"]["mean_bytes_sent"] == 781 * 8 + 16
+    # at 1 % of 78,042 entries (781 per rank), a rank sends its own entries in one compact message (fp16 values,
+    # 16-bit offsets in 2 blocks of 65,536) and its (length, non-finite flag) pair, 16 bytes
+    assert results["scalesgd-topk-global@0.01"]["mean_bytes_sent"] == compact_size(781, 78_042) + 16
     assert "predicted_s" not in results["scalesgd-lags@0.1"]
     auto = results["auto-fp32+fp16"]
     assert auto["auto_choice"].split()[0] in ("fp32", "fp16") and auto["predicted_s"] > 0

@@ -47,7 +47,9 @@ def test_hierarchical_moves_only_a_node_share_across_nodes():
 
 def test_sparse_allgather_by_hand():
     # counts (⌈log2 4⌉ latencies), then 3 ring steps of two messages carrying 10 entries × 8 bytes
-    assert network.sparse_allgather(10, 4, UNIT) == pytest.approx(2 + 3 * (2 + 80))
+    assert network.sparse_allgather(10, 4, UNIT, wire="plain") == pytest.approx(2 + 3 * (2 + 80))
+    # compact: one message of 4 bytes an entry
+    assert network.sparse_allgather(10, 4, UNIT) == pytest.approx(2 + 3 * (1 + 40))
 
 
 def test_unknown_algorithm_is_refused():

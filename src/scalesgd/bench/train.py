@@ -121,7 +121,7 @@ def describe(mode: Mode, bench: TrainBenchConfig, world: int) -> TrainConfig:
         model=bench.model, batch_size=bench.batch_size, base_batch=bench.batch_size,
         engine="scalesgd" if auto else mode.engine, codec="fp32" if auto else mode.codec,
         exchange="auto" if auto else "manual", auto_codecs=mode.auto_codecs or AUTO_CODECS, algorithm=mode.algorithm,
-        buckets="size:1" if mode.planner != NO_PLANNER else mode.buckets, density=mode.density,
+        buckets="size:1" if mode.planner != NO_PLANNER else mode.buckets, **mode.codec_options(),
         planner=mode.planner, procs_per_node=bench.procs_per_node,
         compress_after="0", density_warmup=0))  # timed compressed from its first step
 
@@ -277,7 +277,7 @@ def build_runner(cfg: TrainBenchConfig, mode: Mode, env, batches: list) -> Runne
                                                      quiet=True)
     elif mode.planner != NO_PLANNER:
         plan, planned = planner.plan_exchange(train_cfg.planner, train_cfg.topk.density, train_cfg.topk.reuse,
-                                              model, batches[0], loss, group)
+                                              model, batches[0], loss, group, wire=train_cfg.topk.wire)
     exchange = build_exchange(train_cfg.engine, model, optimizer,
                               train_cfg.exchange_setup(group, env.topology_groups, plan=plan))
     return Runner(mode, exchange, exchange.model, exchange.optimizer, [], [], [], planned, auto, loss=loss)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from scalesgd.comm.codecs import CODECS
+from scalesgd.comm.codecs import CODECS, TopkOptions
 from scalesgd.comm.cost.planner import PLANNERS
 from scalesgd.comm.cost.timing import timeline
 from scalesgd.comm.engine.buckets import TensorInfo, ddp_buckets, plan_buckets
@@ -73,8 +73,9 @@ def wire_time(mode: Mode, numel: int, cluster: network.Cluster, density_scale: f
     if entry.sparse:
         density = min(mode.density * density_scale, 1.0)
         if entry.needs_topology:  # topk-nodes: dense in the node, sparse across nodes
-            return network.node_sparse(numel, density, cluster)
-        return network.sparse_allgather(math.ceil(density * numel), cluster.workers, cluster.ring_link)
+            return network.node_sparse(numel, density, cluster, sparse_wire(mode))
+        return network.sparse_allgather(math.ceil(density * numel), cluster.workers, cluster.ring_link,
+                                        wire=sparse_wire(mode))
     nbytes = numel * entry.wire_bytes
     if entry.needs_topology:  # fp8's two-stage sum: in the node, across nodes, back
         return network.hierarchical(nbytes, cluster)
@@ -85,7 +86,12 @@ def nominal_sparse_bytes(mode: Mode, profile: ComputeProfile, workers: int) -> f
     """Bytes a rank sends per iteration at the nominal density: ⌈ρ·n⌉ entries per bucket to each other rank."""
     groups = grouping(mode, profile, lambda n: 0.0, lambda n: 0.0)
     entries = sum(math.ceil(mode.density * sum(profile.sizes[i] for i in g)) for g in groups)
-    return (workers - 1) * entries * network.SPARSE_ENTRY_BYTES
+    return (workers - 1) * entries * network.SPARSE_ENTRY_BYTES[sparse_wire(mode)]
+
+
+def sparse_wire(mode: Mode) -> str:
+    """How a sparse mode's entries travel: its /WIRE, else the codecs' default."""
+    return mode.wire or TopkOptions().wire
 
 
 def grouping(mode: Mode, profile: ComputeProfile, channel, inline) -> list[list[int]]:

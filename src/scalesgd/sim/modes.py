@@ -1,17 +1,23 @@
-"""Exchange modes by name, as `bench train` runs them and `simulate` predicts them: `none`, `ddp[-CODEC]`,
-`scalesgd[-CODEC[@DENSITY][-ALGORITHM[-BUCKETS]]]`."""
+"""Exchange modes by name, as `bench train` runs them and `simulate` predicts them: `none`, `ddp[-CODEC[@RANK]]`,
+`scalesgd[-CODEC[@AMOUNT][/WIRE][-ALGORITHM[-BUCKETS]]]`. AMOUNT is a sparse codec's density or a low-rank codec's
+rank; WIRE the low-rank codec's factor wire, or how a sparse codec's entries travel (compact or plain)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from scalesgd.comm.codecs import CODECS
+from scalesgd.comm.codecs.lowrank.codec import FACTOR_WIRES
+from scalesgd.comm.wire.compact import SPARSE_WIRES
 from scalesgd.config import NO_PLANNER
 
-MODES_HELP = ("comma-separated: none (no exchange: the compute-only bound), ddp[-CODEC], "
-              "scalesgd[-CODEC[@DENSITY][-ALGORITHM[-BUCKETS]]], auto[-CODEC+CODEC…[@DENSITY]] (--exchange auto "
-              "among those codecs, default fp32+fp16+bf16+fp8)")
+MODES_HELP = ("comma-separated: none (no exchange: the compute-only bound), ddp[-CODEC[@RANK]], "
+              "scalesgd[-CODEC[@AMOUNT][/WIRE][-ALGORITHM[-BUCKETS]]] (AMOUNT: a sparse codec's density, lowrank's "
+              "rank; WIRE: lowrank's factor wire, e.g. scalesgd-lowrank@4/fp16, or a sparse codec's, compact or plain, "
+              "e.g. scalesgd-topk@0.01/plain), auto[-CODEC+CODEC…[@DENSITY]] "
+              "(--exchange auto among those codecs, default fp32+fp16+bf16+fp8)")
 AUTO_DEFAULT = "fp32+fp16+bf16+fp8"
+LOW_RANK = ("lowrank", "lowrank-acp", "powersgd")  # codecs whose @ is a rank
 
 
 @dataclass(frozen=True)
@@ -24,6 +30,13 @@ class Mode:
     algorithm: str = "ring"
     buckets: str = "size:1"
     density: float = 0.1
+    rank: int = 4  # a low-rank codec's (and PyTorch's PowerSGD hook's) rank
+    wire: str = ""  # a low-rank codec's factor wire, or a sparse codec's entries' ("": the codec's default)
+
+    def codec_options(self) -> dict:
+        """The training options this mode sets beyond its codec: the sparse density, the rank, the wire."""
+        wire = "factor_wire" if self.codec in CODECS and CODECS[self.codec].family == "lowrank" else "topk_wire"
+        return {"density": self.density, "rank": self.rank, **({wire: self.wire} if self.wire else {})}
 
     @property
     def warm_start(self) -> int:
@@ -55,21 +68,47 @@ def parse_mode(text: str) -> Mode:
         if unknown:
             raise ValueError(f"mode {text!r}: codec {unknown[0]!r} is not known")
         return Mode(text, "auto", codecs, density=_density(text, density))
-    if engine == "ddp":
-        return Mode(text, "ddp", rest or "fp32")
-    if engine == "scalesgd":
+    if engine in ("ddp", "scalesgd"):
         # codec names may hold dashes (fp8-direct, topk-global): take the longest that fits
-        fits = [c for c in CODECS if rest == c or rest.startswith((c + "-", c + "@"))]
+        fits = [c for c in CODECS if rest == c or rest.startswith((c + "-", c + "@", c + "/"))]
         codec = max(fits, key=len) if fits else (rest.split("-", 1)[0] or "fp32")
-        tail, density = rest[len(codec):], ""
-        if tail.startswith("@"):  # the density runs to the next dash that is not its own sign
+        tail, amount = rest[len(codec):], ""
+        if tail.startswith("@"):  # the amount runs to the next dash that is not its own sign
             sign = "-" if tail.startswith("@-") else ""
-            density, _, tail = tail[1 + len(sign):].partition("-")
-            density = sign + density
+            amount, _, tail = tail[1 + len(sign):].partition("-")
+            amount = sign + amount
+            amount, slash, wire = amount.partition("/")
+            tail = (slash + wire + "-" + tail) if slash else tail
+        wire = ""
+        if tail.startswith("/"):
+            wire, _, tail = tail[1:].partition("-")
         algorithm, _, buckets = tail.lstrip("-").partition("-")
-        return Mode(text, "scalesgd", codec, algorithm or "ring", buckets or "size:1", _density(text, density))
-    raise ValueError(f"mode {text!r} is not known; use none, ddp[-CODEC] or "
-                     "scalesgd[-CODEC[@DENSITY][-ALGORITHM[-BUCKETS]]]")
+        if engine == "ddp" and (algorithm or wire):
+            raise ValueError(f"mode {text!r}: a ddp mode is ddp-CODEC[@RANK]; DDP chooses its own algorithm and "
+                             "buckets")
+        return _with_amount(Mode(text, engine, codec, algorithm or "ring", buckets or "size:1"), amount, wire)
+    raise ValueError(f"mode {text!r} is not known; use none, ddp[-CODEC[@RANK]] or "
+                     "scalesgd[-CODEC[@AMOUNT][/WIRE][-ALGORITHM[-BUCKETS]]]")
+
+
+def _with_amount(mode: Mode, amount: str, wire: str) -> Mode:
+    """`mode` with its codec's amount (a density, or for lowrank and PyTorch's PowerSGD a rank) and wire."""
+    low_rank = mode.codec in LOW_RANK
+    sparse = mode.codec in CODECS and CODECS[mode.codec].sparse
+    factored = mode.codec in CODECS and CODECS[mode.codec].family == "lowrank"
+    if wire and not (factored or sparse):
+        raise ValueError(f"mode {mode.name!r}: /{wire} sets lowrank's factor wire or a sparse codec's; "
+                         f"{mode.codec} has none")
+    wires = SPARSE_WIRES if sparse else FACTOR_WIRES
+    if wire and wire not in wires:
+        raise ValueError(f"mode {mode.name!r}: wire {wire!r} is not known; choose from {', '.join(wires)}")
+    if not low_rank:
+        if mode.engine == "ddp" and amount:
+            raise ValueError(f"mode {mode.name!r}: @ gives PyTorch's PowerSGD hook its rank; {mode.codec} takes none")
+        return replace(mode, density=_density(mode.name, amount), wire=wire)
+    if amount and not (amount.isdigit() and int(amount) >= 1):
+        raise ValueError(f"mode {mode.name!r}: rank {amount!r} must be a whole number >= 1")
+    return replace(mode, rank=int(amount) if amount else 4, wire=wire)
 
 
 def _density(mode: str, text: str) -> float:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from scalesgd.comm.cost.link import LinkCost
 
-SPARSE_ENTRY_BYTES = 8  # an int32 index and an fp32 value
+SPARSE_ENTRY_BYTES = {"plain": 8, "compact": 4}  # an int32 index and an fp32 value; compact: 16 bits of each
 GOYAL_HIERARCHICAL = "hierarchical_hd"  # simulated only: halving/doubling across servers (Goyal et al. 2017)
 
 
@@ -90,16 +90,19 @@ def dense_allreduce(nbytes: float, algorithm: str, cluster: Cluster) -> float:
     raise ValueError(f"allreduce algorithm {algorithm!r} has no cost model")
 
 
-def sparse_allgather(entries: float, ranks: int, link: LinkCost, share: int = 1) -> float:
-    """Counts first, then p−1 ring steps each passing one rank's indices and values (two messages)."""
+def sparse_allgather(entries: float, ranks: int, link: LinkCost, share: int = 1, wire: str = "compact") -> float:
+    """Counts first, then p−1 ring steps each passing one rank's entries: plain, its indices and values (two
+    messages); compact, one message of 4 bytes an entry."""
     if ranks <= 1:
         return 0.0
     counts = math.ceil(math.log2(ranks)) * link.alpha_s
-    return counts + (ranks - 1) * link.seconds(entries * SPARSE_ENTRY_BYTES * share, messages=2)
+    messages = 2 if wire == "plain" else 1
+    return counts + (ranks - 1) * link.seconds(entries * SPARSE_ENTRY_BYTES[wire] * share, messages=messages)
 
 
-def node_sparse(numel: float, density: float, cluster: Cluster) -> float:
+def node_sparse(numel: float, density: float, cluster: Cluster, wire: str = "compact") -> float:
     """topk-nodes: a dense fp32 reduce-scatter and allgather in the node, each shard's top-k across nodes."""
     ppn = cluster.procs_per_node
     inside = 2 * reduce_scatter(4 * numel, ppn, cluster.intra)
-    return inside + sparse_allgather(math.ceil(density * numel / ppn), cluster.nodes, cluster.inter, share=ppn)
+    return inside + sparse_allgather(math.ceil(density * numel / ppn), cluster.nodes, cluster.inter, share=ppn,
+                                     wire=wire)

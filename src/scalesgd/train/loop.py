@@ -150,7 +150,8 @@ def setup(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool) 
             cfg, plan, chosen = auto.choose(cfg, model, batches, objective.loss, env, run_dir, resume, cfg.quiet)
         else:
             plan, planned = planner.plan_exchange(cfg.planner, cfg.topk.density, cfg.topk.reuse, model, batches[0],
-                                                  objective.loss, env.exchange_group, run_dir, resume)
+                                                  objective.loss, env.exchange_group, run_dir, resume,
+                                                  wire=cfg.topk.wire)
     norms = GradientNorms() if cfg.measures_noise else None
     exchange = build_exchange(cfg.engine, model, optimizer, cfg.exchange_setup(
         env.exchange_group, env.topology_groups, tracer, plan, len(sampler), norms))

@@ -35,4 +35,4 @@ def test_sparse_exchange_equals_a_dense_allreduce_of_the_masked_tensors():
     total = sum(len(rank_entries(r)[0]) for r in range(4))
     for rank, (_, sent) in enumerate(results):
         own_next = total - len(rank_entries((rank + 1) % 4)[0])  # everything but what the right neighbour has
-        assert sent == own_next * 12 + 3 * 16  # and its (count, flag) pair to each of the 3 others
+        assert sent == own_next * 12 + 3 * 24  # and its (lengths of both parts, flag) to each of the 3 others

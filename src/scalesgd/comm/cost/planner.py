@@ -111,7 +111,7 @@ PLANNERS.add("optimal", plan_optimal)
 
 def plan_exchange(planner: str, density: float, reuse: int, model: torch.nn.Module,
                   batch: tuple[torch.Tensor, torch.Tensor], loss_fn, group=None, run_dir: Path | None = None,
-                  resume: bool = False) -> tuple[BucketPlan, dict]:
+                  resume: bool = False, wire: str = "compact") -> tuple[BucketPlan, dict]:
     """The planner's bucket plan for this run and what it predicts (collective: every rank calls it).
 
     Every rank takes part in the measurement (the message cost is measured on the real group);
@@ -124,7 +124,7 @@ def plan_exchange(planner: str, density: float, reuse: int, model: torch.nn.Modu
         decided = json.loads(saved.read_text())
         plan = plan_from_groups(decided["groups"], model_tensors(model), f"planner:{planner}")
         return plan, summary_of(decided)
-    profile = profile_model(model, batch, loss_fn, density, reuse, group=group)
+    profile = profile_model(model, batch, loss_fn, density, reuse, group=group, wire=wire)
     decided = None
     if dist.get_rank() == 0:
         groups = PLANNERS[planner](profile.t_f, profile.t_b, profile.sizes, profile.comm_time, profile.sparsify_time)

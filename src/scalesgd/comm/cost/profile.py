@@ -20,6 +20,7 @@ from torch import nn
 from scalesgd.comm.codecs.base import BucketView, Channel, Scratch
 from scalesgd.comm.codecs.topk.codec import TopkCodec
 from scalesgd.comm.engine.buckets import model_tensors
+from scalesgd.comm.wire.compact import SPARSE_WIRES
 from scalesgd.comm.wire.sparse import allgather_sparse, mean_of_sparse
 from scalesgd.trace import DeviceClock, synchronize
 
@@ -136,12 +137,12 @@ def layer_profile(model: nn.Module, batch, loss_fn, group=None) -> dict:
 
 
 def time_sparsify(sizes: list[int], density: float, reuse: int, repeats: int = 3,
-                  device: torch.device | str = "cpu") -> tuple[float, float]:
+                  device: torch.device | str = "cpu", wire: str = "compact") -> tuple[float, float]:
     """Fit the top-k codec's encode time (one recompute per `reuse` steps) against bucket size."""
     xs, ys = [], []
     channel, scratch = Channel(None, 1), Scratch()
     for d in sizes:
-        codec = TopkCodec("topk", density, reuse)
+        codec = TopkCodec("topk", density, reuse, wire=wire)
         g = torch.randn(d, device=device)
         view = BucketView(0, [], [0], d)
         per_step = []
@@ -158,19 +159,20 @@ def time_sparsify(sizes: list[int], density: float, reuse: int, repeats: int = 3
 
 
 def time_sparse_exchange(sizes: list[int], density: float, group=None, repeats: int = 3,
-                         device: torch.device | str = "cpu") -> tuple[float, float]:
-    """Fit the sparse exchange of ⌈ρ·d⌉ entries per rank and its decode against d, on `group` (collective)."""
+                         device: torch.device | str = "cpu", wire: str = "compact") -> tuple[float, float]:
+    """Fit the sparse exchange of ⌈ρ·d⌉ entries per rank on `wire` and its decode against d, on `group`
+    (collective)."""
     xs, ys = [], []
     for d in sizes:
         k = max(1, math.ceil(density * d))
         idx = torch.randperm(d)[:k].to(device=device, dtype=torch.int32)
-        val, out = torch.randn(k, device=device), torch.empty(d, device=device)
+        val, out = torch.randn(k, device=device).half().float(), torch.empty(d, device=device)
         times = []
         for _ in range(repeats + 1):
             synchronize(device)
             dist.barrier(group=group)
             start = time.perf_counter()
-            gathered = allgather_sparse(idx, val, group)
+            gathered = allgather_sparse(idx, val, group, wire=SPARSE_WIRES[wire], numel=d)
             mean_of_sparse(out, gathered.indices, gathered.values)
             synchronize(device)
             times.append(time.perf_counter() - start)
@@ -181,14 +183,15 @@ def time_sparse_exchange(sizes: list[int], density: float, group=None, repeats: 
     return fit_line(xs, ys)
 
 
-def profile_model(model: nn.Module, batch, loss_fn, density: float, reuse: int, group=None) -> Profile:
+def profile_model(model: nn.Module, batch, loss_fn, density: float, reuse: int, group=None,
+                  wire: str = "compact") -> Profile:
     """Everything the planner needs for `model`, measured now on this rank and `group` (collective)."""
     device = next(model.parameters()).device
     layers = layer_profile(model, batch, loss_fn, group)
     total = sum(layers["sizes"])
     grid = sorted({max(1, min(total, d)) for d in (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22)})
-    sparsify = time_sparsify(grid, density, reuse, device=device)
-    comm = time_sparse_exchange(grid, density, group, device=device)
+    sparsify = time_sparsify(grid, density, reuse, device=device, wire=wire)
+    comm = time_sparse_exchange(grid, density, group, device=device, wire=wire)
     world = dist.get_world_size(group) if dist.is_initialized() else 1
     return Profile(layers["names"], layers["sizes"], layers["t_f"], layers["t_b"], comm, sparsify, density,
                    reuse, world)

@@ -95,11 +95,11 @@ def test_with_an_fp32_wire_it_gives_pytorchs_powersgd_result_on_the_same_gradien
 
 # ---- error feedback, alternating, wires, non-finite -------------------------------------------------------------
 
-def exchanged(rank, world, options, steps=6, poison_at=None):
+def exchanged(rank, world, options, steps=6, poison_at=None, codec="lowrank"):
     """`steps` exchanges of this rank's gradients: what each step's mean was, the exact means, the errors kept, the
     bytes of each step, and the codec's state at the end."""
     params = [torch.zeros(shape) for shape in SHAPES]
-    codec = make_codec("lowrank", CodecSettings(options))
+    codec = make_codec(codec, CodecSettings(options))
     view, channel = view_of(params), Channel(None, world)
     sent, exact, sizes, states = [], [], [], []
     for step in range(steps):
@@ -119,18 +119,18 @@ def exchanged(rank, world, options, steps=6, poison_at=None):
     return sent, exact, everyone / world, sizes, states + [codec.state_dict()]
 
 
-@pytest.mark.parametrize("alternate", [False, True])
-def test_error_feedback_loses_nothing_what_was_sent_plus_the_mean_error_is_the_sum_of_the_means(alternate):
-    for sent, exact, mean_error, _, _ in run_workers(exchanged, 2, LowrankOptions(rank=2, alternate=alternate)):
+@pytest.mark.parametrize("codec", ["lowrank", "lowrank-acp"])
+def test_error_feedback_loses_nothing_what_was_sent_plus_the_mean_error_is_the_sum_of_the_means(codec):
+    for sent, exact, mean_error, _, _ in run_workers(exchanged, 2, LowrankOptions(rank=2), 6, None, codec):
         assert torch.allclose(sum(sent) + mean_error, sum(exact), atol=1e-4)
         assert mean_error.abs().max() > 1e-3  # rank 2 of random 48×20 matrices: something is still owed
 
 
-def test_alternating_sends_one_factor_a_step_two_sums_become_one():
+def test_lowrank_acp_sends_one_factor_a_step_two_sums_become_one():
     n_dense = 48
     plan = layout(tuple(range(4)), OFFSETS, SHAPES, NUMEL, rank=2, min_rate=2.0)
     both = run_workers(exchanged, 2, LowrankOptions(rank=2))[0][3]
-    alternating = run_workers(exchanged, 2, LowrankOptions(rank=2, alternate=True))[0][3]
+    alternating = run_workers(exchanged, 2, LowrankOptions(rank=2), 6, None, "lowrank-acp")[0][3]
     p_step, q_step = 4 * (plan.p_numel + n_dense), 4 * (plan.q_numel + n_dense)  # fp32 around a ring of 2: n bytes
     assert both == [4 * (plan.p_numel + n_dense + plan.q_numel)] * 6
     assert alternating == [p_step, q_step] * 3
@@ -161,7 +161,7 @@ def test_options_without_meaning_are_refused_by_name(bad, name):
 def engine_run(rank, world, steps, saved=None, start=0):
     weights = Weights()
     engine = DistributedOptimizer(torch.optim.SGD(weights.parameters(), lr=0.01, momentum=0.9), weights,
-                                  codec=make_codec("lowrank", CodecSettings(LowrankOptions(rank=2, alternate=True))),
+                                  codec=make_codec("lowrank-acp", CodecSettings(LowrankOptions(rank=2))),
                                   compress_after=1)
     if saved is not None:
         weights.load_state_dict(saved[0])

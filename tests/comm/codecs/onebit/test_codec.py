@@ -14,9 +14,10 @@ from torch.nn.parallel import DistributedDataParallel
 from scalesgd.comm.codecs import BucketView, Channel, CodecSettings, make_codec
 from scalesgd.comm.codecs.cast import DENSE
 from scalesgd.comm.codecs.onebit import OnebitCodec, OnebitOptions
-from scalesgd.comm.codecs.onebit.signs import Message, pack, unpack
+from scalesgd.comm.codecs.onebit.signs import Message
 from scalesgd.comm.engine.ddp_hook import CodecHookState, codec_hook
 from scalesgd.comm.engine.optimizer import DistributedOptimizer
+from scalesgd.comm.wire.bits import pack, unpack
 from scalesgd.comm.wire.collectives import chunk_bounds
 from scalesgd.errors import UsageError
 from scalesgd.optim.onebit_adam import OneBitAdam

@@ -6,6 +6,7 @@ import torch
 import torch.distributed as dist
 
 from scalesgd.comm.codecs import BucketView, Channel, NodeTopkCodec
+from scalesgd.comm.wire.compact import compact_size
 from scalesgd.comm.wire.topology import Topology
 from tests.comm.exchanging import exchange
 from tests.spawn_util import run_workers
@@ -13,10 +14,10 @@ from tests.spawn_util import run_workers
 N = 1001  # odd: the two shards differ in size
 
 
-def exchanged(rank, world, density, poison=False):
+def exchanged(rank, world, density, poison=False, wire="plain"):
     groups = Topology(world, rank, 2).groups()
     channel = Channel(dist.new_group(), world, topology=groups)
-    codec = NodeTopkCodec("topk-nodes", density, reuse=1)
+    codec = NodeTopkCodec("topk-nodes", density, reuse=1, wire=wire)
     grad = torch.randn(N, generator=torch.Generator().manual_seed(rank))
     if poison and rank == 3:
         grad[7] = math.inf
@@ -39,8 +40,10 @@ def test_between_nodes_only_each_shards_top_values_travel():
     assert all(torch.equal(flat, ranks[0][0]) for flat, *_ in ranks)
     sent_across = [cross for *_, cross in ranks]
     # shards of 501 and 500 entries: 6 and 5 (index, value) pairs of 8 bytes to the one other node, and the
-    # (count, flag) pair of 16 bytes
-    assert sent_across == [6 * 8 + 16, 5 * 8 + 16] * 2
+    # lengths of both parts and the flag, 24 bytes
+    assert sent_across == [6 * 8 + 24, 5 * 8 + 24] * 2
+    compact = [cross for *_, cross in run_workers(exchanged, 4, 0.01, False, "compact")]
+    assert compact == [compact_size(6, 501) + 16, compact_size(5, 500) + 16] * 2  # one message: its length, a flag
     flat, mean = ranks[0][0], ranks[0][1]
     sent = flat != 0
     assert 10 <= int(sent.sum()) <= 22  # each node's top entries of each shard

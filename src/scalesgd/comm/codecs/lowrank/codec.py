@@ -7,10 +7,10 @@ Q = Mᵀ·P̂ summed; the mean M̂ = P̂·Qᵀ/W is written into the bucket and 
 iteration a training step, two sums of (n + m)·r numbers where the gradient has n·m. The uncompressed tensors travel
 in P's message, summed exactly, with no error kept.
 
-`alternate` sends one factor a step (ACP-SGD: Zhang, Wang and others 2023, "Evaluation and Optimization of Gradient
-Compression for Distributed Deep Learning"): odd steps P = M·Q̂ with Q̂ kept from the step before, even steps
-Q = Mᵀ·P̂; M̂ is the product of the factor just summed and the one kept. One sum a step instead of two, each half
-the size on square matrices.
+`lowrank-acp` (alternating) sends one factor a step (ACP-SGD: Zhang, Zhang, Shi, Chu and Li 2023, "Evaluation and
+Optimization of Gradient Compression for Distributed Deep Learning"): odd steps P = M·Q̂ with Q̂ kept from the step
+before, even steps Q = Mᵀ·P̂; M̂ is the product of the factor just summed and the one kept. One sum a step instead of
+two, each half the size on square matrices.
 
 The sums run on the factor wire, one of our dense codecs (`--factor-wire`: fp32, fp16 or bf16), as nested steps of
 this bucket's transfer, so they pipeline and overlap backward like any other exchange on gloo and NCCL alike.
@@ -43,14 +43,12 @@ FACTOR_WIRES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 @dataclass(frozen=True)
 class LowrankOptions:
-    """The low-rank codec's options: the rank, the wire its factors travel on, one factor a step or two."""
+    """The low-rank codecs' options: the rank, the wire their factors travel on, which matrices are factored."""
 
     rank: int = option(4, "lowrank: rank of each gradient matrix's factors (PowerSGD's r; PyTorch's hook, "
                        "--codec powersgd, at the same rank)", flag="--rank", check=checks.within(1, 1 << 16))
     factor_wire: str = option("fp32", "lowrank: the wire the factors and the uncompressed tensors travel on",
                               flag="--factor-wire", choices=tuple(FACTOR_WIRES), own=True)
-    alternate: bool = option(False, "lowrank: one factor a step, P and Q in turn (ACP-SGD): one sum a step instead "
-                             "of two", own=True)
     min_rate: float = option(2.0, "lowrank: a matrix is factored only when its factors are this many times smaller "
                              "(PyTorch's min_compression_rate; its hook, --codec powersgd, takes it too)",
                              check=checks.within(1, 1e6))
@@ -82,8 +80,9 @@ class LowrankCodec(Codec):
 
     keeps_gradients = True  # the error carries gradients across steps
 
-    def __init__(self, options: LowrankOptions = LowrankOptions(), seed: int = 0):
-        self.name, self.options, self.seed = "lowrank", options, seed
+    def __init__(self, options: LowrankOptions = LowrankOptions(), seed: int = 0, alternate: bool = False):
+        self.name, self.options, self.seed = "lowrank-acp" if alternate else "lowrank", options, seed
+        self.alternate = alternate
         self.wire = CastCodec(f"lowrank_{options.factor_wire}", FACTOR_WIRES[options.factor_wire])
         self._states: dict[int, _State] = {}  # parameter number → its state
         self._loaded: dict[int, dict] = {}  # saved states not yet claimed by a bucket (their shapes come with it)
@@ -147,7 +146,7 @@ class LowrankExchange(Exchange):
         self.dtype = dtype
         self.work = flat if flat.dtype == dtype else scratch.tensor("work", flat.numel(), dtype, device)
         self.states = [codec.state_of(m, self.work) for m in plan.matrices]
-        self.alternate = codec.options.alternate
+        self.alternate = codec.alternate
         # what this step sends: P, or (alternating) whichever factor this step computes; the uncompressed after it
         phases = {st.phase for st in self.states}
         self.phase = phases.pop() if len(phases) == 1 else 0  # a bucket's parameters step together

@@ -15,32 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-_SHIFTS: dict[torch.device, torch.Tensor] = {}
-
-
-def _shifts(device: torch.device) -> torch.Tensor:
-    """0 … 7 as uint8 on `device`: the bit of each element of a byte."""
-    shifts = _SHIFTS.get(device)
-    if shifts is None:
-        shifts = _SHIFTS[device] = torch.arange(8, dtype=torch.uint8, device=device)
-    return shifts
-
-
-def pack(bits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """`bits` (bool, any length) packed eight to a uint8, the last byte padded with zeros; into `out` if given."""
-    n = bits.numel()
-    padded = torch.zeros(-(-n // 8) * 8, dtype=torch.uint8, device=bits.device)
-    padded[:n] = bits.reshape(-1)
-    packed = (padded.view(-1, 8) << _shifts(bits.device)).sum(1, dtype=torch.uint8)
-    if out is None:
-        return packed
-    out.copy_(packed)
-    return out
-
-
-def unpack(packed: torch.Tensor, n: int) -> torch.Tensor:
-    """The first `n` bits of `packed` (uint8) as a bool tensor."""
-    return ((packed.view(-1, 1) >> _shifts(packed.device)) & 1).view(-1)[:n].bool()
+from scalesgd.comm.wire.bits import pack, unpack
 
 
 def chunk_scales(x: torch.Tensor, chunk: int) -> torch.Tensor:

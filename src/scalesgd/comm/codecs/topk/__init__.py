@@ -13,7 +13,7 @@ def _topk(name: str, reuse_every: int | None = None, kind: type = TopkCodec):
     def build(s: CodecSettings) -> TopkCodec:
         o = s.options["topk"]
         return kind(name, o.density, reuse_every or o.reuse,
-                    o.dgc(s.momentum, s.nesterov, s.steps_per_epoch, s.momentum_average))
+                    o.dgc(s.momentum, s.nesterov, s.steps_per_epoch, s.momentum_average), o.wire)
     return build
 
 

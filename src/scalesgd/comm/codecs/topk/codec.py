@@ -26,6 +26,7 @@ import torch
 
 from scalesgd import checks
 from scalesgd.comm.codecs.base import BucketView, Channel, Codec, Exchange, Piece, Scratch
+from scalesgd.comm.wire.compact import COMPACT, FP16_MAX, PLAIN, SPARSE_WIRES, SparseWire
 from scalesgd.comm.wire.pipeline import Steps
 from scalesgd.comm.wire.sparse import Gathered, allgather_sparse_steps, mean_of_sparse
 from scalesgd.options import option
@@ -52,6 +53,10 @@ class TopkOptions:
     local_clip: float = option(0.0, "sparse codecs: each tensor's local gradient clipped to this norm ÷ √workers "
                                "before it accumulates (DGC); 0: off", flag="--local-clip",
                                check=checks.finite_non_negative, own=True)
+    wire: str = option("compact", "sparse codecs: how a sent entry travels: compact (its value in fp16, the "
+                       "rounding kept in the residual, and its index as 16 bits within its block of 65,536 elements "
+                       "or as a bitmap, whichever is smaller: at most 4 bytes) or plain (int32 index, fp32 value: 8 "
+                       "bytes)", choices=tuple(SPARSE_WIRES), own=True)
 
     def dgc(self, momentum: float, nesterov: bool, steps_per_epoch: int | None, average: bool = False) -> DgcOptions:
         """The corrections for a run whose optimizer has `momentum` (an average of the gradients where `average`:
@@ -113,8 +118,10 @@ class TopkCodec(Codec):
     keeps_gradients = True  # residuals
     MAX_DRIFT = 2.0  # a reused threshold sends between k ÷ this and k × this; outside, the exact top-k is taken again
 
-    def __init__(self, name: str = "topk", density: float = 0.1, reuse: int = 1, dgc: DgcOptions = DgcOptions()):
+    def __init__(self, name: str = "topk", density: float = 0.1, reuse: int = 1, dgc: DgcOptions = DgcOptions(),
+                 wire: str = "compact"):
         self.name, self.density, self.reuse, self.dgc = name, density, reuse, dgc
+        self.wire = SPARSE_WIRES[wire]
         self._state: dict[int, _Sparse] = {}
         self._owner: dict[int, _Sparse] = {}  # parameter number → the bucket state holding its residual
         self._counts = torch.zeros(4, dtype=torch.float64)  # sent, elements, Σ residual², Σ gradient²
@@ -125,7 +132,7 @@ class TopkCodec(Codec):
     def start(self, flat: torch.Tensor, bucket: BucketView, channel: Channel, scratch: Scratch) -> Exchange:
         """Accumulate, select, keep the rest: all of the encoding, on backward's path."""
         idx, values, not_finite = self.sparsify(flat, bucket, channel.world_size)
-        return TopkExchange(flat, idx, values, not_finite, channel.group)
+        return TopkExchange(flat, idx, values, not_finite, channel.group, self.wire)
 
     def sparsify(self, flat: torch.Tensor, bucket: BucketView, ranks: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """(indices, values, whether the gradient was not finite) to send for `flat`; what is not sent stays as the
@@ -148,7 +155,12 @@ class TopkCodec(Codec):
             v = st.residual.add_(st.momentum.mul_(self.dgc.momentum).add_(flat))
         idx = self.select(v, st, density)
         values = v[idx]
-        v[idx] = 0  # what is sent leaves the residual; the rest stays
+        if self.wire is COMPACT:  # what fp16 holds is sent; the rounding (and any excess over its range) stays
+            sent = values.clamp(-FP16_MAX, FP16_MAX).to(torch.float16).to(values.dtype)
+            v[idx] = values - sent
+            values = sent
+        else:
+            v[idx] = 0  # what is sent leaves the residual; the rest stays
         if st.momentum is not None and not self.dgc.average:
             st.momentum[idx] = 0  # momentum factor masking (Adam's average is kept: with its variance frozen, what is
             #                       sent adds up to the dense momentum's steps, delayed, which masking would cut)
@@ -285,14 +297,16 @@ class TopkExchange(Exchange):
     """One piece: every rank's (index, value) pairs gathered around the ring, then their mean, or NaN where some
     rank's gradient was not finite."""
 
-    def __init__(self, out: torch.Tensor, idx: torch.Tensor, values: torch.Tensor, not_finite: bool, group):
+    def __init__(self, out: torch.Tensor, idx: torch.Tensor, values: torch.Tensor, not_finite: bool, group,
+                 wire: SparseWire = PLAIN):
         self.out, self.idx, self.values, self.not_finite, self.group = out, idx, values, not_finite, group
+        self.wire = wire
         self.bounds = [(0, out.numel())]
         self.gathered: Gathered | None = None
 
     def transfer(self, piece: Piece) -> Steps:
         self.gathered = yield from allgather_sparse_steps(self.idx, self.values, self.group, self.not_finite,
-                                                          piece.tag)
+                                                          piece.tag, self.wire, self.out.numel())
         return self.gathered.sent
 
     def decode(self, piece: Piece) -> None:

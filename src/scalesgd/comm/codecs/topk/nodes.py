@@ -54,7 +54,8 @@ class NodeTopkExchange(Exchange):
         else:
             view = BucketView(self.bucket.index, [], [], shard.numel())
             idx, values, not_finite = self.codec.sparsify(shard, view, self.ranks)
-        gathered = yield from allgather_sparse_steps(idx, values, groups.cross_group, not_finite, piece.tag)
+        gathered = yield from allgather_sparse_steps(idx, values, groups.cross_group, not_finite, piece.tag,
+                                                     self.codec.wire, shard.numel())
         self.codec.cross_node_bytes = gathered.sent
         mine = flat.new_zeros(size)
         if gathered.flagged:
