@@ -6,16 +6,16 @@ import subprocess
 import sys
 
 
-def test_a_soak_of_five_kills_restarts_and_ends_bit_identical(tmp_path):
+def test_a_soak_of_three_kills_restarts_and_ends_bit_identical(tmp_path):
     out = tmp_path / "faults"
-    proc = subprocess.run([sys.executable, "-m", "scalesgd", "bench", "faults", "--scenarios", "soak", "--kills", "5",
+    proc = subprocess.run([sys.executable, "-m", "scalesgd", "bench", "faults", "--scenarios", "soak", "--kills", "3",
                            "--workers", "3", "--timeout", "5", "--seed", "16", "--out", str(out)],
                           capture_output=True, text=True, timeout=1200)
     results = {r["scenario"]: r for r in json.loads((out / "faults.json").read_text())["results"]}
     assert proc.returncode == 0, [r["outcome"] for r in results.values()]
     soak = results["soak"]
-    assert soak["ok"] and "5 restarts" in soak["outcome"] and "bit-identical" in soak["outcome"]
-    assert soak["fault"].startswith("5 SIGKILLs")
+    assert soak["ok"] and "3 restarts" in soak["outcome"] and "bit-identical" in soak["outcome"]
+    assert soak["fault"].startswith("3 SIGKILLs")
     assert sorted(p.name for p in out.iterdir()) == ["faults.json", "faults.md"]  # the runs are cleaned up
 
 
