@@ -112,18 +112,20 @@ def exchanged(rank, world, options, steps=6, poison_at=None, codec="lowrank"):
         states.append(copy.deepcopy(codec.state_dict()))
         sizes.append(exchange(codec, flat, view, channel))
         sent.append(flat)
+    counters = codec.counters()
     errors = torch.cat([codec._states[k].error if k in codec._states else torch.zeros(p.numel())
                         for k, p in enumerate(params)])
     everyone = errors.clone()
     torch.distributed.all_reduce(everyone)
-    return sent, exact, everyone / world, sizes, states + [codec.state_dict()]
+    return sent, exact, everyone / world, sizes, states + [codec.state_dict()], counters
 
 
 @pytest.mark.parametrize("codec", ["lowrank", "lowrank-acp"])
 def test_error_feedback_loses_nothing_what_was_sent_plus_the_mean_error_is_the_sum_of_the_means(codec):
-    for sent, exact, mean_error, _, _ in run_workers(exchanged, 2, LowrankOptions(rank=2), 6, None, codec):
+    for sent, exact, mean_error, _, _, counters in run_workers(exchanged, 2, LowrankOptions(rank=2), 6, None, codec):
         assert torch.allclose(sum(sent) + mean_error, sum(exact), atol=1e-4)
         assert mean_error.abs().max() > 1e-3  # rank 2 of random 48×20 matrices: something is still owed
+        assert 0 < counters["lowrank_error_ratio"] < 1  # ‖e‖/‖M‖: the factors carried part of the gradient
 
 
 def test_lowrank_acp_sends_one_factor_a_step_two_sums_become_one():
@@ -145,7 +147,7 @@ def test_a_16_bit_factor_wire_sends_half_the_bytes_and_nearly_the_same_means():
 
 
 def test_a_non_finite_gradient_on_one_rank_fills_every_ranks_bucket_and_changes_no_state():
-    for sent, _, _, _, states in run_workers(exchanged, 2, LowrankOptions(rank=2), 4, 2):
+    for sent, _, _, _, states, _ in run_workers(exchanged, 2, LowrankOptions(rank=2), 4, 2):
         assert torch.isfinite(sent[1]).all() and torch.isnan(sent[2]).all() and torch.isfinite(sent[3]).all()
         assert same_state(states[2], states[3])  # the poisoned step kept every error and factor
 

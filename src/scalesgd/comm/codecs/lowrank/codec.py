@@ -86,7 +86,7 @@ class LowrankCodec(Codec):
         self.wire = CastCodec(f"lowrank_{options.factor_wire}", FACTOR_WIRES[options.factor_wire])
         self._states: dict[int, _State] = {}  # parameter number → its state
         self._loaded: dict[int, dict] = {}  # saved states not yet claimed by a bucket (their shapes come with it)
-        self._counts = torch.zeros(3, dtype=torch.float64)  # elements, Σ error², Σ gradient²
+        self._norms: list[torch.Tensor] = []  # each bucket's (‖M‖, ‖e‖) per matrix since the counters were read
 
     def start(self, flat: torch.Tensor, bucket: BucketView, channel: Channel, scratch: Scratch) -> Exchange:
         o = self.options
@@ -105,16 +105,18 @@ class LowrankCodec(Codec):
                 st.load(saved)
         return st
 
-    def count(self, error_sq: torch.Tensor, gradient_sq: torch.Tensor, elements: int) -> None:
-        self._counts += torch.stack([torch.tensor(float(elements)), error_sq.double().cpu(),
-                                     gradient_sq.double().cpu()])
+    def count(self, norms: torch.Tensor) -> None:
+        """One bucket's (‖M‖, ‖e‖) per matrix, kept on the device until the counters are read (no step waits)."""
+        self._norms.append(norms)
 
     def counters(self) -> dict[str, float]:
-        elements, error_sq, gradient_sq = self._counts.tolist()
-        self._counts.zero_()
+        """The wire's counters, and ‖e‖/‖M‖ over the matrices since the last call: what the factors left behind."""
         out = self.wire.counters()
-        if elements and gradient_sq:
-            out["lowrank_error_ratio"] = math.sqrt(error_sq / gradient_sq)
+        if self._norms:
+            gradient_sq, error_sq = torch.cat(self._norms).double().square().sum(0).tolist()
+            self._norms = []
+            if gradient_sq:
+                out["lowrank_error_ratio"] = math.sqrt(error_sq / gradient_sq)
         return out
 
     def save_bucket(self, bucket: BucketView):
@@ -225,18 +227,16 @@ class LowrankExchange(Exchange):
         if self.flagged:
             self.flat.fill_(math.nan)
             return
-        error_sq = gradient_sq = torch.zeros((), dtype=torch.float64, device=self.flat.device)
-        elements = 0
+        norms = []  # ‖M‖ and ‖e‖ of each matrix, on the device: read when the counters are
         for m, st in zip(self.plan.matrices, self.states):
             p = self.p[m.p_at:m.p_at + m.rows * m.rank].view(m.rows, m.rank)
             q = self.q[m.q_at:m.q_at + m.cols * m.rank].view(m.cols, m.rank)
-            matrix = self.matrix(m)
-            approx = torch.mm(p, q.t())
-            gradient_sq = gradient_sq + matrix.square().sum(dtype=torch.float64)
-            st.error.copy_((matrix - approx).view(-1))
-            error_sq = error_sq + st.error.square().sum(dtype=torch.float64)
-            elements += m.numel
-            matrix.copy_(approx)
+            matrix, error = self.matrix(m), st.error.view(m.rows, m.cols)
+            error.copy_(matrix)  # M, then M − M̂, with M̂ written into the bucket: nothing allocated
+            gradient = torch.linalg.vector_norm(error)
+            torch.mm(p, q.t(), out=matrix)
+            error.sub_(matrix)
+            norms.append(torch.stack([gradient, torch.linalg.vector_norm(error)]))
             st.q.copy_(q)  # the mean Q (made orthonormal next step), or alternating, the factor kept or summed
             if self.alternate:
                 st.p.copy_(p)
@@ -247,5 +247,5 @@ class LowrankExchange(Exchange):
             at += size
         if self.work is not self.flat:
             self.flat.copy_(self.work)
-        if elements:
-            self.codec.count(error_sq, gradient_sq, elements)
+        if norms:
+            self.codec.count(torch.stack(norms))
