@@ -132,6 +132,12 @@ def resolve_device(value: str):
     return torch.device("cuda" if value == "cuda" or (value == "auto" and torch.cuda.is_available()) else "cpu")
 
 
+def device_name(value: str) -> str:
+    """The GPU's name, or 'CPU': what a figure measured on `value` was measured on."""
+    resolved = resolve_device(value)
+    return torch.cuda.get_device_name(resolved) if resolved.type == "cuda" else "CPU"
+
+
 def local_workers(value) -> str | None:
     """Workers to start: at least one; a local launch at most 256, and as many as the free memory holds."""
     problem = positive(value)

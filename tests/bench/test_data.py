@@ -12,8 +12,8 @@ def test_bench_data_measures_each_loader_worker_count_and_says_how_many_the_step
     write_fake_tree(tmp_path / "tree", 2, 12, (40, 30))
     out = tmp_path / "bench"
     proc = bench("data", "--data-dir", str(tmp_path / "tree"), "--image-size", "16", "--loader-workers", "0,1",
-                 "--batch", "4", "--batches", "2", "--rounds", "2", "--model", "resnet8", "--steps", "1", "--device", "cpu",
-                 "--step-rate", "5000", "--out", str(out))
+                 "--batch", "4", "--batches", "2", "--rounds", "2", "--model", "resnet8", "--steps", "1",
+                 "--device", "cpu", "--step-rate", "5000", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     record = json.loads((out / "data.json").read_text())
     rows = {r["loader_workers"]: r for r in record["pipeline"]}

@@ -11,7 +11,6 @@ from pathlib import Path
 import torch
 
 from scalesgd import checks, output
-from scalesgd.bench.data import device_name
 from scalesgd.trace import synchronize
 from scalesgd.comm.codecs.fp8 import kernels as fp8
 from scalesgd.options import check_fields, option, record, words
@@ -134,7 +133,7 @@ def report(cfg: CodecBenchConfig, results: list[dict], command: str) -> None:
 
 
 def _where(cfg: CodecBenchConfig) -> str:
-    name = device_name(cfg.device)
+    name = checks.device_name(cfg.device)
     return name if name != "CPU" else f"CPU, {cfg.threads} thread(s)"
 
 

@@ -87,7 +87,7 @@ def run(cfg: DataBenchConfig, command: str) -> int:
     step = model_rate(cfg, data) if cfg.model != "none" else None
     per_worker = best_per_worker(rows)
     measured = {"images": {"train": len(data.train), "channels": data.in_channels}, "pipeline": rows,
-                "model_images_per_s": step, "model_device": device_name(cfg.device),
+                "model_images_per_s": step, "model_device": checks.device_name(cfg.device),
                 "per_loader_worker_images_per_s": per_worker,
                 "workers_needed_here": needed(step, per_worker), "step_rate_projected": cfg.step_rate,
                 "workers_needed_projected": needed(cfg.step_rate, per_worker)}
@@ -172,12 +172,6 @@ def model_rate(cfg: DataBenchConfig, data) -> float:
     return cfg.batch / statistics.median(times)
 
 
-def device_name(device: str) -> str:
-    """The GPU's name, or 'CPU': what a step rate was measured on."""
-    resolved = checks.resolve_device(device)
-    return torch.cuda.get_device_name(resolved) if resolved.type == "cuda" else "CPU"
-
-
 def report(cfg: DataBenchConfig, measured: dict, command: str) -> None:
     """The table, pipeline.{json,md}, and the workers the step needs."""
     columns = ["loader workers", "images/s (median)", "min–max", "per worker (median)"]
@@ -193,7 +187,8 @@ def report(cfg: DataBenchConfig, measured: dict, command: str) -> None:
     step, here, projected = (measured["model_images_per_s"], measured["workers_needed_here"],
                              measured["workers_needed_projected"])
     if step is not None:
-        console.print(f"{cfg.model}'s step ({cfg.precision}, {measured['model_device']}): {step:.1f} images/s → {here} loader worker(s) keep it fed",
+        console.print(f"{cfg.model}'s step ({cfg.precision}, {measured['model_device']}): {step:.1f} images/s → "
+                      f"{here} loader worker(s) keep it fed",
                       highlight=False)
     if projected is not None:
         console.print(f"projection: a step consuming {cfg.step_rate:,.0f} images/s needs {projected} loader "

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from scalesgd.comm.codecs import CODECS
-from scalesgd.comm.codecs.lowrank.codec import FACTOR_WIRES
+from scalesgd.comm.codecs.lowrank.codec import FACTOR_WIRES, LowrankOptions
 from scalesgd.comm.wire.compact import SPARSE_WIRES
 from scalesgd.config import NO_PLANNER
 
@@ -30,7 +30,7 @@ class Mode:
     algorithm: str = "ring"
     buckets: str = "size:1"
     density: float = 0.1
-    rank: int = 4  # a low-rank codec's (and PyTorch's PowerSGD hook's) rank
+    rank: int = LowrankOptions().rank  # a low-rank codec's (and PyTorch's PowerSGD hook's) rank
     wire: str = ""  # a low-rank codec's factor wire, or a sparse codec's entries' ("": the codec's default)
 
     def codec_options(self) -> dict:
@@ -108,7 +108,7 @@ def _with_amount(mode: Mode, amount: str, wire: str) -> Mode:
         return replace(mode, density=_density(mode.name, amount), wire=wire)
     if amount and not (amount.isdigit() and int(amount) >= 1):
         raise ValueError(f"mode {mode.name!r}: rank {amount!r} must be a whole number >= 1")
-    return replace(mode, rank=int(amount) if amount else 4, wire=wire)
+    return replace(mode, rank=int(amount) if amount else mode.rank, wire=wire)
 
 
 def _density(mode: str, text: str) -> float:

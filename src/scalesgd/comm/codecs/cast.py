@@ -79,5 +79,6 @@ CODECS.add("bf16", CodecEntry("bfloat16 (with ddp: PyTorch's bf16_compress_hook)
                               lambda s: CastCodec("bf16", torch.bfloat16), torch_hook=torch_hooks.bf16, wire_bytes=2,
                               torch_hook_needs_cuda=True))
 # PowerSGD has no cast of ours: under DDP it is PyTorch's own hook, as each cast is
-CODECS.add("powersgd", CodecEntry("PyTorch's PowerSGD hook at --rank (4); ours, on both engines, is lowrank", None, engines=("ddp",),
+CODECS.add("powersgd", CodecEntry("PyTorch's PowerSGD hook at --rank (4); ours, on both engines, is lowrank", None,
+                                  engines=("ddp",),
                                   torch_hook=torch_hooks.powersgd, warm_start=torch_hooks.POWERSGD_START_ITER))

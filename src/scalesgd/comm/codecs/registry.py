@@ -62,8 +62,9 @@ class CodecEntry:
     build: Callable[[CodecSettings], Codec] | None  # None: only a PyTorch hook under DDP stands for it
     family: str | None = None  # the option family it is built with (its options checked before it is built)
     engines: tuple[str, ...] | None = None  # the engines that take it (None: every one)
-    torch_hook: Callable[[bool, "CodecSettings"], object] | None = None  # under DDP, PyTorch's own, given whether
-    #                                      the model is on CUDA and the run's settings (a `DdpHook`; None: its allreduce)
+    # under DDP, PyTorch's own, given whether the model is on CUDA and the run's settings (a `DdpHook`; None: its
+    # allreduce)
+    torch_hook: Callable[[bool, "CodecSettings"], object] | None = None
     torch_hook_needs_cuda: bool = False  # PyTorch's hook runs only on CUDA with NCCL (its bf16 hook)
     needs_topology: bool = False  # its sum runs in the node and cross-node groups
     buckets: str | None = None  # the bucket plan it implies (None: --buckets or the planner decides)

@@ -3,7 +3,8 @@
 Every function has one eager torch definition. When `torch.compile` works here, the same
 definitions are compiled once for the CPU (dynamic shapes, scales passed as tensors so no value is baked into
 the graph) and fused into one pass over memory; the compiled and eager paths give identical bytes,
-which the tests check. On a GPU the eager kernels run (see `_on_cpu_only`). `SCALESGD_FP8_KERNELS=eager|compiled|auto` (default auto) picks the path.
+which the tests check. On a GPU the eager kernels run (see `_on_cpu_only`).
+`SCALESGD_FP8_KERNELS=eager|compiled|auto` (default auto) picks the path.
 """
 
 from __future__ import annotations

@@ -145,7 +145,6 @@ class LowrankExchange(Exchange):
                  scratch: Scratch):
         self.codec, self.flat, self.plan, self.channel, self.scratch = codec, flat, plan, channel, scratch
         dtype, device = torch.promote_types(flat.dtype, torch.float32), flat.device
-        self.dtype = dtype
         self.work = flat if flat.dtype == dtype else scratch.tensor("work", flat.numel(), dtype, device)
         self.states = [codec.state_of(m, self.work) for m in plan.matrices]
         self.alternate = codec.alternate
@@ -172,23 +171,27 @@ class LowrankExchange(Exchange):
         for m, st in zip(self.plan.matrices, self.states):
             self.matrix(m).view(-1).add_(st.error)
             if self.sends_q:
-                self.p[m.p_at:m.p_at + m.rows * m.rank].view(m.rows, m.rank).copy_(st.p)
+                m.p(self.p).copy_(st.p)
             else:
-                self.q[m.q_at:m.q_at + m.cols * m.rank].view(m.cols, m.rank).copy_(st.q)
-        kept = "p" if self.sends_q else "q"
+                m.q(self.q).copy_(st.q)
+        kept, sent = ("p", "q") if self.sends_q else ("q", "p")
         for group in self.plan.groups():
-            orthogonalize(batched(self.p if kept == "p" else self.q, group, kept))
+            orthogonalize(batched(getattr(self, kept), group, kept))
         for m in self.plan.matrices:
-            self._multiply(m, "q" if self.sends_q else "p")
+            self._multiply(m, sent)
+        for bucket, message in self._uncompressed():
+            message.copy_(bucket)
+
+    def _uncompressed(self):
+        """(the bucket's run, its place in the message) for each run sent uncompressed after the factors."""
         at = self.factors.numel()
         for start, size in self.plan.dense:
-            self.message[at:at + size].copy_(self.work[start:start + size])
+            yield self.work[start:start + size], self.message[at:at + size]
             at += size
 
     def _multiply(self, m: Matrix, into: str) -> None:
         """P = M·Q̂ (`into` "p") or Q = Mᵀ·P̂ ("q") for one matrix."""
-        p = self.p[m.p_at:m.p_at + m.rows * m.rank].view(m.rows, m.rank)
-        q = self.q[m.q_at:m.q_at + m.cols * m.rank].view(m.cols, m.rank)
+        p, q = m.p(self.p), m.q(self.q)
         if into == "p":
             torch.mm(self.matrix(m), q, out=p)
         else:
@@ -229,8 +232,7 @@ class LowrankExchange(Exchange):
             return
         norms = []  # ‖M‖ and ‖e‖ of each matrix, on the device: read when the counters are
         for m, st in zip(self.plan.matrices, self.states):
-            p = self.p[m.p_at:m.p_at + m.rows * m.rank].view(m.rows, m.rank)
-            q = self.q[m.q_at:m.q_at + m.cols * m.rank].view(m.cols, m.rank)
+            p, q = m.p(self.p), m.q(self.q)
             matrix, error = self.matrix(m), st.error.view(m.rows, m.cols)
             error.copy_(matrix)  # M, then M − M̂, with M̂ written into the bucket: nothing allocated
             gradient = torch.linalg.vector_norm(error)
@@ -241,10 +243,8 @@ class LowrankExchange(Exchange):
             if self.alternate:
                 st.p.copy_(p)
                 st.phase = 1 - self.phase
-        at = self.factors.numel()
-        for start, size in self.plan.dense:
-            self.work[start:start + size].copy_(self.message[at:at + size])
-            at += size
+        for bucket, message in self._uncompressed():
+            bucket.copy_(message)
         if self.work is not self.flat:
             self.flat.copy_(self.work)
         if norms:

@@ -32,6 +32,14 @@ class Matrix:
     def numel(self) -> int:
         return self.rows * self.cols
 
+    def p(self, buffer: torch.Tensor) -> torch.Tensor:
+        """Its P (rows × rank), a view of the P buffer."""
+        return buffer[self.p_at:self.p_at + self.rows * self.rank].view(self.rows, self.rank)
+
+    def q(self, buffer: torch.Tensor) -> torch.Tensor:
+        """Its Q (cols × rank), a view of the Q buffer."""
+        return buffer[self.q_at:self.q_at + self.cols * self.rank].view(self.cols, self.rank)
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -56,7 +64,8 @@ class Layout:
 
 
 def compresses(rows: int, cols: int, rank: int, min_rate: float) -> bool:
-    """Whether a rows×cols matrix is worth factoring at `rank`: its factors `min_rate` times smaller (PyTorch's rule)."""
+    """Whether a rows×cols matrix is worth factoring at `rank`: its factors `min_rate` times smaller (PyTorch's
+    rule)."""
     r = min(rows, cols, rank)
     return (rows + cols) * r * min_rate < rows * cols
 
@@ -100,13 +109,11 @@ def _merge(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 def batched(buffer: torch.Tensor, group: tuple[Matrix, ...], which: str) -> torch.Tensor:
-    """The group's P (`which` "p": B×rows×rank) or Q ("q": B×cols×rank) factors, a view of `buffer`."""
-    first = group[0]
-    if which == "p":
-        return buffer[first.p_at:first.p_at + len(group) * first.rows * first.rank].view(len(group), first.rows,
-                                                                                          first.rank)
-    return buffer[first.q_at:first.q_at + len(group) * first.cols * first.rank].view(len(group), first.cols,
-                                                                                      first.rank)
+    """The group's P (`which` "p": B×rows×rank) or Q ("q": B×cols×rank) factors, one view of `buffer` (a group's
+    factors sit side by side)."""
+    first = getattr(group[0], which)(buffer)
+    start = first.storage_offset() - buffer.storage_offset()
+    return buffer[start:start + len(group) * first.numel()].view(len(group), *first.shape)
 
 
 def orthogonalize(matrices: torch.Tensor, eps: float = 1e-8) -> None:
