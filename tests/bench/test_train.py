@@ -9,6 +9,7 @@ from scalesgd.bench.train import TrainBenchConfig, criterion, describe, syntheti
 from scalesgd.bench.train_report import add_ratios, spread
 from scalesgd.cli import main
 from scalesgd.comm.wire.compact import compact_size
+from scalesgd.config import AUTO_CODECS
 from scalesgd.models import ModelOptions
 from scalesgd.models.gpt import GptOptions, gpt
 from scalesgd.sim.modes import Mode, parse_mode
@@ -118,10 +119,10 @@ def test_ratios_carry_their_spread_over_rounds():
 
 
 def test_auto_modes_parse_with_their_candidates():
-    assert parse_mode("auto").auto_codecs == ("fp32", "fp16", "bf16", "fp8")
-    mode = parse_mode("auto-fp16+topk@0.01")
-    assert (mode.engine, mode.auto_codecs, mode.density) == ("auto", ("fp16", "topk"), 0.01)
-    with pytest.raises(ValueError, match="codec 'fp7' is not known"):
+    assert parse_mode("auto").auto_codecs == AUTO_CODECS
+    mode = parse_mode("auto-fp16+topk+ddp-powersgd@0.01")
+    assert (mode.engine, mode.auto_codecs, mode.density) == ("auto", ("fp16", "topk", "ddp-powersgd"), 0.01)
+    with pytest.raises(ValueError, match="exchange 'fp7' is not known"):
         parse_mode("auto-fp16+fp7")
 
 

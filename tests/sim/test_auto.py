@@ -6,6 +6,9 @@ import torch
 
 from scalesgd.comm.codecs import CodecSettings, TopkOptions
 from scalesgd.models import build_model
+from scalesgd.comm.codecs import CODECS
+from scalesgd.config import TrainConfig
+from scalesgd.sim import auto
 from scalesgd.sim.auto import FINALIST_MARGIN, FINALISTS, PLANS, RESOLUTION, Decision, decide, finalists, pick
 from tests.spawn_util import run_workers
 
@@ -14,8 +17,8 @@ def _decide(rank, world):
     torch.manual_seed(0)
     model = build_model("resnet8", 10, 3)
     batch = (torch.randn(4, 3, 8, 8), torch.randint(0, 10, (4,)))
-    decision = decide(model, batch, torch.nn.functional.cross_entropy, ("fp32", "fp16", "topk-global"),
-                      CodecSettings(TopkOptions(density=0.01)), "ring", None, None, 1, 4)
+    decision = decide(model, batch, torch.nn.functional.cross_entropy,
+                      ("fp32", "lowrank-acp", "ddp-fp16", "topk-global"), CodecSettings(TopkOptions(density=0.01)), "ring", None, None, 1, 4)
     return decision.to_dict()
 
 
@@ -23,9 +26,9 @@ def test_every_rank_gets_rank_zeros_choice_of_the_fastest_candidate():
     first, second = run_workers(_decide, 2)
     assert first == second
     table = first["candidates"]
-    # every plan for the dense codecs, the codec's own bucket rule for topk-global (one bucket)
+    # every plan for our codecs, DDP's own buckets for its fp16 hook, topk-global's own rule (one bucket)
     assert sorted((r["codec"], r["buckets"]) for r in table) == sorted(
-        [(c, p) for c in ("fp32", "fp16") for p in PLANS] + [("topk-global", "single")])
+        [(c, p) for c in ("fp32", "lowrank-acp") for p in PLANS] + [("ddp-fp16", "ddp"), ("topk-global", "single")])
     fastest = min(r["iteration_s"] for r in table)
     tied = [r for r in table if r["iteration_s"] <= fastest * (1 + RESOLUTION)]
     chosen = next(r for r in table if (r["codec"], r["buckets"]) == (first["codec"], first["buckets"]))
@@ -60,6 +63,9 @@ def test_finalists_are_the_best_plan_of_each_codec_the_model_cannot_rank_apart()
     assert chosen[0] is best and all(r["iteration_s"] <= 0.90 * (1 + FINALIST_MARGIN) for r in chosen)
     assert finalists([_row("fp16", 1.0), _row("fp8", 1.0 * (1 + FINALIST_MARGIN) + 0.01)], _row("fp16", 1.0)) \
         == [_row("fp16", 1.0)]  # nothing close: the model's choice stands untried
+    close = [_row(c, 0.90 + i / 100) for i, c in enumerate(("fp16", "fp8", "bf16", "lowrank", "lowrank-acp", "ddp"))]
+    assert [r["codec"] for r in finalists(close, close[0])] == ["fp16", "fp8", "bf16", "lowrank", "lowrank-acp",
+                                                                "ddp"][:FINALISTS - 1] + ["ddp"]  # not compressing too
 
 
 def test_a_trial_picks_the_finalist_measured_fastest_and_keeps_every_measurement():
@@ -70,3 +76,33 @@ def test_a_trial_picks_the_finalist_measured_fastest_and_keeps_every_measurement
     assert (tried.codec, tried.groups, tried.predicted_s, tried.measured_s) == ("fp32", [[1]], 1.0, 1.2)
     assert [f["measured_s"] for f in tried.finalists] == [1.3, 1.2, 1.25]
     assert Decision.from_dict(json.loads(json.dumps(tried.to_dict()))) == tried
+
+
+def _trial_ddp_and_ours(rank, world):
+    torch.manual_seed(0)
+    model = build_model("resnet8", 10, 3)
+    batches = [(torch.randn(4, 3, 8, 8), torch.randint(0, 10, (4,)))]
+    cfg = TrainConfig.from_dict({"workers": world, "model": "resnet8", "batch_size": 4 * world})
+    engines = []
+    step = auto._step
+
+    def counted(exchange, *args):
+        engines.append(type(exchange).__name__)
+        return step(exchange, *args)
+
+    auto._step = counted
+    finals = [{"codec": "ddp-powersgd", "buckets": "ddp", "groups": [list(range(len(list(model.parameters()))))[::-1]]},
+              {"codec": "lowrank", "buckets": "single", "groups": [list(range(len(list(model.parameters()))))[::-1]]}]
+    before = [p.detach().clone() for p in model.parameters()]
+    times = auto.trial(cfg, model, batches, torch.nn.functional.cross_entropy,
+                       type("Env", (), {"topology_groups": None})(), finals)
+    unchanged = all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    return times, engines.count("DdpExchange"), engines.count("EngineExchange"), unchanged
+
+
+def test_a_trial_runs_ddps_powersgd_past_its_plain_start_beside_ours_and_leaves_the_model_alone():
+    for times, on_ddp, on_ours, unchanged in run_workers(_trial_ddp_and_ours, 2):
+        timed = auto.TRIAL_ROUNDS * auto.TRIAL_PER_ROUND
+        assert len(times) == 2 and all(t > 0 for t in times)
+        assert on_ddp == auto.TRIAL_WARMUP + CODECS["powersgd"].warm_start + timed  # timed only once compressing
+        assert on_ours == auto.TRIAL_WARMUP + timed and unchanged

@@ -47,9 +47,9 @@ def test_auto_saves_its_decision_trains_with_it_and_keeps_it_on_resume(tmp_path)
     assert summary["config"]["exchange"] == "auto"
 
 
-def test_auto_chooses_for_the_scalesgd_engine_only():
-    proc = scalesgd("train", *AUTO[:2], "--exchange", "auto")
+def test_auto_weighs_only_exchanges_it_can_run_here():
+    proc = scalesgd("train", *AUTO, "--auto-codecs", "fp16,powersgd")  # PyTorch's hook is ddp-powersgd
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
-    assert "--exchange auto chooses the scalesgd engine's codec and buckets; got --engine ddp" in proc.stderr
-    proc = scalesgd("train", *AUTO, "--auto-codecs", "fp16,powersgd")
-    assert proc.returncode == 2 and "--auto-codecs powersgd: auto chooses among" in proc.stderr
+    assert "--auto-codecs 'powersgd' is not known; choose from fp32," in proc.stderr and "ddp-powersgd" in proc.stderr
+    proc = scalesgd("train", *AUTO, "--auto-codecs", "fp16,ddp-onebit")
+    assert proc.returncode == 2 and "--auto-codecs ddp-onebit: the simulator has no cost model" in proc.stderr

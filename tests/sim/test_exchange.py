@@ -1,5 +1,6 @@
 """One mode's predicted iteration: buckets, wire, codec and the compute its work displaces."""
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -7,7 +8,9 @@ import pytest
 from scalesgd.comm.cost.link import LinkCost
 from scalesgd.comm.engine.buckets import TensorInfo, ddp_buckets
 from scalesgd.sim.compute import ComputeProfile
-from scalesgd.sim.exchange import Costs, check_modelled, grouping, predict, wire_time
+from scalesgd.comm.codecs import LowrankOptions
+from scalesgd.comm.codecs.lowrank.factors import layout
+from scalesgd.sim.exchange import Costs, check_modelled, grouping, predict, sent_sizes, wire_time
 from scalesgd.sim.modes import parse_mode
 from scalesgd.sim.network import Cluster
 
@@ -68,5 +71,31 @@ def test_ddp_modes_use_ddps_buckets_and_planner_modes_the_planner():
 
 def test_modes_without_a_cost_model_are_refused():
     with pytest.raises(ValueError, match="no cost model"):
-        check_modelled(parse_mode("ddp-powersgd"))
-    check_modelled(parse_mode("scalesgd-topk-nodes@0.01"))
+        check_modelled(parse_mode("ddp-onebit"))
+    for known in ("scalesgd-topk-nodes@0.01", "ddp-powersgd", "scalesgd-lowrank-acp@2/bf16"):
+        check_modelled(parse_mode(known))
+
+
+SHAPES = ((64, 3, 3, 3), (64,), (128, 64, 3, 3), (128,), (10, 128), (10,))
+
+
+def test_a_low_rank_mode_is_costed_by_the_numbers_its_codec_sends():
+    profile = ComputeProfile(tuple("abcdef"), tuple(math.prod(s) for s in SHAPES), 1.0, (0.1,) * 6, 0.0, 32,
+                             shapes=SHAPES)
+    plan = layout(list(range(6)), [0] * 6, SHAPES, profile.numel, 4, LowrankOptions().min_rate)
+    assert sum(sent_sizes(parse_mode("scalesgd-lowrank@4"), profile)) == plan.p_numel + plan.q_numel + plan.dense_numel
+    assert sum(sent_sizes(parse_mode("scalesgd-lowrank-acp@4"), profile)) == (plan.p_numel + plan.q_numel) / 2 \
+        + plan.dense_numel
+    assert plan.dense_numel < profile.numel and plan.p_numel + plan.q_numel < profile.numel - plan.dense_numel
+    slow = cluster(rate=1e6)
+    sums = {m: wire_time(parse_mode(m), 1000, slow) for m in ("scalesgd-lowrank@4/fp16", "scalesgd-lowrank-acp@4/fp16",
+                                                              "scalesgd-lowrank@4", "ddp-powersgd")}
+    one_sum = wire_time(parse_mode("scalesgd-fp16"), 1000, slow)  # a 16-bit allreduce of as many numbers
+    assert sums["scalesgd-lowrank-acp@4/fp16"] == pytest.approx(one_sum)
+    assert sums["scalesgd-lowrank@4/fp16"] == pytest.approx(one_sum + 2 * slow.inter.alpha_s)  # its bytes, two sums
+    assert sums["ddp-powersgd"] > sums["scalesgd-lowrank@4"] > sums["scalesgd-lowrank@4/fp16"]  # fp32, three sums
+    times = [predict(parse_mode(m), profile, slow).exposed_comm_s for m in ("scalesgd-fp32", "ddp-powersgd",
+                                                                           "scalesgd-lowrank-acp@4/fp16")]
+    assert times == sorted(times, reverse=True) and times[2] > 0
+    with pytest.raises(ValueError, match="lacks"):
+        predict(parse_mode("scalesgd-lowrank"), replace(profile, shapes=()), slow)

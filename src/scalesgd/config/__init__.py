@@ -12,11 +12,13 @@ import re
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
+import torch
+
 from scalesgd import checks
 from scalesgd.comm.codecs import CODEC_OPTIONS, CODECS, CodecEntry, CodecOptions, CodecSettings
 from scalesgd.comm.cost.planner import PLANNERS
 from scalesgd.comm.engine.buckets import spec_problem
-from scalesgd.comm.engine.exchange import ENGINES, ExchangeSetup
+from scalesgd.comm.engine.exchange import ENGINES, ExchangeSetup, exchange_names, parse_exchange
 from scalesgd.comm.wire.collectives import ALGORITHMS
 from scalesgd.config import rules
 from scalesgd.config.rules import NO_PLANNER
@@ -46,9 +48,19 @@ from scalesgd.trace import Tracer
 EXCHANGES = ("manual", "auto")
 PRECISIONS = ("fp32", "bf16", "fp16")  # forward and backward under autocast to this type (fp32: none)
 AUGMENTS = ("standard", "none")
-AUTO_CODECS = ("fp32", "fp16", "bf16", "fp8")  # the dense codecs: sparse ones change what is learned, so only on request
+# what --exchange auto weighs unless told: our dense and low-rank codecs and every exchange PyTorch's DDP offers
+# (ddp-bf16 where CUDA runs it). Low-rank with error feedback keeps fp32's accuracy (Vogels et al. 2019; ours within
+# 0.3 points on digits); sparse codecs change what is learned more, so they are weighed only when listed.
+AUTO_CODECS = ("fp32", "fp16", "bf16", "fp8", "lowrank", "lowrank-acp", "ddp", "ddp-fp16", "ddp-bf16",
+               "ddp-powersgd")
 
 WORKERS, DATA, RECIPE, OUTPUT = "workers", "data and model", "large-minibatch recipe", "output"
+
+
+def _cuda_only(exchange: str) -> bool:
+    """Whether an exchange is PyTorch's hook that runs only on CUDA with NCCL (DDP's bf16)."""
+    engine, codec = parse_exchange(exchange)
+    return engine == "ddp" and CODECS[codec].torch_hook_needs_cuda
 
 
 def _steps_or_epochs(text: str) -> str | None:
@@ -181,12 +193,14 @@ class TrainConfig:
     compress_after: str = option("warmup", "a lossy codec compresses after this many dense (fp32) steps: STEPS, "
                                  "EPOCHSep, or warmup (the end of the LR warmup)", group=WORKERS,
                                  check=_steps_or_epochs)
-    exchange: str = option("manual", "auto: at start-up measure the compute, the link and each codec on this process "
-                           "group, simulate every codec of --auto-codecs with every bucket plan, and use the fastest "
-                           "(engine scalesgd); manual: --codec and --buckets as given", choices=EXCHANGES,
-                           group=WORKERS)
-    auto_codecs: tuple[str, ...] = option(AUTO_CODECS, "the codecs --exchange auto chooses among (sparse ones only "
-                                          "when listed)", parse=words, group=WORKERS, choices=CODECS,
+    exchange: str = option("manual", "auto: at start-up measure the compute, the link and each exchange of "
+                           "--auto-codecs on this process group, simulate each with every bucket plan, try the closest "
+                           "for real, and use the fastest (engine and codec: ours or DDP's); manual: --engine, --codec "
+                           "and --buckets as given", choices=EXCHANGES, group=WORKERS)
+    auto_codecs: tuple[str, ...] = option(AUTO_CODECS, "the exchanges --exchange auto weighs: our codecs by name, "
+                                          "ddp (DDP's fp32 allreduce) and ddp-CODEC (DDP with PyTorch's fp16, bf16 or "
+                                          "PowerSGD hook, or ours); sparse ones only when listed; ddp-bf16 is left out "
+                                          "without CUDA", parse=words, group=WORKERS, choices=exchange_names,
                                           check=checks.distinct)
     codec_options: CodecOptions = expanded(CODEC_OPTIONS.items, CodecOptions, lambda held, family: held[family],
                                            group="codec options: {}")  # each family's, --FAMILY-OPTION
@@ -259,14 +273,22 @@ class TrainConfig:
     def needs_topology(self) -> bool:
         """Whether workers build the node / cross-node groups (hierarchical allreduce, two-stage fp8, and any codec
         --exchange auto may choose)."""
-        codecs = self.auto_codecs if self.exchange == "auto" else (self.codec,)
+        codecs = [parse_exchange(c)[1] for c in self.auto_candidates] if self.exchange == "auto" else (self.codec,)
         return (ALGORITHMS[self.algorithm].needs_topology and self.engine == "scalesgd"
                 or any(CODECS[c].needs_topology for c in codecs))
 
     @property
+    def auto_candidates(self) -> tuple[str, ...]:
+        """The exchanges --exchange auto weighs here: --auto-codecs, less PyTorch's CUDA-only hooks without CUDA
+        when the list is the default one (a list given names only what runs, `rules.exchange`)."""
+        if self.auto_codecs != AUTO_CODECS or torch.cuda.is_available():
+            return self.auto_codecs
+        return tuple(c for c in self.auto_codecs if not _cuda_only(c))
+
+    @property
     def own_exchange_group(self) -> bool:
         """Whether the exchange runs in a process group of its own, created at start-up."""
-        return ENGINES[self.engine].uses_own_group(self.codec_entry)
+        return self.exchange == "auto" or ENGINES[self.engine].uses_own_group(self.codec_entry)
 
     def compress_after_steps(self, steps_per_epoch: int) -> int:
         """The dense steps before compression, from STEPS, EPOCHSep or warmup."""

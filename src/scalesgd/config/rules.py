@@ -8,6 +8,7 @@ import torch
 
 from scalesgd import checks
 from scalesgd.comm.codecs import CODECS
+from scalesgd.comm.engine.exchange import exchange_names, parse_exchange
 from scalesgd.data import DATASETS, DataError, check_text_file
 from scalesgd.errors import UsageError
 from scalesgd.models import IMAGE, MODELS, TEXT
@@ -26,18 +27,27 @@ def dense_start(cfg) -> bool:
     return cfg.compress_after_steps(1_000_000) > 0
 
 
+def auto_problem(name: str) -> str | None:
+    """Why --exchange auto cannot weigh the exchange `name`, or None."""
+    engine, codec = parse_exchange(name)
+    if codec not in CODECS or not CODECS[codec].runs_on(engine):
+        return f"not an exchange; use one of {', '.join(exchange_names())}"
+    if not CODECS[codec].simulated:
+        return "the simulator has no cost model for it, so auto cannot rank it"
+    if engine == "ddp" and CODECS[codec].torch_hook_needs_cuda and not torch.cuda.is_available():
+        return "PyTorch's hook runs only on CUDA with NCCL, and this machine has no GPU"
+    return None
+
+
 def exchange(cfg) -> None:
     """`exchange` auto, the codec on its engine, the planner, a codec family's own options."""
     if cfg.exchange == "auto":
-        if cfg.engine != "scalesgd":
-            raise UsageError(f"`exchange` auto chooses the scalesgd engine's codec and buckets; got `engine` "
-                             f"{cfg.engine} (add `engine` scalesgd)")
         if cfg.planner != NO_PLANNER:
             raise UsageError(f"`planner` {cfg.planner}: with `exchange` auto the buckets are auto's choice")
-        for codec in cfg.auto_codecs:
-            if not (CODECS[codec].simulated and CODECS[codec].runs_on("scalesgd")):
-                known = (name for name, entry in CODECS.items() if entry.simulated and entry.runs_on("scalesgd"))
-                raise UsageError(f"`auto_codecs` {codec}: auto chooses among {', '.join(known)}")
+        for name in cfg.auto_candidates:
+            problem = auto_problem(name)
+            if problem:
+                raise UsageError(f"`auto_codecs` {name}: {problem}")
     runs_here = [name for name, entry in CODECS.items() if entry.runs_on(cfg.engine)]
     require_choice("codec", cfg.codec, runs_here, f" (with `engine` {cfg.engine})")
     if cfg.engine == "ddp" and cfg.codec_entry.torch_hook_needs_cuda and not torch.cuda.is_available():

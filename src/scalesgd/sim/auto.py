@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import math
 import statistics
 import threading
 import time
@@ -22,14 +23,14 @@ from scalesgd.comm.cost import link, profile
 from scalesgd.comm.cost.profile import fit_line
 from scalesgd.comm.engine.buckets import BucketPlan, model_tensors, plan_from_groups
 from scalesgd.comm.engine.driver import BucketDriver
-from scalesgd.comm.engine.exchange import build_exchange
+from scalesgd.comm.engine.exchange import build_exchange, parse_exchange
 from scalesgd.comm.wire.collectives import broadcast_object
 from scalesgd.config import TrainConfig
 from scalesgd.output import console as make_console
 from scalesgd.output import rich_table, write_json
 from scalesgd.runtime.process_group import DistEnv
 from scalesgd.sim.compute import ComputeProfile, from_layers
-from scalesgd.sim.exchange import Costs, predict, wire_time
+from scalesgd.sim.exchange import Costs, predict, sent_sizes, wire_time
 from scalesgd.sim.modes import Mode
 from scalesgd.sim.network import Cluster
 
@@ -39,7 +40,7 @@ PROBE_REPEATS = 2
 HANDOFF_ELEMENTS, HANDOFF_BUCKETS = 1024, 16  # small buckets exchanged while backward runs
 RESOLUTION = 0.03  # predictions closer than this are a tie (the testbed's runs move ±10 %)
 FINALIST_MARGIN = 0.25  # codecs predicted within this of the fastest are tried for real (the model's worst
-FINALISTS = 3           # error against the testbed is ~25 %); at most this many
+FINALISTS = 4           # error against the testbed is ~25 %); at most this many
 AUTO_NAME = "auto.json"  # in a run directory: the decision a resumed run keeps
 
 
@@ -65,6 +66,11 @@ class Decision:
         return cls(d["codec"], d["buckets"], d["groups"], d["predicted_s"], d["candidates"], d.get("finalists", []),
                    d.get("trial_s"))
 
+    @property
+    def compresses(self) -> bool:
+        """Whether the chosen exchange sends less than fp32 (auto says so when it does not)."""
+        return not _uncompressed(self.codec)
+
     def tried(self, measured_s: list[float]) -> Decision:
         """The finalist measured fastest (`measured_s`: each finalist's trial iteration, in order)."""
         finalists = [f | {"measured_s": m} for f, m in zip(self.finalists, measured_s)]
@@ -73,9 +79,14 @@ class Decision:
                        predicted_s=best["predicted_s"], finalists=finalists, measured_s=best["measured_s"])
 
 
-def decide(model: nn.Module, batch, loss_fn, codecs: tuple[str, ...], settings: CodecSettings, algorithm: str,
+def decide(model: nn.Module, batch, loss_fn, candidates: tuple[str, ...], settings: CodecSettings, algorithm: str,
            group, topology, procs_per_node: int, batch_per_worker: int, accumulate: int = 1) -> Decision:
-    """Profile, measure, simulate, choose (collective); rank 0's choice is every rank's."""
+    """Profile, measure, simulate, choose (collective); rank 0's choice is every rank's.
+
+    `candidates` name exchanges (`parse_exchange`): our codecs, and DDP's. A DDP exchange is costed by the codec of
+    ours that does its work (DDP's allreduce by fp32, its fp16 hook by fp16, PowerSGD by lowrank on an fp32 wire) on
+    DDP's buckets and gloo's or NCCL's own allreduce; the trial then measures it for real.
+    """
     device = next(model.parameters()).device
     compute = replace(from_layers(profile.layer_profile(model, batch, loss_fn, group), 0.0, batch_per_worker),
                       accumulate=accumulate)
@@ -86,18 +97,20 @@ def decide(model: nn.Module, batch, loss_fn, codecs: tuple[str, ...], settings: 
     channel = Channel(group, world, algorithm, topology)
     handoff = contended_bucket_cost(model, batch, loss_fn, channel, cluster)
     costs = {}
-    for codec in codecs:
-        measured = probe(codec, settings, channel, cluster, compute, device)
-        costs[codec] = replace(measured, channel_s_per_bucket=max(measured.channel_s_per_bucket, handoff))
+    for name in candidates:
+        does_work = proxy(name)
+        if does_work not in costs:
+            measured = probe(does_work, settings, channel, cluster, compute, device)
+            costs[does_work] = replace(measured, channel_s_per_bucket=max(measured.channel_s_per_bucket, handoff))
     decision = None
     if dist.get_rank() == 0:
         table = []
-        for codec in codecs:
+        for name in candidates:
+            codec = parse_exchange(name)[1]
             plans = (CODECS[codec].buckets,) if CODECS[codec].buckets else PLANS
-            for plan in plans:
-                mode = Mode(f"scalesgd-{codec}", "scalesgd", codec, algorithm, plan, settings.options["topk"].density)
-                p = predict(mode, compute, cluster, costs[codec])
-                table.append({"codec": codec, "buckets": plan, "iteration_s": p.iteration_s,
+            for plan in plans if parse_exchange(name)[0] == "scalesgd" else ("ddp",):
+                p = predict(candidate_mode(name, settings, algorithm, plan), compute, cluster, costs[proxy(name)])
+                table.append({"codec": name, "buckets": plan, "iteration_s": p.iteration_s,
                               "exposed_comm_s": p.exposed_comm_s, "groups": p.groups})
         best = pick(table)
         decision = Decision(best["codec"], best["buckets"], best["groups"], best["iteration_s"],
@@ -106,6 +119,24 @@ def decide(model: nn.Module, batch, loss_fn, codecs: tuple[str, ...], settings: 
                             [{"codec": r["codec"], "buckets": r["buckets"], "groups": r["groups"],
                               "predicted_s": r["iteration_s"]} for r in finalists(table, best)])
     return broadcast_object(decision, group=group)
+
+
+def proxy(name: str) -> str:
+    """The codec of ours whose measured costs stand for exchange `name`'s: its own, or for PyTorch's hook ours of
+    the same work (PowerSGD's: lowrank)."""
+    codec = parse_exchange(name)[1]
+    return "lowrank" if codec == "powersgd" else codec
+
+
+def candidate_mode(name: str, settings: CodecSettings, algorithm: str, plan: str) -> Mode:
+    """Exchange `name` as the simulator's mode, with this run's density, rank and wires (DDP's: its own buckets)."""
+    engine, codec = parse_exchange(name)
+    options = settings.options
+    family = CODECS[codec].family
+    wire = options["lowrank"].factor_wire if family == "lowrank" else options["topk"].wire if CODECS[codec].sparse \
+        else ""
+    return Mode(name, engine, codec, algorithm if engine == "scalesgd" else "native", plan,
+                options["topk"].density, options["lowrank"].rank, wire if engine == "scalesgd" else "")
 
 
 def pick(table: list[dict]) -> dict:
@@ -120,19 +151,28 @@ def pick(table: list[dict]) -> dict:
 
 
 def finalists(table: list[dict], best: dict) -> list[dict]:
-    """`best`, then the fastest plan of each other codec predicted within `FINALIST_MARGIN` of it; `FINALISTS` at most.
+    """`best`, then the fastest plan of each other exchange predicted within `FINALIST_MARGIN` of it; `FINALISTS` at
+    most, one of them uncompressed where one is that close.
 
     Where predictions are this close the model cannot rank them (its error on the testbed reaches ~25 %,
-    and a sparse codec's density drifts from the one its probe saw): a trial can.
+    and a sparse codec's density drifts from the one its probe saw): a trial can. Not compressing at all is
+    always among what is tried when it is close (Agarwal et al. 2022: it is often the fastest).
     """
+    close = [row for row in sorted(table, key=lambda r: r["iteration_s"])
+             if row["iteration_s"] <= best["iteration_s"] * (1 + FINALIST_MARGIN)]
     chosen, seen = [best], {best["codec"]}
-    for row in sorted(table, key=lambda r: r["iteration_s"]):
-        if len(chosen) == FINALISTS or row["iteration_s"] > best["iteration_s"] * (1 + FINALIST_MARGIN):
-            break
+    for row in close:
         if row["codec"] not in seen:
             chosen.append(row)
             seen.add(row["codec"])
-    return chosen
+    plain = next((row for row in close if _uncompressed(row["codec"])), None)
+    if plain is not None and not any(_uncompressed(row["codec"]) for row in chosen[:FINALISTS]):
+        return chosen[:FINALISTS - 1] + [plain]
+    return chosen[:FINALISTS]
+
+
+def _uncompressed(exchange: str) -> bool:
+    return CODECS[parse_exchange(exchange)[1]].wire_bytes == 4
 
 
 def contended_bucket_cost(model: nn.Module, batch, loss_fn, channel: Channel, cluster: Cluster) -> float:
@@ -172,27 +212,38 @@ def probe(codec_name: str, settings: CodecSettings, channel: Channel, cluster: C
           device) -> Costs:
     """Buckets of two sizes exchanged for real with `codec_name`: what a bucket costs beyond the modelled wire, as a
     fixed part and a part per element, and the CPU the whole model's exchange would take (the slowest rank's;
-    collective)."""
-    mode = Mode(codec_name, "scalesgd", codec_name, channel.algorithm, "single", settings.options["topk"].density)
+    collective). Each bucket holds one square-ish matrix, which a low-rank codec factors."""
+    mode = candidate_mode(codec_name, settings, channel.algorithm, "single")
     sizes = sorted({max(1, min(n, compute.numel)) for n in PROBE_SIZES})
     beyond, inline, cpu = [], 0.0, 0.0
     for numel in sizes:
-        took_inline, took, took_cpu = _exchange_for_real(codec_name, settings, channel, numel, device)
-        beyond.append(max(took - took_inline - wire_time(mode, numel, cluster), 0.0))
+        shape = matrix_shape(numel)
+        took_inline, took, took_cpu = _exchange_for_real(codec_name, settings, channel, shape, device)
+        sent = sent_sizes(mode, ComputeProfile(("probe",), (numel,), 0.0, (0.0,), 0.0, 1, shapes=(shape,)))[0]
+        beyond.append(max(took - took_inline - wire_time(mode, sent, cluster), 0.0))
         inline, cpu = took_inline / numel, took_cpu / numel  # the largest bucket's, per element
     per_bucket, per_element = fit_line(sizes, beyond) if len(sizes) > 1 else (0.0, beyond[0] / sizes[0])
     return Costs(per_element, inline, cpu * compute.numel, per_bucket)
 
 
-def _exchange_for_real(codec_name: str, settings: CodecSettings, channel: Channel, numel: int,
+def matrix_shape(numel: int) -> tuple[int, int]:
+    """A probe's `numel` elements as a matrix, rows a power of two up to its square root (a low-rank codec factors
+    it as it would a layer's weight)."""
+    rows = math.gcd(numel, 1 << (max(numel.bit_length() - 1, 0) // 2))
+    return (rows, numel // rows)
+
+
+def _exchange_for_real(codec_name: str, settings: CodecSettings, channel: Channel, shape: tuple[int, ...],
                        device) -> tuple[float, float, float]:
-    """Seconds on backward's path, in all, and of process CPU for one bucket (slowest rank's, collective).
+    """Seconds on backward's path, in all, and of process CPU for one bucket holding one tensor of `shape` (slowest
+    rank's, collective).
 
     Each repeat starts from a fresh codec: the same gradient fed twice would double a sparse codec's residual
     and send many times its density. A codec that reuses its threshold computes the exact top-k on one step
     in `reuse`: that share of the selection is taken out of the times.
     """
-    weight = torch.randn(numel, device=device)
+    weight = torch.randn(shape, device=device)
+    numel = weight.numel()
     gradient = torch.randn(numel, device=device) * 1e-3
     inline = total = cpu = 0.0
     for repeat in range(PROBE_REPEATS + 1):  # the first warms the codec up (kernels, scales)
@@ -242,7 +293,7 @@ def choose(cfg: TrainConfig, model: torch.nn.Module, batches: list, loss_fn, env
     if resume and saved is not None and saved.exists():
         decision = Decision.from_dict(json.loads(saved.read_text()))
     else:
-        decision = decide(model, batches[0], loss_fn, cfg.auto_codecs, cfg.codec_settings(), cfg.algorithm,
+        decision = decide(model, batches[0], loss_fn, cfg.auto_candidates, cfg.codec_settings(), cfg.algorithm,
                           env.exchange_group, env.topology_groups, env.local_world_size
                           if not cfg.procs_per_node else cfg.procs_per_node, cfg.micro_batch, cfg.accumulate)
         if len(decision.finalists) > 1:
@@ -251,7 +302,8 @@ def choose(cfg: TrainConfig, model: torch.nn.Module, batches: list, loss_fn, env
             write_json(saved, decision.to_dict())
     if env.is_main and not quiet:
         show(decision)
-    chosen = replace(cfg, codec=decision.codec, buckets="size:1")
+    engine, codec = parse_exchange(decision.codec)
+    chosen = replace(cfg, engine=engine, codec=codec, buckets="size:1")
     plan = plan_from_groups(decision.groups, model_tensors(model), f"auto:{decision.buckets}")
     return chosen, plan, decision.to_dict()
 
@@ -260,19 +312,22 @@ def trial(cfg: TrainConfig, model: torch.nn.Module, batches: list, loss_fn, env:
           finalists: list[dict]) -> list[float]:
     """Each finalist's median iteration (slowest rank's), run in turns on its own copy of the model (collective).
 
-    Each runs compressed from its first step, in a process group of its own, with this run's optimizer; the
-    copies and their exchanges are dropped after, so the run starts from the weights it had.
+    Each runs compressed from its first step (PyTorch's PowerSGD after its own plain start, untimed), in a process
+    group of its own, with this run's optimizer; the copies and their exchanges are dropped after, so the run starts
+    from the weights it had.
     """
-    runs = []
+    runs, warmups = [], []
     for finalist in finalists:
         net = copy.deepcopy(model)
-        setup = cfg.replaced(codec=finalist["codec"], compress_after="0", density_warmup=0).exchange_setup(
+        engine, codec = parse_exchange(finalist["codec"])
+        setup = cfg.replaced(engine=engine, codec=codec, compress_after="0", density_warmup=0).exchange_setup(
             dist.new_group(), env.topology_groups,
             plan=plan_from_groups(finalist["groups"], model_tensors(net), f"auto:{finalist['buckets']}"))
-        runs.append(build_exchange(cfg.engine, net, cfg.build_optimizer(net), setup))
+        runs.append(build_exchange(engine, net, cfg.build_optimizer(net), setup))
+        warmups.append(TRIAL_WARMUP + CODECS[codec].warm_start)
     times: list[list[float]] = [[] for _ in runs]
-    for i in range(TRIAL_WARMUP):
-        for exchange in runs:
+    for exchange, warmup in zip(runs, warmups):
+        for i in range(warmup):
             _step(exchange, batches[i % len(batches)], loss_fn, cfg.accumulate)
     for _ in range(TRIAL_ROUNDS):
         for exchange, took in zip(runs, times):
@@ -303,7 +358,8 @@ def show(decision: Decision) -> None:
     """The predicted iteration of every candidate, the chosen one first; then the finalists' trials."""
     rows = sorted(decision.table, key=lambda r: r["iteration_s"])
     console = make_console()
-    console.print(rich_table(f"--exchange auto chose {decision.codec} with buckets {decision.buckets}",
+    console.print(rich_table(f"--exchange auto chose {decision.codec} with buckets {decision.buckets}"
+                             + (": no compression pays here" if not decision.compresses else ""),
                              ["codec", "buckets", "predicted ms", "exposed ms"],
                              [[r["codec"], r["buckets"], f"{1e3 * r['iteration_s']:.1f}",
                                f"{1e3 * r['exposed_comm_s']:.1f}"] for r in rows]))

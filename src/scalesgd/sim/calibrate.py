@@ -11,7 +11,8 @@ from pathlib import Path
 
 from scalesgd.comm.codecs import CODECS, make_codec
 from scalesgd.comm.cost.link import LinkCost
-from scalesgd.sim.compute import ComputeProfile, from_layers
+from scalesgd.models import MODELS, TEXT
+from scalesgd.sim.compute import ComputeProfile, from_layers, model_shapes
 from scalesgd.sim.exchange import Costs, check_modelled, nominal_sparse_bytes, predict
 from scalesgd.sim.modes import parse_mode
 from scalesgd.sim.network import Cluster
@@ -63,6 +64,14 @@ class BenchRecord:
     def modes(self) -> list[str]:
         return list(dict.fromkeys(r["mode"] for r in self.data["results"]))
 
+    def shapes(self) -> tuple[tuple[int, ...], ...]:
+        """The timed model's tensor shapes, for a record written before `bench train` kept them: an image model's,
+        rebuilt from its config (none for a language model, whose sizes options it did not keep as such)."""
+        config = self.data["config"]
+        if config.get("model") not in MODELS or MODELS[config["model"]].data == TEXT:
+            return ()
+        return model_shapes(config["model"], config["classes"], config["channels"])
+
     @property
     def batch_per_worker(self) -> int:
         return self.data["config"]["batch_size"] // self.data["world_size"]
@@ -75,7 +84,8 @@ def compute_profile(record: BenchRecord) -> ComputeProfile:
         raise NotABenchDir(f"{record.path} has no `none` mode: the compute-only iteration calibrates the profile")
     compute = statistics.median(r["mean_compute_s"] for r in nones)
     step = statistics.median(max(r["median_iteration_s"] - r["mean_compute_s"], 0.0) for r in nones)
-    return from_layers(record.data["layers"], step, record.batch_per_worker).scaled_to(compute)
+    profile = from_layers(record.data["layers"], step, record.batch_per_worker).scaled_to(compute)
+    return profile if profile.shapes else replace(profile, shapes=record.shapes())
 
 
 def mode_costs(record: BenchRecord, mode_name: str, profile: ComputeProfile) -> Costs:

@@ -31,6 +31,7 @@ class ComputeProfile:
     t_step: float
     batch_per_worker: int  # samples of one micro-batch
     accumulate: int = 1  # micro-batches per step
+    shapes: tuple[tuple[int, ...], ...] = ()  # each tensor's shape (what a low-rank codec factors; () where unknown)
 
     @property
     def compute_s(self) -> float:
@@ -59,7 +60,16 @@ class ComputeProfile:
 def from_layers(layers: dict, t_step: float, batch_per_worker: int) -> ComputeProfile:
     """From the `layers` record of `bench train` or the profile of a `--planner` run (names, sizes, t_f, t_b)."""
     return ComputeProfile(tuple(layers["names"]), tuple(int(s) for s in layers["sizes"]), float(layers["t_f"]),
-                          tuple(float(t) for t in layers["t_b"]), t_step, batch_per_worker)
+                          tuple(float(t) for t in layers["t_b"]), t_step, batch_per_worker,
+                          shapes=tuple(tuple(int(d) for d in shape) for shape in layers.get("shapes", ())))
+
+
+def model_shapes(model_name: str, classes: int, channels: int = 3,
+                 options: ModelOptions | None = None) -> tuple[tuple[int, ...], ...]:
+    """The shapes of `model_name`'s trainable tensors (forward order), built on meta tensors (nothing allocated)."""
+    with torch.device("meta"):
+        model = build_model(model_name, classes, channels, options or ModelOptions())
+    return tuple(tuple(p.shape) for p in model.parameters() if p.requires_grad)
 
 
 def from_run_dir(run_dir: Path) -> ComputeProfile:
@@ -83,7 +93,7 @@ def from_flops(model_name: str, iteration_s: float, batch_per_worker: int, image
     compute = iteration_s * (1 - step_fraction)
     return ComputeProfile(flops.names, flops.sizes, compute * flops.forward / total,
                           tuple(compute * b / total for b in flops.backward), iteration_s * step_fraction,
-                          batch_per_worker)
+                          batch_per_worker, shapes=flops.shapes)
 
 
 @dataclass(frozen=True)
@@ -95,6 +105,7 @@ class Flops:
     sizes: tuple[int, ...]
     forward: int
     backward: tuple[int, ...]
+    shapes: tuple[tuple[int, ...], ...] = ()
 
 
 def count_flops(model_name: str, batch: int, image_size: int, classes: int, channels: int = 3,
@@ -136,4 +147,5 @@ def count_flops(model_name: str, batch: int, image_size: int, classes: int, chan
     backward, last = [0] * len(named), forward
     for i, at in ready.items():  # a dict keeps the order the hooks fired in
         backward[i], last = at - last, at
-    return Flops(tuple(n for n, _ in named), tuple(p.numel() for _, p in named), forward, tuple(backward))
+    return Flops(tuple(n for n, _ in named), tuple(p.numel() for _, p in named), forward, tuple(backward),
+                 tuple(tuple(p.shape) for _, p in named))

@@ -4,9 +4,11 @@ and the compute its work displaces where it shares the cores, all through `comm.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from scalesgd.comm.codecs import CODECS, TopkOptions
+from scalesgd.comm.codecs import CODECS, LowrankOptions, TopkOptions
+from scalesgd.comm.codecs.lowrank.codec import FACTOR_WIRES
+from scalesgd.comm.codecs.lowrank.factors import sent_elements
 from scalesgd.comm.cost.planner import PLANNERS
 from scalesgd.comm.cost.timing import timeline
 from scalesgd.comm.engine.buckets import TensorInfo, ddp_buckets, plan_buckets
@@ -60,16 +62,20 @@ def check_modelled(mode: Mode) -> None:
     if mode.codec not in CODECS or not CODECS[mode.codec].simulated:
         raise ValueError(f"mode {mode.name!r}: codec {mode.codec!r} has no cost model; the simulator knows "
                          f"{', '.join(c for c, e in CODECS.items() if e.simulated)}")
-    if mode.engine == "ddp" and mode.codec not in ("fp32", "fp16", "bf16"):
-        raise ValueError(f"mode {mode.name!r}: under ddp the simulator knows fp32, fp16 and bf16")
+    if mode.engine == "ddp" and mode.codec not in ("fp32", "fp16", "bf16", "powersgd"):
+        raise ValueError(f"mode {mode.name!r}: under ddp the simulator knows fp32, fp16, bf16 and powersgd")
 
 
-def wire_time(mode: Mode, numel: int, cluster: network.Cluster, density_scale: float = 1.0) -> float:
+def wire_time(mode: Mode, numel: float, cluster: network.Cluster, density_scale: float = 1.0) -> float:
     """Seconds one bucket of `numel` gradients spends on the wire (α–β, as our collectives step); a sparse
-    codec sends `density_scale` times its nominal entries."""
+    codec sends `density_scale` times its nominal entries. For a low-rank mode `numel` counts what it sends
+    (`sent_sizes`), over its sums one after another."""
     if mode.engine == "none" or cluster.workers == 1 or numel == 0:
         return 0.0
     entry = CODECS[mode.codec]
+    if entry.factor_sums:
+        sums, algorithm = entry.factor_sums, "native" if mode.engine == "ddp" else mode.algorithm
+        return sums * network.dense_allreduce(numel * factor_bytes(mode) / sums, algorithm, cluster)
     if entry.sparse:
         density = min(mode.density * density_scale, 1.0)
         if entry.needs_topology:  # topk-nodes: dense in the node, sparse across nodes
@@ -87,6 +93,24 @@ def nominal_sparse_bytes(mode: Mode, profile: ComputeProfile, workers: int) -> f
     groups = grouping(mode, profile, lambda n: 0.0, lambda n: 0.0)
     entries = sum(math.ceil(mode.density * sum(profile.sizes[i] for i in g)) for g in groups)
     return (workers - 1) * entries * network.SPARSE_ENTRY_BYTES[sparse_wire(mode)]
+
+
+def factor_bytes(mode: Mode) -> int:
+    """Bytes a low-rank mode sends per number: its /WIRE's, else the factor wire's default; PyTorch's hook fp32."""
+    dtype = FACTOR_WIRES[mode.wire or LowrankOptions().factor_wire] if mode.engine == "scalesgd" else None
+    return dtype.itemsize if dtype is not None else 4
+
+
+def sent_sizes(mode: Mode, profile: ComputeProfile) -> tuple[float, ...]:
+    """What each tensor puts on the wire a step, in numbers: its size, or a low-rank mode's factors of it."""
+    entry = CODECS[mode.codec] if mode.engine != "none" else None
+    if entry is None or not entry.factor_sums:
+        return profile.sizes
+    if len(profile.shapes) != len(profile.sizes):
+        raise ValueError(f"mode {mode.name!r}: a low-rank exchange is costed by its tensors' shapes, which this "
+                         "compute profile lacks; measure it again")
+    return tuple(sent_elements(shape, mode.rank, LowrankOptions().min_rate, alternate=entry.factor_sums == 1)
+                 for shape in profile.shapes)
 
 
 def sparse_wire(mode: Mode) -> str:
@@ -115,13 +139,16 @@ def predict(mode: Mode, profile: ComputeProfile, cluster: network.Cluster, costs
     if mode.engine == "none" or cluster.workers == 1:
         return Prediction(mode.name, profile.iteration_s, 0.0, profile.accumulating_s + profile.compute_s, [])
 
+    groups = grouping(mode, profile, costs.channel(mode, cluster), costs.inline)
+    sizes = sent_sizes(mode, profile)
+    if CODECS[mode.codec].factor_sums:  # a low-rank mode's buckets are timed by what they send: its work per gradient
+        costs = replace(costs, channel_s_per_element=costs.channel_s_per_element * profile.numel / sum(sizes))
     channel, inline = costs.channel(mode, cluster), costs.inline
-    groups = grouping(mode, profile, channel, inline)
     backward = sum(profile.t_b)
     displaced, line = 0.0, None
     for _ in range(FIXED_POINT_ROUNDS):
         scale = 1 + displaced / backward if backward > 0 else 1.0
-        line = timeline(groups, profile.t_f, [t * scale for t in profile.t_b], profile.sizes, channel, inline)
+        line = timeline(groups, profile.t_f, [t * scale for t in profile.t_b], sizes, channel, inline)
         displaced = costs.exchange_cpu_s * (line.overlapped / line.busy if line.busy > 0 else 0.0)
     before = profile.accumulating_s  # micro-batches accumulated before the one whose backward exchanges
     return Prediction(mode.name, before + line.end + profile.t_step, line.exposed, before + line.backward_end, groups)

@@ -9,14 +9,15 @@ from dataclasses import dataclass, replace
 from scalesgd.comm.codecs import CODECS
 from scalesgd.comm.codecs.lowrank.codec import FACTOR_WIRES, LowrankOptions
 from scalesgd.comm.wire.compact import SPARSE_WIRES
-from scalesgd.config import NO_PLANNER
+from scalesgd.comm.engine.exchange import exchange_names
+from scalesgd.config import AUTO_CODECS, NO_PLANNER
 
 MODES_HELP = ("comma-separated: none (no exchange: the compute-only bound), ddp[-CODEC[@RANK]], "
               "scalesgd[-CODEC[@AMOUNT][/WIRE][-ALGORITHM[-BUCKETS]]] (AMOUNT: a sparse codec's density, lowrank's "
               "rank; WIRE: lowrank's factor wire, e.g. scalesgd-lowrank@4/fp16, or a sparse codec's, compact or plain, "
-              "e.g. scalesgd-topk@0.01/plain), auto[-CODEC+CODEC…[@DENSITY]] "
-              "(--exchange auto among those codecs, default fp32+fp16+bf16+fp8)")
-AUTO_DEFAULT = "fp32+fp16+bf16+fp8"
+              "e.g. scalesgd-topk@0.01/plain), auto[-EXCHANGE+EXCHANGE…[@DENSITY]] "
+              "(--exchange auto among those: our codecs by name, ddp and ddp-CODEC; default: --auto-codecs' own)")
+AUTO_DEFAULT = "+".join(AUTO_CODECS)
 LOW_RANK = ("lowrank", "lowrank-acp", "powersgd")  # codecs whose @ is a rank
 
 
@@ -64,9 +65,9 @@ def parse_mode(text: str) -> Mode:
     if text == "auto" or text.startswith(("auto-", "auto@")):
         body = text[len("auto-"):] if text.startswith("auto-") else AUTO_DEFAULT + text[len("auto"):]
         codecs, _, density = body.partition("@")
-        unknown = [c for c in codecs.split("+") if c not in CODECS]
+        unknown = [c for c in codecs.split("+") if c not in exchange_names()]
         if unknown:
-            raise ValueError(f"mode {text!r}: codec {unknown[0]!r} is not known")
+            raise ValueError(f"mode {text!r}: exchange {unknown[0]!r} is not known")
         return Mode(text, "auto", codecs, density=_density(text, density))
     if engine in ("ddp", "scalesgd"):
         # codec names may hold dashes (fp8-direct, topk-global): take the longest that fits

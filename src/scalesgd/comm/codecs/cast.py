@@ -80,5 +80,5 @@ CODECS.add("bf16", CodecEntry("bfloat16 (with ddp: PyTorch's bf16_compress_hook)
                               torch_hook_needs_cuda=True))
 # PowerSGD has no cast of ours: under DDP it is PyTorch's own hook, as each cast is
 CODECS.add("powersgd", CodecEntry("PyTorch's PowerSGD hook at --rank (4); ours, on both engines, is lowrank", None,
-                                  engines=("ddp",),
+                                  engines=("ddp",), factor_sums=3,
                                   torch_hook=torch_hooks.powersgd, warm_start=torch_hooks.POWERSGD_START_ITER))

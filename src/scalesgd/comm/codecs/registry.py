@@ -71,14 +71,18 @@ class CodecEntry:
     sparse: bool = False  # sends (index, value) pairs
     warm_start: int = 0  # plain (uncompressed) iterations it starts with of its own (PowerSGD's start_powerSGD_iter)
     wire_bytes: float | None = None  # a dense codec's bytes per element on the wire (what the simulator costs)
+    # a low-rank codec's sums per bucket, one after another (0: not low-rank; 1: one factor a step, in turn), which
+    # the simulator costs by each tensor's shape
+    factor_sums: int = 0
 
     def runs_on(self, engine: str) -> bool:
         return self.engines is None or engine in self.engines
 
     @property
     def simulated(self) -> bool:
-        """Whether `scalesgd simulate` has a cost model for it: a dense codec of known width, or a sparse one."""
-        return self.wire_bytes is not None or self.sparse
+        """Whether `scalesgd simulate` has a cost model for it: a dense codec of known width, a sparse or a low-rank
+        one."""
+        return self.wire_bytes is not None or self.sparse or self.factor_sums > 0
 
     @property
     def plannable(self) -> bool:

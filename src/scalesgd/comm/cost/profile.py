@@ -133,7 +133,9 @@ def layer_profile(model: nn.Module, batch, loss_fn, group=None) -> dict:
     device = next(model.parameters()).device
     t_f, t_b = slowest_rank(*time_layers(model, batch, loss_fn, group=group), group=group, device=device)
     tensors = model_tensors(model)
-    return {"names": [t.name for t in tensors], "sizes": [t.numel for t in tensors], "t_f": t_f, "t_b": t_b}
+    shapes = [list(p.shape) for p in model.parameters() if p.requires_grad]
+    return {"names": [t.name for t in tensors], "sizes": [t.numel for t in tensors], "shapes": shapes, "t_f": t_f,
+            "t_b": t_b}
 
 
 def time_sparsify(sizes: list[int], density: float, reuse: int, repeats: int = 3,

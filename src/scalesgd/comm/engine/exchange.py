@@ -206,6 +206,22 @@ ENGINES.add("ddp", DdpExchange)
 ENGINES.add("scalesgd", EngineExchange)
 
 
+def parse_exchange(name: str) -> tuple[str, str]:
+    """(engine, codec) an exchange's name stands for, as `bench train` names modes: CODEC is ours on our engine; ddp
+    is DDP's own allreduce, ddp-CODEC DDP with that codec's hook (PyTorch's own for fp16, bf16 and powersgd)."""
+    if name == "ddp":
+        return "ddp", "fp32"
+    if name.startswith("ddp-"):
+        return "ddp", name[len("ddp-"):]
+    return "scalesgd", name
+
+
+def exchange_names() -> list[str]:
+    """Every exchange by name, as `parse_exchange` reads them: our engine's codecs, then DDP's."""
+    ours = [name for name, entry in CODECS.items() if entry.runs_on("scalesgd")]
+    return ours + ["ddp"] + [f"ddp-{name}" for name, entry in CODECS.items() if entry.runs_on("ddp") and name != "fp32"]
+
+
 def build_exchange(engine: str, model: nn.Module, optimizer: torch.optim.Optimizer,
                    setup: ExchangeSetup) -> GradientExchange:
     """Wrap `model` and `optimizer` in the registered engine (collective: every rank, together)."""

@@ -9,10 +9,11 @@ CODEC_OPTIONS.add("lowrank", LowrankOptions)
 
 CODECS.add("lowrank", CodecEntry("PowerSGD's rank-r factors with error feedback, on our engine and as our hook, "
                                  "their wire chosen by --factor-wire (Vogels et al. 2019)",
-                                 lambda s: LowrankCodec(s.options["lowrank"], seed=s.seed), family="lowrank"))
+                                 lambda s: LowrankCodec(s.options["lowrank"], seed=s.seed), family="lowrank",
+                                 factor_sums=2))
 CODECS.add("lowrank-acp", CodecEntry("lowrank sending one factor a step, P and Q in turn: one sum a step instead of "
                                      "two (ACP-SGD, Zhang et al. 2023)",
                                      lambda s: LowrankCodec(s.options["lowrank"], seed=s.seed, alternate=True),
-                                     family="lowrank"))
+                                     family="lowrank", factor_sums=1))
 
 __all__ = ["LowrankCodec", "LowrankOptions"]

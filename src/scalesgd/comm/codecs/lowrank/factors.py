@@ -10,6 +10,7 @@ factors are orthogonalised in one batched call.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -68,6 +69,18 @@ def compresses(rows: int, cols: int, rank: int, min_rate: float) -> bool:
     rule)."""
     r = min(rows, cols, rank)
     return (rows + cols) * r * min_rate < rows * cols
+
+
+def sent_elements(shape, rank: int, min_rate: float, alternate: bool = False) -> float:
+    """The numbers a tensor of `shape` puts on the wire a step: its two factors (one a step, alternating: the mean of
+    P's and Q's), or itself where it is not factored. What the simulator costs the low-rank codecs by."""
+    size = math.prod(shape)
+    rows = shape[0] if len(shape) >= 2 else 0
+    cols = size // rows if rows else 0
+    if not (rows and compresses(rows, cols, rank, min_rate)):
+        return float(size)
+    factors = (rows + cols) * min(rows, cols, rank)
+    return factors / 2 if alternate else float(factors)
 
 
 def layout(keys, offsets, shapes, numel: int, rank: int, min_rate: float) -> Layout:
