@@ -25,6 +25,7 @@ def test_auto_saves_its_decision_trains_with_it_and_keeps_it_on_resume(tmp_path)
     proc.wait()
     decided = json.loads((run / "auto.json").read_text())
     assert decided["codec"] in ("fp32", "fp16", "bf16") and len(decided["candidates"]) == 3 * 4
+    assert decided["compresses"] == (decided["codec"] != "fp32")  # and says so when it sends fp32
     finalists = decided["finalists"]
     predicted = {c: min(r["iteration_s"] for r in decided["candidates"] if r["codec"] == c) for c in AUTO_CODECS}
     close = {c for c, s in predicted.items() if s <= finalists[0]["predicted_s"] * (1 + FINALIST_MARGIN)}

@@ -57,7 +57,7 @@ class Decision:
     measured_s: float | None = None  # the chosen exchange's trial iteration (None: chosen by the model alone)
 
     def to_dict(self) -> dict:
-        return {"codec": self.codec, "buckets": self.buckets, "groups": self.groups,
+        return {"codec": self.codec, "buckets": self.buckets, "groups": self.groups, "compresses": self.compresses,
                 "predicted_s": self.predicted_s, "trial_s": self.measured_s, "finalists": self.finalists,
                 "candidates": self.table}
 
