@@ -113,8 +113,8 @@ def exchanged(rank, world, options, steps=6, poison_at=None, codec="lowrank"):
         sizes.append(exchange(codec, flat, view, channel))
         sent.append(flat)
     counters = codec.counters()
-    errors = torch.cat([codec._states[k].error if k in codec._states else torch.zeros(p.numel())
-                        for k, p in enumerate(params)])
+    errors = torch.cat([codec._states[k].error if k in codec._states else
+                        codec._rounding.get(k, torch.zeros(p.numel())) for k, p in enumerate(params)])
     everyone = errors.clone()
     torch.distributed.all_reduce(everyone)
     return sent, exact, everyone / world, sizes, states + [codec.state_dict()], counters
@@ -146,6 +146,18 @@ def test_a_16_bit_factor_wire_sends_half_the_bytes_and_nearly_the_same_means():
         assert (a - b).norm() < 2e-3 * a.norm()
 
 
+@pytest.mark.parametrize("codec", ["lowrank", "lowrank-acp"])
+def test_an_fp8_factor_wire_sends_a_byte_a_number_and_its_rounding_is_owed_not_lost(codec):
+    fp32 = run_workers(exchanged, 2, LowrankOptions(rank=2), 6, None, codec)[0]
+    for sent, exact, mean_error, sizes, states, counters in run_workers(exchanged, 2, LowrankOptions(
+            rank=2, factor_wire="fp8"), 6, None, codec):
+        flags = [b - f // 4 for b, f in zip(sizes, fp32[3])]  # one byte a number, then fp8's own flag bytes:
+        assert all(0 < f <= 2 + 2 * len(SHAPES) for f in flags)  # one a sum, one a factor or uncompressed run
+        assert torch.allclose(sum(sent) + mean_error, sum(exact), atol=1e-4)  # the bias's rounding is owed too
+        assert (sent[0] - fp32[0][0]).norm() < 0.2 * fp32[0][0].norm()  # e5m2 keeps 2 mantissa bits (≤ 12.5 %)
+        assert counters["fp8_saturated"] == 0 and states[-1]["rounding"][1].abs().max() > 0
+
+
 def test_a_non_finite_gradient_on_one_rank_fills_every_ranks_bucket_and_changes_no_state():
     for sent, _, _, _, states, _ in run_workers(exchanged, 2, LowrankOptions(rank=2), 4, 2):
         assert torch.isfinite(sent[1]).all() and torch.isnan(sent[2]).all() and torch.isfinite(sent[3]).all()
@@ -160,10 +172,11 @@ def test_options_without_meaning_are_refused_by_name(bad, name):
 
 # ---- resume ----------------------------------------------------------------------------------------------------
 
-def engine_run(rank, world, steps, saved=None, start=0):
+def engine_run(rank, world, steps, saved=None, start=0, wire="fp32"):
     weights = Weights()
     engine = DistributedOptimizer(torch.optim.SGD(weights.parameters(), lr=0.01, momentum=0.9), weights,
-                                  codec=make_codec("lowrank-acp", CodecSettings(LowrankOptions(rank=2))),
+                                  codec=make_codec("lowrank-acp", CodecSettings(LowrankOptions(rank=2,
+                                                                                               factor_wire=wire))),
                                   compress_after=1)
     if saved is not None:
         weights.load_state_dict(saved[0])
@@ -177,12 +190,13 @@ def engine_run(rank, world, steps, saved=None, start=0):
     return out
 
 
-def resumed(rank, world):
-    whole = engine_run(rank, world, 6)
-    half = engine_run(rank, world, 3)
-    return whole, engine_run(rank, world, 3, half, start=3)
+def resumed(rank, world, wire):
+    whole = engine_run(rank, world, 6, wire=wire)
+    half = engine_run(rank, world, 3, wire=wire)
+    return whole, engine_run(rank, world, 3, half, start=3, wire=wire)
 
 
-def test_a_resumed_run_ends_with_the_parameters_and_state_of_an_uninterrupted_one():
-    for whole, again in run_workers(resumed, 2):
+@pytest.mark.parametrize("wire", ["fp32", "fp8"])  # fp8: its ranges and the rounding owed resume too
+def test_a_resumed_run_ends_with_the_parameters_and_state_of_an_uninterrupted_one(wire):
+    for whole, again in run_workers(resumed, 2, wire):
         assert same_state(whole[0], again[0]) and same_state(whole[1], again[1])

@@ -8,12 +8,14 @@ from scalesgd.comm.codecs.registry import CODEC_OPTIONS, CODECS, CodecEntry
 CODEC_OPTIONS.add("lowrank", LowrankOptions)
 
 CODECS.add("lowrank", CodecEntry("PowerSGD's rank-r factors with error feedback, on our engine and as our hook, "
-                                 "their wire chosen by --factor-wire (Vogels et al. 2019)",
-                                 lambda s: LowrankCodec(s.options["lowrank"], seed=s.seed), family="lowrank",
+                                 "their wire chosen by --factor-wire: fp32, fp16, bf16 or fp8 (Vogels et al. 2019)",
+                                 lambda s: LowrankCodec(s.options["lowrank"], seed=s.seed,
+                                                        fp8=s.options["fp8"]), family="lowrank",
                                  factor_sums=2))
 CODECS.add("lowrank-acp", CodecEntry("lowrank sending one factor a step, P and Q in turn: one sum a step instead of "
                                      "two (ACP-SGD, Zhang et al. 2023)",
-                                     lambda s: LowrankCodec(s.options["lowrank"], seed=s.seed, alternate=True),
+                                     lambda s: LowrankCodec(s.options["lowrank"], seed=s.seed, alternate=True,
+                                                            fp8=s.options["fp8"]),
                                      family="lowrank", factor_sums=1))
 
 __all__ = ["LowrankCodec", "LowrankOptions"]

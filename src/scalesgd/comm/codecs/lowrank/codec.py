@@ -34,11 +34,13 @@ import torch
 from scalesgd import checks
 from scalesgd.comm.codecs.base import BucketView, Channel, Codec, Exchange, Piece, Scratch
 from scalesgd.comm.codecs.cast import CastCodec
+from scalesgd.comm.codecs.fp8.codec import Fp8Codec
+from scalesgd.comm.codecs.fp8.ranges import Fp8Options
 from scalesgd.comm.codecs.lowrank.factors import Layout, Matrix, batched, layout, orthogonalize
 from scalesgd.comm.wire.pipeline import Steps
 from scalesgd.options import option
 
-FACTOR_WIRES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+FACTOR_WIRES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.float8_e5m2}
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,9 @@ class LowrankOptions:
 
     rank: int = option(4, "lowrank: rank of each gradient matrix's factors (PowerSGD's r; PyTorch's hook, "
                        "--codec powersgd, at the same rank)", flag="--rank", check=checks.within(1, 1 << 16))
-    factor_wire: str = option("fp32", "lowrank: the wire the factors and the uncompressed tensors travel on",
+    factor_wire: str = option("fp32", "lowrank: the wire the factors and the uncompressed tensors travel on (fp8: "
+                              "e5m2 with each factor's own range and fp8's guardrails, its --fp8-* options, the "
+                              "uncompressed tensors' rounding kept as error)",
                               flag="--factor-wire", choices=tuple(FACTOR_WIRES), own=True)
     min_rate: float = option(2.0, "lowrank: a matrix is factored only when its factors are this many times smaller "
                              "(PyTorch's min_compression_rate; its hook, --codec powersgd, takes it too)",
@@ -80,10 +84,17 @@ class LowrankCodec(Codec):
 
     keeps_gradients = True  # the error carries gradients across steps
 
-    def __init__(self, options: LowrankOptions = LowrankOptions(), seed: int = 0, alternate: bool = False):
+    def __init__(self, options: LowrankOptions = LowrankOptions(), seed: int = 0, alternate: bool = False,
+                 fp8: Fp8Options = Fp8Options()):
         self.name, self.options, self.seed = "lowrank-acp" if alternate else "lowrank", options, seed
         self.alternate = alternate
-        self.wire = CastCodec(f"lowrank_{options.factor_wire}", FACTOR_WIRES[options.factor_wire])
+        # fp8 rounds by up to 2⁻³ of a value: the uncompressed tensors keep theirs as error, as the factors' is kept
+        self.keeps_rounding = options.factor_wire == "fp8"
+        if self.keeps_rounding:  # the factors are not gradients of weights: e5m2 of the values themselves
+            self.wire = Fp8Codec("lowrank_fp8", relative=False, two_stage=False, options=fp8, seed=seed)
+        else:
+            self.wire = CastCodec(f"lowrank_{options.factor_wire}", FACTOR_WIRES[options.factor_wire])
+        self._rounding: dict[int, torch.Tensor] = {}  # parameter number → its rounding owed (sent uncompressed)
         self._states: dict[int, _State] = {}  # parameter number → its state
         self._loaded: dict[int, dict] = {}  # saved states not yet claimed by a bucket (their shapes come with it)
         self._norms: list[torch.Tensor] = []  # each bucket's (‖M‖, ‖e‖) per matrix since the counters were read
@@ -119,23 +130,43 @@ class LowrankCodec(Codec):
                 out["lowrank_error_ratio"] = math.sqrt(error_sq / gradient_sq)
         return out
 
+    def rounding_of(self, key: int, size: int, like: torch.Tensor) -> torch.Tensor:
+        """The rounding an uncompressed parameter owes (zeros at first)."""
+        owed = self._rounding.get(key)
+        if owed is None or owed.numel() != size:
+            owed = self._rounding[key] = torch.zeros(size, dtype=like.dtype, device=like.device)
+        return owed
+
     def save_bucket(self, bucket: BucketView):
-        return {key: self._states[key].state_dict() for key in bucket.keys if key in self._states}
+        return ({key: self._states[key].state_dict() for key in bucket.keys if key in self._states},
+                {key: self._rounding[key].clone() for key in bucket.keys if key in self._rounding})
 
     def restore_bucket(self, bucket: BucketView, saved) -> None:
         """The errors and factors as before the step; a parameter's first step leaves no state."""
+        states, rounding = saved
         for key in bucket.keys:
-            if key in saved:
-                self._states[key].load(saved[key])
+            if key in states:
+                self._states[key].load(states[key])
             else:
                 self._states.pop(key, None)
+            if key in rounding:
+                self._rounding[key].copy_(rounding[key])
+            else:
+                self._rounding.pop(key, None)
+
+    def pop_notices(self) -> list[tuple[torch.Tensor, str]]:
+        return self.wire.pop_notices()
 
     def state_dict(self) -> dict:
-        return {"params": {key: st.state_dict() for key, st in self._states.items()} | dict(self._loaded)}
+        return {"params": {key: st.state_dict() for key, st in self._states.items()} | dict(self._loaded),
+                "rounding": {key: owed.clone() for key, owed in self._rounding.items()},
+                "wire": self.wire.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self._states = {}
         self._loaded = {int(key): saved for key, saved in state["params"].items()}
+        self._rounding = {int(key): owed.clone() for key, owed in state.get("rounding", {}).items()}
+        self.wire.load_state_dict(state.get("wire", {}))
 
 
 class LowrankExchange(Exchange):
@@ -179,14 +210,18 @@ class LowrankExchange(Exchange):
             orthogonalize(batched(getattr(self, kept), group, kept))
         for m in self.plan.matrices:
             self._multiply(m, sent)
+        if self.codec.keeps_rounding:
+            for key, start, size in self.plan.uncompressed:
+                self.work[start:start + size].add_(self.codec.rounding_of(key, size, self.work))
         for bucket, message in self._uncompressed():
             message.copy_(bucket)
 
-    def _uncompressed(self):
-        """(the bucket's run, its place in the message) for each run sent uncompressed after the factors."""
+    def _uncompressed(self, starts: bool = False):
+        """(the bucket's run, its place in the message[, its offset in the bucket]) for each run sent uncompressed
+        after the factors."""
         at = self.factors.numel()
         for start, size in self.plan.dense:
-            yield self.work[start:start + size], self.message[at:at + size]
+            yield (self.work[start:start + size], self.message[at:at + size]) + ((start,) if starts else ())
             at += size
 
     def _multiply(self, m: Matrix, into: str) -> None:
@@ -214,7 +249,8 @@ class LowrankExchange(Exchange):
     def _mean(self, tensor: torch.Tensor, name: str, piece: Piece) -> Steps:
         """`tensor`'s mean over ranks on the factor wire, its pieces one after another under this piece's tag."""
         inner_scratch = self.scratch.memo(f"wire:{name}", True, Scratch)
-        exchange = self.codec.wire.start(tensor, BucketView(-1, []), self.channel, inner_scratch)
+        view = self.scratch.memo(f"view:{name}", (id(self.plan), self.sends_q), lambda: self._segments(name, tensor))
+        exchange = self.codec.wire.start(tensor, view, self.channel, inner_scratch)
         sent = 0
         for i in range(exchange.pieces):
             part = Piece(i, piece.tag, 0)
@@ -223,6 +259,17 @@ class LowrankExchange(Exchange):
             exchange.decode(part)
         exchange.finish()
         return sent
+
+    def _segments(self, name: str, tensor: torch.Tensor) -> BucketView:
+        """The message as the tensors a wire with per-tensor state sees (fp8's ranges): each matrix's factor, keyed
+        by its parameter and which factor it is, then each uncompressed run, keyed by its place in the bucket."""
+        q = name == "q" or self.sends_q
+        sizes = [(2 * m.key + q, (m.cols if q else m.rows) * m.rank) for m in self.plan.matrices]
+        if name == "message":
+            sizes += [(-1 - start, size) for start, size in self.plan.dense]
+        offsets = [sum(n for _, n in sizes[:i]) for i in range(len(sizes))]
+        stand_ins = [torch.empty(n, device="meta") for _, n in sizes]  # sizes only: nothing is read from them
+        return BucketView(-1, stand_ins, offsets, tensor.numel(), tuple(key for key, _ in sizes))
 
     def decode(self, piece: Piece) -> None:
         """M̂ = P̂·Qᵀ into the bucket and e = M − M̂ kept (the factors' means carry the 1/W), the uncompressed means
@@ -243,6 +290,11 @@ class LowrankExchange(Exchange):
             if self.alternate:
                 st.p.copy_(p)
                 st.phase = 1 - self.phase
+        if self.codec.keeps_rounding:  # what each uncompressed parameter sent less the mean it got back
+            owed = {start: bucket - message for bucket, message, start in self._uncompressed(starts=True)}
+            for key, start, size in self.plan.uncompressed:
+                run = max(s for s in owed if s <= start)
+                self.codec.rounding_of(key, size, self.work).copy_(owed[run][start - run:start - run + size])
         for bucket, message in self._uncompressed():
             bucket.copy_(message)
         if self.work is not self.flat:

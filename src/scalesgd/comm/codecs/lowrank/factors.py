@@ -51,6 +51,7 @@ class Layout:
     dense: tuple[tuple[int, int], ...]
     p_numel: int
     q_numel: int
+    uncompressed: tuple[tuple[int, int, int], ...] = ()  # (key, offset, size) of each parameter sent uncompressed
 
     @property
     def dense_numel(self) -> int:
@@ -86,7 +87,7 @@ def sent_elements(shape, rank: int, min_rate: float, alternate: bool = False) ->
 def layout(keys, offsets, shapes, numel: int, rank: int, min_rate: float) -> Layout:
     """The layout of a bucket of parameters with these numbers, offsets and shapes (`numel` elements in all; a bucket
     without parameters is sent uncompressed)."""
-    chosen, dense = [], []
+    chosen, dense, uncompressed = [], [], []
     for key, start, shape in zip(keys, offsets, shapes):
         size = 1
         for d in shape:
@@ -97,6 +98,7 @@ def layout(keys, offsets, shapes, numel: int, rank: int, min_rate: float) -> Lay
             chosen.append((key, start, rows, cols, min(rows, cols, rank)))
         elif size:
             dense.append((start, size))
+            uncompressed.append((key, start, size))
     if not keys and numel:
         dense.append((0, numel))
     by_shape: dict[tuple[int, int, int], list] = defaultdict(list)
@@ -107,7 +109,7 @@ def layout(keys, offsets, shapes, numel: int, rank: int, min_rate: float) -> Lay
         for key, start, *_ in group:
             matrices.append(Matrix(key, start, rows, cols, r, p_at, q_at))
             p_at, q_at = p_at + rows * r, q_at + cols * r
-    return Layout(tuple(matrices), tuple(_merge(dense)), p_at, q_at)
+    return Layout(tuple(matrices), tuple(_merge(dense)), p_at, q_at, tuple(uncompressed))
 
 
 def _merge(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
