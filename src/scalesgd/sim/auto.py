@@ -84,7 +84,7 @@ def decide(model: nn.Module, batch, loss_fn, candidates: tuple[str, ...], settin
     """Profile, measure, simulate, choose (collective); rank 0's choice is every rank's.
 
     `candidates` name exchanges (`parse_exchange`): our codecs, and DDP's. A DDP exchange is costed by the codec of
-    ours that does its work (DDP's allreduce by fp32, its fp16 hook by fp16, PowerSGD by lowrank on an fp32 wire) on
+    ours that does its work (DDP's allreduce by fp32, its fp16 hook by fp16, PowerSGD by lowrank), on
     DDP's buckets and gloo's or NCCL's own allreduce; the trial then measures it for real.
     """
     device = next(model.parameters()).device
@@ -106,9 +106,9 @@ def decide(model: nn.Module, batch, loss_fn, candidates: tuple[str, ...], settin
     if dist.get_rank() == 0:
         table = []
         for name in candidates:
-            codec = parse_exchange(name)[1]
-            plans = (CODECS[codec].buckets,) if CODECS[codec].buckets else PLANS
-            for plan in plans if parse_exchange(name)[0] == "scalesgd" else ("ddp",):
+            engine, codec = parse_exchange(name)
+            plans = ("ddp",) if engine == "ddp" else (CODECS[codec].buckets,) if CODECS[codec].buckets else PLANS
+            for plan in plans:
                 p = predict(candidate_mode(name, settings, algorithm, plan), compute, cluster, costs[proxy(name)])
                 table.append({"codec": name, "buckets": plan, "iteration_s": p.iteration_s,
                               "exposed_comm_s": p.exposed_comm_s, "groups": p.groups})
@@ -131,12 +131,13 @@ def proxy(name: str) -> str:
 def candidate_mode(name: str, settings: CodecSettings, algorithm: str, plan: str) -> Mode:
     """Exchange `name` as the simulator's mode, with this run's density, rank and wires (DDP's: its own buckets)."""
     engine, codec = parse_exchange(name)
-    options = settings.options
-    family = CODECS[codec].family
-    wire = options["lowrank"].factor_wire if family == "lowrank" else options["topk"].wire if CODECS[codec].sparse \
-        else ""
+    options, wire = settings.options, ""
+    if engine == "scalesgd" and CODECS[codec].family == "lowrank":
+        wire = options["lowrank"].factor_wire
+    elif engine == "scalesgd" and CODECS[codec].sparse:
+        wire = options["topk"].wire
     return Mode(name, engine, codec, algorithm if engine == "scalesgd" else "native", plan,
-                options["topk"].density, options["lowrank"].rank, wire if engine == "scalesgd" else "")
+                options["topk"].density, options["lowrank"].rank, wire)
 
 
 def pick(table: list[dict]) -> dict:
@@ -358,7 +359,8 @@ def show(decision: Decision) -> None:
     """The predicted iteration of every candidate, the chosen one first; then the finalists' trials."""
     rows = sorted(decision.table, key=lambda r: r["iteration_s"])
     console = make_console()
-    console.print(rich_table(f"--exchange auto chose {decision.codec} with buckets {decision.buckets}"
+    buckets = "DDP's own buckets" if decision.buckets == "ddp" else f"buckets {decision.buckets}"
+    console.print(rich_table(f"--exchange auto chose {decision.codec} with {buckets}"
                              + (": no compression pays here" if not decision.compresses else ""),
                              ["codec", "buckets", "predicted ms", "exposed ms"],
                              [[r["codec"], r["buckets"], f"{1e3 * r['iteration_s']:.1f}",
