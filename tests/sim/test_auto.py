@@ -18,7 +18,8 @@ def _decide(rank, world):
     model = build_model("resnet8", 10, 3)
     batch = (torch.randn(4, 3, 8, 8), torch.randint(0, 10, (4,)))
     decision = decide(model, batch, torch.nn.functional.cross_entropy,
-                      ("fp32", "lowrank-acp", "ddp-fp16", "topk-global"), CodecSettings(TopkOptions(density=0.01)), "ring", None, None, 1, 4)
+                      ("fp32", "lowrank-acp", "ddp-fp16", "topk-global"), CodecSettings(TopkOptions(density=0.01)),
+                      "ring", None, None, 1, 4)
     return decision.to_dict()
 
 

@@ -200,7 +200,8 @@ class TrainConfig:
     auto_codecs: tuple[str, ...] = option(AUTO_CODECS, "the exchanges --exchange auto weighs: our codecs by name, "
                                           "ddp (DDP's fp32 allreduce) and ddp-CODEC (DDP with PyTorch's fp16, bf16 or "
                                           "PowerSGD hook, or ours); low-rank and sparse ones only when listed; "
-                                          "ddp-bf16 is left out without CUDA", parse=words, group=WORKERS, choices=exchange_names,
+                                          "ddp-bf16 is left out without CUDA", parse=words, group=WORKERS,
+                                          choices=exchange_names,
                                           check=checks.distinct)
     codec_options: CodecOptions = expanded(CODEC_OPTIONS.items, CodecOptions, lambda held, family: held[family],
                                            group="codec options: {}")  # each family's, --FAMILY-OPTION

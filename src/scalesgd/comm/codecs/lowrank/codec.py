@@ -12,16 +12,18 @@ Optimization of Gradient Compression for Distributed Deep Learning"): odd steps 
 before, even steps Q = Mᵀ·P̂; M̂ is the product of the factor just summed and the one kept. One sum a step instead of
 two, each half the size on square matrices.
 
-The sums run on the factor wire, one of our dense codecs (`--factor-wire`: fp32, fp16 or bf16), as nested steps of
-this bucket's transfer, so they pipeline and overlap backward like any other exchange on gloo and NCCL alike.
+The sums run on the factor wire, one of our dense codecs (`--factor-wire`: fp32, fp16, bf16, or fp8 with each factor's
+own range), as nested steps of this bucket's transfer, so they pipeline and overlap backward like any other exchange
+on gloo and NCCL alike.
 
 A non-finite gradient on any rank makes the summed P non-finite on every rank: every rank then skips the Q sum,
 fills the bucket with NaN and keeps its state (fp16's skipped step).
 
 State per parameter (keyed by the engine's parameter numbers, so DDP's bucket rebuild keeps it): the error and the
 factor(s) kept for the warm start, with the phase in alternating mode. PyTorch's hook differs in two ways: it keys
-its state by bucket, and for an uncompressed tensor it keeps local − mean as error, which we do not (that tensor was
-sent exactly).
+its state by bucket, and for an uncompressed tensor it keeps local − mean as error. We keep none on an fp32 or 16-bit
+wire (the tensor was sent exactly, or nearly); on the fp8 wire we keep what it sent less the mean it got back, so
+e5m2's rounding is owed, as the factors' is.
 """
 
 from __future__ import annotations
