@@ -94,7 +94,7 @@ def test_a_preset_prints_its_headline(capsys, tmp_path):
     (("--model", "resnet20", "--iteration-time", "1", "--inter-latency", "soon"), "--inter-latency soon: use a time"),
     (("--model", "resnet20", "--iteration-time", "1", "--workers", "12", "--procs-per-node", "8"),
      "--workers 12: every count must be a positive multiple of --procs-per-node 8"),
-    (("--model", "resnet20", "--iteration-time", "1", "--modes", "ddp-powersgd"), "--modes ddp-powersgd: mode"),
+    (("--model", "resnet20", "--iteration-time", "1", "--modes", "ddp-onebit"), "--modes ddp-onebit: mode"),
     (("--profile", "/nonexistent"), "--profile /nonexistent: not a directory"),
     (("--validate", "/tmp"), "/tmp is not a `scalesgd bench train` output directory"),
     ((), "give exactly one of --profile, --model"),
