@@ -213,17 +213,16 @@ class LowrankExchange(Exchange):
         for m in self.plan.matrices:
             self._multiply(m, sent)
         if self.codec.keeps_rounding:
-            for key, start, size in self.plan.uncompressed:
+            for key, start, size, _ in self.plan.uncompressed:
                 self.work[start:start + size].add_(self.codec.rounding_of(key, size, self.work))
         for bucket, message in self._uncompressed():
             message.copy_(bucket)
 
-    def _uncompressed(self, starts: bool = False):
-        """(the bucket's run, its place in the message[, its offset in the bucket]) for each run sent uncompressed
-        after the factors."""
+    def _uncompressed(self):
+        """(the bucket's run, its place in the message) for each run sent uncompressed after the factors."""
         at = self.factors.numel()
         for start, size in self.plan.dense:
-            yield (self.work[start:start + size], self.message[at:at + size]) + ((start,) if starts else ())
+            yield self.work[start:start + size], self.message[at:at + size]
             at += size
 
     def _multiply(self, m: Matrix, into: str) -> None:
@@ -293,10 +292,10 @@ class LowrankExchange(Exchange):
                 st.p.copy_(p)
                 st.phase = 1 - self.phase
         if self.codec.keeps_rounding:  # what each uncompressed parameter sent less the mean it got back
-            owed = {start: bucket - message for bucket, message, start in self._uncompressed(starts=True)}
-            for key, start, size in self.plan.uncompressed:
-                run = max(s for s in owed if s <= start)
-                self.codec.rounding_of(key, size, self.work).copy_(owed[run][start - run:start - run + size])
+            sent = self.message[self.factors.numel():]
+            for key, start, size, at in self.plan.uncompressed:
+                torch.sub(self.work[start:start + size], sent[at:at + size],
+                          out=self.codec.rounding_of(key, size, self.work))
         for bucket, message in self._uncompressed():
             bucket.copy_(message)
         if self.work is not self.flat:

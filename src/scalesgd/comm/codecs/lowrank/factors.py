@@ -51,7 +51,9 @@ class Layout:
     dense: tuple[tuple[int, int], ...]
     p_numel: int
     q_numel: int
-    uncompressed: tuple[tuple[int, int, int], ...] = ()  # (key, offset, size) of each parameter sent uncompressed
+    # (key, offset in the bucket, size, offset among the uncompressed numbers of the message) of each parameter sent
+    # uncompressed: the merged runs follow one another in the bucket's order
+    uncompressed: tuple[tuple[int, int, int, int], ...] = ()
 
     @property
     def dense_numel(self) -> int:
@@ -99,6 +101,9 @@ def layout(keys, offsets, shapes, numel: int, rank: int, min_rate: float) -> Lay
         elif size:
             dense.append((start, size))
             uncompressed.append((key, start, size))
+    at = 0
+    for i, (key, start, size) in enumerate(sorted(uncompressed, key=lambda u: u[1])):
+        uncompressed[i], at = (key, start, size, at), at + size
     if not keys and numel:
         dense.append((0, numel))
     by_shape: dict[tuple[int, int, int], list] = defaultdict(list)
