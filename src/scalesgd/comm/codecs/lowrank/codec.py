@@ -67,16 +67,18 @@ class _State:
         self.error = torch.zeros(numel, dtype=dtype, device=device)
         # the first Q: random, drawn from (seed, parameter) alone, so every rank and a resumed run draw the same
         gen = torch.Generator().manual_seed(hash((seed, matrix.key)) & (2 ** 62 - 1))
-        self.q = torch.randn(matrix.cols, matrix.rank, generator=gen, dtype=torch.float32).to(device, dtype)
+        q = torch.randn(matrix.cols, matrix.rank, generator=gen, dtype=torch.float32)
+        self.qt = q.t().contiguous().to(device, dtype)  # kept transposed, as the Q buffer holds it
         self.p = torch.zeros(matrix.rows, matrix.rank, dtype=dtype, device=device)
         self.phase = 0  # alternating: 0 computes P next, 1 computes Q
+        self.steps = 0  # steps exchanged in this run (not saved: it only times the counters' measurements)
 
     def state_dict(self) -> dict:
-        return {"error": self.error.clone(), "q": self.q.clone(), "p": self.p.clone(), "phase": self.phase}
+        return {"error": self.error.clone(), "q": self.qt.t().contiguous(), "p": self.p.clone(), "phase": self.phase}
 
     def load(self, saved: dict) -> None:
         self.error.copy_(saved["error"])
-        self.q.copy_(saved["q"])
+        self.qt.copy_(saved["q"].t())
         self.p.copy_(saved["p"])
         self.phase = int(saved["phase"])
 
@@ -85,6 +87,7 @@ class LowrankCodec(Codec):
     """Each gradient matrix as two rank-r factors with error feedback; small tensors uncompressed beside them."""
 
     keeps_gradients = True  # the error carries gradients across steps
+    measures_every = 16  # ‖M‖ and ‖e‖ on one step in this many: two more passes over every matrix otherwise
 
     def __init__(self, options: LowrankOptions = LowrankOptions(), seed: int = 0, alternate: bool = False,
                  fp8: Fp8Options = Fp8Options()):
@@ -100,6 +103,7 @@ class LowrankCodec(Codec):
         self._states: dict[int, _State] = {}  # parameter number → its state
         self._loaded: dict[int, dict] = {}  # saved states not yet claimed by a bucket (their shapes come with it)
         self._norms: list[torch.Tensor] = []  # each bucket's (‖M‖, ‖e‖) per matrix since the counters were read
+        self._error_ratio: float | None = None  # ‖e‖/‖M‖ at the last step measured
 
     def start(self, flat: torch.Tensor, bucket: BucketView, channel: Channel, scratch: Scratch) -> Exchange:
         o = self.options
@@ -111,7 +115,7 @@ class LowrankCodec(Codec):
     def state_of(self, matrix: Matrix, like: torch.Tensor) -> _State:
         """The matrix's state: kept, loaded from a checkpoint, or new."""
         st = self._states.get(matrix.key)
-        if st is None or st.error.numel() != matrix.numel or st.q.shape != (matrix.cols, matrix.rank):
+        if st is None or st.error.numel() != matrix.numel or st.qt.shape != (matrix.rank, matrix.cols):
             st = self._states[matrix.key] = _State(matrix.numel, matrix, like.device, like.dtype, self.seed)
             saved = self._loaded.pop(matrix.key, None)
             if saved is not None and saved["error"].numel() == matrix.numel:
@@ -123,13 +127,16 @@ class LowrankCodec(Codec):
         self._norms.append(norms)
 
     def counters(self) -> dict[str, float]:
-        """The wire's counters, and ‖e‖/‖M‖ over the matrices since the last call: what the factors left behind."""
+        """The wire's counters, and ‖e‖/‖M‖ over the matrices at the last step measured: what the factors left
+        behind."""
         out = self.wire.counters()
         if self._norms:
             gradient_sq, error_sq = torch.cat(self._norms).double().square().sum(0).tolist()
             self._norms = []
             if gradient_sq:
-                out["lowrank_error_ratio"] = math.sqrt(error_sq / gradient_sq)
+                self._error_ratio = math.sqrt(error_sq / gradient_sq)
+        if self._error_ratio is not None:
+            out["lowrank_error_ratio"] = self._error_ratio
         return out
 
     def rounding_of(self, key: int, size: int, like: torch.Tensor) -> torch.Tensor:
@@ -206,7 +213,7 @@ class LowrankExchange(Exchange):
             if self.sends_q:
                 m.p(self.p).copy_(st.p)
             else:
-                m.q(self.q).copy_(st.q)
+                m.qt(self.q).copy_(st.qt)
         kept, sent = ("p", "q") if self.sends_q else ("q", "p")
         for group in self.plan.groups():
             orthogonalize(batched(getattr(self, kept), group, kept))
@@ -226,12 +233,12 @@ class LowrankExchange(Exchange):
             at += size
 
     def _multiply(self, m: Matrix, into: str) -> None:
-        """P = M·Q̂ (`into` "p") or Q = Mᵀ·P̂ ("q") for one matrix."""
-        p, q = m.p(self.p), m.q(self.q)
+        """P = M·Q̂ (`into` "p") or Qᵀ = P̂ᵀ·M ("q") for one matrix: both read M along its rows."""
+        p, qt = m.p(self.p), m.qt(self.q)
         if into == "p":
-            torch.mm(self.matrix(m), q, out=p)
+            torch.mm(self.matrix(m), qt.t(), out=p)
         else:
-            torch.mm(self.matrix(m).t(), p, out=q)
+            torch.mm(p.t(), self.matrix(m), out=qt)
 
     def transfer(self, piece: Piece) -> Steps:
         """The message's mean on the factor wire; then, unless alternating, P̂ and Q's mean."""
@@ -280,14 +287,17 @@ class LowrankExchange(Exchange):
             return
         norms = []  # ‖M‖ and ‖e‖ of each matrix, on the device: read when the counters are
         for m, st in zip(self.plan.matrices, self.states):
-            p, q = m.p(self.p), m.q(self.q)
+            p, qt = m.p(self.p), m.qt(self.q)
             matrix, error = self.matrix(m), st.error.view(m.rows, m.cols)
+            measured = st.steps % self.codec.measures_every == 0
+            st.steps += 1
             error.copy_(matrix)  # M, then M − M̂, with M̂ written into the bucket: nothing allocated
-            gradient = torch.linalg.vector_norm(error)
-            torch.mm(p, q.t(), out=matrix)
+            gradient = torch.linalg.vector_norm(error) if measured else None
+            torch.mm(p, qt, out=matrix)
             error.sub_(matrix)
-            norms.append(torch.stack([gradient, torch.linalg.vector_norm(error)]))
-            st.q.copy_(q)  # the mean Q (made orthonormal next step), or alternating, the factor kept or summed
+            if measured:
+                norms.append(torch.stack([gradient, torch.linalg.vector_norm(error)]))
+            st.qt.copy_(qt)  # the mean Q (made orthonormal next step), or alternating, the factor kept or summed
             if self.alternate:
                 st.p.copy_(p)
                 st.phase = 1 - self.phase

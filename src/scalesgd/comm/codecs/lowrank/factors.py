@@ -5,7 +5,8 @@ in-channels·kernel), as Vogels et al. 2019 ("PowerSGD: Practical Low-Rank Gradi
 Optimization") and PyTorch's hook do. A matrix n×m is compressed at rank r = min(n, m, rank) when its factors are
 at least `min_rate` times smaller than it, (n + m)·r·min_rate < n·m; the rest (biases, norms, small matrices) travel
 uncompressed beside the factors in the same message. Factors of the same shape sit side by side, so each shape's
-factors are orthogonalised in one batched call.
+factors are orthogonalised in one batched call. Q is kept transposed (rank × cols, row-major), so both products read
+the gradient along its rows: Qᵀ = P̂ᵀ·M runs about 8 times faster on the CPU than Mᵀ·P̂ (a strided read of M).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ class Matrix:
     cols: int
     rank: int
     p_at: int  # offset of its P (rows × rank) in the P buffer
-    q_at: int  # offset of its Q (cols × rank) in the Q buffer
+    q_at: int  # offset of its Qᵀ (rank × cols) in the Q buffer
 
     @property
     def numel(self) -> int:
@@ -37,9 +38,9 @@ class Matrix:
         """Its P (rows × rank), a view of the P buffer."""
         return buffer[self.p_at:self.p_at + self.rows * self.rank].view(self.rows, self.rank)
 
-    def q(self, buffer: torch.Tensor) -> torch.Tensor:
-        """Its Q (cols × rank), a view of the Q buffer."""
-        return buffer[self.q_at:self.q_at + self.cols * self.rank].view(self.cols, self.rank)
+    def qt(self, buffer: torch.Tensor) -> torch.Tensor:
+        """Its Q transposed (rank × cols), a view of the Q buffer."""
+        return buffer[self.q_at:self.q_at + self.cols * self.rank].view(self.rank, self.cols)
 
 
 @dataclass(frozen=True)
@@ -129,11 +130,12 @@ def _merge(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 def batched(buffer: torch.Tensor, group: tuple[Matrix, ...], which: str) -> torch.Tensor:
-    """The group's P (`which` "p": B×rows×rank) or Q ("q": B×cols×rank) factors, one view of `buffer` (a group's
-    factors sit side by side)."""
-    first = getattr(group[0], which)(buffer)
+    """The group's P (`which` "p") or Q ("q") factors as B×n×rank, one view of `buffer` (a group's factors sit side by
+    side; Q's a transposed view of its B×rank×cols)."""
+    first = group[0].p(buffer) if which == "p" else group[0].qt(buffer)
     start = first.storage_offset() - buffer.storage_offset()
-    return buffer[start:start + len(group) * first.numel()].view(len(group), *first.shape)
+    stacked = buffer[start:start + len(group) * first.numel()].view(len(group), *first.shape)
+    return stacked if which == "p" else stacked.transpose(1, 2)
 
 
 def orthogonalize(matrices: torch.Tensor, eps: float = 1e-8) -> None:
