@@ -46,7 +46,7 @@ def test_an_adascale_run_is_finished_when_its_schedule_is_done_not_at_its_epoch_
 
 
 RESUME_RUN = ["--quiet", "--dataset", "synthetic", "--samples", "1600", "--image-size", "12",
-              "--model", "resnet8", "--batch-size", "64", "--epochs", "4", "--warmup-epochs", "1",
+              "--model", "resnet8", "--batch-size", "64", "--epochs", "3", "--warmup-epochs", "1",
               "--schedule", "cosine", "--seed", "7"]
 
 
@@ -79,7 +79,7 @@ def test_interrupted_and_resumed_run_ends_with_the_same_parameters(tmp_path, eng
     proc.wait()
     assert not (broken / "summary.json").exists(), "the run finished before it could be interrupted"
     interrupted_at = load_ckpt(broken)["epoch"]
-    assert interrupted_at < 4
+    assert interrupted_at < 3
 
     resumed = scalesgd("train", "--resume", str(broken))
     assert resumed.returncode == 0, resumed.stderr
@@ -87,7 +87,7 @@ def test_interrupted_and_resumed_run_ends_with_the_same_parameters(tmp_path, eng
     assert uninterrupted.returncode == 0, uninterrupted.stderr
 
     a, b = load_ckpt(whole), load_ckpt(broken)
-    assert a["epoch"] == b["epoch"] == 4
+    assert a["epoch"] == b["epoch"] == 3
     for name, tensor in a["model"].items():
         assert torch.equal(tensor, b["model"][name]), name
     lines = lambda run: [(r["kind"], r["iter"], r.get("loss"), r.get("test_acc"))

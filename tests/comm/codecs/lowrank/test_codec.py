@@ -128,6 +128,15 @@ def test_error_feedback_loses_nothing_what_was_sent_plus_the_mean_error_is_the_s
         assert 0 < counters["lowrank_error_ratio"] < 1  # ‖e‖/‖M‖: the factors carried part of the gradient
 
 
+def test_the_error_ratio_counter_is_measured_on_the_first_step_of_sixteen_and_held_until_the_next():
+    for rank, (_, _, _, _, states, counters) in enumerate(run_workers(exchanged, 2, LowrankOptions(rank=2), 6)):
+        after_first = states[1]["params"]  # the errors left by step 0, where no error was fed back yet
+        first = gradients(rank, 0)
+        error_sq = sum(saved["error"].square().sum() for saved in after_first.values())
+        gradient_sq = sum(first[key].square().sum() for key in after_first)
+        assert counters["lowrank_error_ratio"] == pytest.approx(math.sqrt(error_sq / gradient_sq), rel=1e-6)
+
+
 def test_lowrank_acp_sends_one_factor_a_step_two_sums_become_one():
     n_dense = 48
     plan = layout(tuple(range(4)), OFFSETS, SHAPES, NUMEL, rank=2, min_rate=2.0)

@@ -6,7 +6,8 @@ Optimization") and PyTorch's hook do. A matrix n×m is compressed at rank r = mi
 at least `min_rate` times smaller than it, (n + m)·r·min_rate < n·m; the rest (biases, norms, small matrices) travel
 uncompressed beside the factors in the same message. Factors of the same shape sit side by side, so each shape's
 factors are orthogonalised in one batched call. Q is kept transposed (rank × cols, row-major), so both products read
-the gradient along its rows: Qᵀ = P̂ᵀ·M runs about 8 times faster on the CPU than Mᵀ·P̂ (a strided read of M).
+the gradient along its rows: on the CPU Qᵀ = P̂ᵀ·M takes less than half the time of Mᵀ·P̂, a strided read of M
+(docs/results.md, low-rank speed).
 """
 
 from __future__ import annotations
