@@ -14,10 +14,8 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 
-from scalesgd.data.digits import SPLIT_SEED, TEST_FRACTION
+from scalesgd.data.digits import split_digits
 
 SPLITS = ("train", "val")
 STRIPE_AMPLITUDE = 50.0  # grey levels either side of the base colour
@@ -79,12 +77,8 @@ def export_digits(out: Path) -> dict[str, int]:
     """
     out = Path(out)
     _refuse_existing(out)
-    digits = load_digits()
-    images = np.asarray(digits.images).astype(np.uint8)  # integers 0..16 held as floats
-    labels = np.asarray(digits.target, dtype=np.int64)
-    x_train, x_val, y_train, y_val = train_test_split(
-        images, labels, test_size=TEST_FRACTION, random_state=SPLIT_SEED, stratify=labels
-    )
+    x_train, x_val, y_train, y_val = split_digits()
+    x_train, x_val = (np.asarray(x).astype(np.uint8) for x in (x_train, x_val))  # integers 0..16 held as floats
     written = 0
     for split, x, y in (("train", x_train, y_train), ("val", x_val, y_val)):
         for label in range(10):
