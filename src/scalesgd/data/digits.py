@@ -14,8 +14,8 @@ TRAIN_SIZE = 1437  # of the 1797 images, after the stratified split
 
 def split_digits() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The fixed stratified split (pixels 0..16 as floats): train images, test images, train labels, test labels."""
-    from sklearn.datasets import load_digits  # scikit-learn takes ~0.8 s to import: only runs that use digits pay it
-    from sklearn.model_selection import train_test_split
+    from sklearn.datasets import load_digits  # scikit-learn takes 0.8 s to import: only a run on digits pays it
+    from sklearn.model_selection import train_test_split  # (the same)
 
     digits = load_digits()
     labels = np.asarray(digits.target, dtype=np.int64)
