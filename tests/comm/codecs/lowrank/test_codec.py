@@ -12,6 +12,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
 from scalesgd.comm.codecs import Channel, CodecSettings, LowrankOptions, make_codec
+from scalesgd.comm.codecs.lowrank import codec as lowrank_codec
 from scalesgd.comm.codecs.lowrank.factors import layout
 from scalesgd.comm.engine.ddp_hook import CodecHookState, codec_hook
 from scalesgd.comm.engine.optimizer import DistributedOptimizer
@@ -135,6 +136,23 @@ def test_the_error_ratio_counter_is_measured_on_the_first_step_of_sixteen_and_he
         error_sq = sum(saved["error"].square().sum() for saved in after_first.values())
         gradient_sq = sum(first[key].square().sum() for key in after_first)
         assert counters["lowrank_error_ratio"] == pytest.approx(math.sqrt(error_sq / gradient_sq), rel=1e-6)
+
+
+def exchanged_in_row_blocks(rank, world, numbers, codec):
+    """`exchanged`, each matrix's products and error taken `numbers` numbers of rows at a time (None: whole)."""
+    lowrank_codec.ROW_BLOCK["cpu"] = numbers
+    return exchanged(rank, world, LowrankOptions(rank=2), 6, None, codec)
+
+
+@pytest.mark.parametrize("codec", ["lowrank", "lowrank-acp"])
+def test_row_blocks_give_the_whole_matrix_result(codec):
+    whole = run_workers(exchanged_in_row_blocks, 2, None, codec)
+    blocks = run_workers(exchanged_in_row_blocks, 2, 60, codec)  # 3 rows of the 48×20 matrices, 1 of the 16×36
+    for (sent, *_, states, _), (sent_in_blocks, *_, states_in_blocks, _) in zip(whole, blocks):
+        for a, b in zip(sent, sent_in_blocks):
+            assert torch.allclose(a, b, atol=1e-5)  # the same sums in another order (Q over blocks)
+        for key, saved in states[-1]["params"].items():  # the errors and factors kept
+            assert torch.allclose(saved["error"], states_in_blocks[-1]["params"][key]["error"], atol=1e-5)
 
 
 def test_lowrank_acp_sends_one_factor_a_step_two_sums_become_one():

@@ -4,7 +4,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scalesgd.comm.codecs.lowrank.factors import compresses, layout, orthogonalize
+from scalesgd.comm.codecs.lowrank.factors import compresses, layout, orthogonalize, row_blocks
 
 
 def test_matrices_worth_factoring_are_grouped_by_shape_and_the_rest_sent_in_merged_runs():
@@ -31,6 +31,17 @@ def test_pytorchs_rule_factors_a_matrix_when_its_factors_are_min_rate_times_smal
 def test_a_bucket_without_parameters_is_sent_uncompressed():
     plan = layout((), [], [], 10, rank=4, min_rate=2.0)
     assert plan.matrices == () and plan.dense == ((0, 10),)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 50), st.integers(1, 50), st.one_of(st.none(), st.integers(1, 3000)))
+def test_row_blocks_cover_every_row_once_in_order_each_within_its_numbers(rows, cols, numbers):
+    blocks = row_blocks(rows, cols, numbers)
+    assert blocks[0][0] == 0 and blocks[-1][1] == rows
+    assert all(end == start for (_, end), (start, _) in zip(blocks, blocks[1:]))
+    assert all(b - a >= 1 and ((b - a) * cols <= numbers or b - a == 1) for a, b in blocks) if numbers else \
+        blocks == [(0, rows)]
+    assert len(blocks) == (1 if numbers is None else -(-rows // max(1, min(rows, numbers // cols))))
 
 
 @settings(max_examples=40, deadline=None)

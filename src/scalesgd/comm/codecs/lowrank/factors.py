@@ -130,6 +130,13 @@ def _merge(runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return [(a, n) for a, n in merged]
 
 
+def row_blocks(rows: int, cols: int, numbers: int | None) -> list[tuple[int, int]]:
+    """(first, end) of consecutive blocks of a rows×cols matrix's rows, at most `numbers` numbers each (at least one
+    row; None: the whole matrix in one block)."""
+    step = rows if numbers is None else max(1, min(rows, numbers // cols))
+    return [(a, min(a + step, rows)) for a in range(0, rows, step)]
+
+
 def batched(buffer: torch.Tensor, group: tuple[Matrix, ...], which: str) -> torch.Tensor:
     """The group's P (`which` "p") or Q ("q") factors as B×n×rank, one view of `buffer` (a group's factors sit side by
     side; Q's a transposed view of its B×rank×cols)."""
