@@ -9,7 +9,7 @@ import sys
 def test_a_soak_of_two_kills_restarts_twice_and_ends_bit_identical(tmp_path):
     out = tmp_path / "faults"
     proc = subprocess.run([sys.executable, "-m", "scalesgd", "bench", "faults", "--scenarios", "soak", "--kills", "2",
-                           "--workers", "3", "--timeout", "5", "--seed", "16", "--out", str(out)],
+                           "--workers", "2", "--timeout", "5", "--seed", "16", "--out", str(out)],
                           capture_output=True, text=True, timeout=1200)
     results = {r["scenario"]: r for r in json.loads((out / "faults.json").read_text())["results"]}
     assert proc.returncode == 0, [r["outcome"] for r in results.values()]
