@@ -293,16 +293,18 @@ class LowrankExchange(Exchange):
         stand_ins = [torch.empty(n, device="meta") for _, n in sizes]  # sizes only: nothing is read from them
         return BucketView(-1, stand_ins, offsets, tensor.numel(), tuple(key for key, _ in sizes))
 
-    def _reconstruct(self, p: torch.Tensor, qt: torch.Tensor, matrix: torch.Tensor, error: torch.Tensor) -> None:
-        """e = M − M̂ and M̂ = P̂·Qᵀ over M: on the CPU a block of rows at a time, M̂'s block into a scratch the size
-        of the core's cache, so M, M̂ and e each cross memory once; elsewhere in three whole-matrix kernels."""
+    def _reconstruct(self, m: Matrix, error: torch.Tensor) -> None:
+        """e = M − M̂ and M̂ = P̂·Qᵀ over M for one matrix: on the CPU a block of rows at a time, M̂'s block into a
+        scratch the size of the core's cache, so M, M̂ and e each cross memory once; elsewhere in three whole-matrix
+        kernels."""
+        p, qt, matrix = m.p(self.p), m.qt(self.q), self.matrix(m)
         if self.block is None:
             error.copy_(matrix)
             torch.mm(p, qt, out=matrix)
             error.sub_(matrix)
             return
-        for a, b in row_blocks(matrix.shape[0], matrix.shape[1], self.block):
-            rows, product = matrix[a:b], self.product[:(b - a) * matrix.shape[1]].view(b - a, -1)
+        for a, b in row_blocks(m.rows, m.cols, self.block):
+            rows, product = matrix[a:b], self.product[:(b - a) * m.cols].view(b - a, m.cols)
             torch.mm(p[a:b], qt, out=product)
             torch.sub(rows, product, out=error[a:b])
             rows.copy_(product)
@@ -320,7 +322,7 @@ class LowrankExchange(Exchange):
             measured = st.steps % self.codec.measures_every == 0
             st.steps += 1
             gradient = torch.linalg.vector_norm(matrix) if measured else None
-            self._reconstruct(p, qt, matrix, error)
+            self._reconstruct(m, error)
             if measured:
                 norms.append(torch.stack([gradient, torch.linalg.vector_norm(error)]))
             st.qt.copy_(qt)  # the mean Q (made orthonormal next step), or alternating, the factor kept or summed
