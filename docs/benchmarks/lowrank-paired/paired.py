@@ -17,8 +17,8 @@ RUNS = {  # rate: the run folders (blocks8: runs after lowrank worked a block of
     "100mbit": [f"testbed-100mbit-vgg16-2x1-blocks8-run{n}" for n in range(1, 9)],
     "50mbit": ["testbed-50-25mbit-vgg16-2x1-lowrank"],
     "25mbit": ["testbed-50-25mbit-vgg16-2x1-lowrank"],
-    "10mbit": ["testbed-10-5mbit-vgg16-2x1-lowrank"],
-    "5mbit": ["testbed-10-5mbit-vgg16-2x1-lowrank"],
+    "10mbit": [f"testbed-10-5mbit-vgg16-2x1-lowrank-run{n}" for n in (1, 2, 3)],
+    "5mbit": [f"testbed-10-5mbit-vgg16-2x1-lowrank-run{n}" for n in (1, 2, 3)],
 }
 OURS = ("scalesgd-lowrank@4/fp16", "scalesgd-lowrank-acp@4/fp16", "scalesgd-lowrank-acp@8/fp16")
 REFERENCE = "ddp-powersgd"
