@@ -10,6 +10,8 @@ import json
 import statistics
 from pathlib import Path
 
+from scalesgd.bench.train_report import round_ratios
+
 HERE = Path(__file__).resolve().parent.parent
 RUNS = {  # rate: the run folders (blocks8: runs after lowrank worked a block of rows at a time)
     "1gbit": [f"testbed-1gbit-vgg16-2x1-blocks8-run{n}" for n in (1, 2, 3)],
@@ -24,10 +26,10 @@ OURS = ("scalesgd-lowrank@4/fp16", "scalesgd-lowrank-acp@4/fp16", "scalesgd-lowr
 REFERENCE = "ddp-powersgd"
 
 
-def rounds(folder: str, rate: str) -> dict[str, list[float]]:
-    """Each mode's round medians at this rate in one run."""
+def rows(folder: str, rate: str) -> dict[str, dict]:
+    """Each mode's result row at this rate in one run."""
     results = json.loads((HERE / folder / "train.json").read_text())["results"]
-    return {r["mode"]: r["round_medians_s"] for r in results if r["bandwidth"] == rate}
+    return {r["mode"]: r for r in results if r["bandwidth"] == rate}
 
 
 def summary(values: list[float]) -> str:
@@ -39,9 +41,9 @@ def main() -> None:
     for rate, folders in RUNS.items():
         pairs: dict[str, list[float]] = {mode: [] for mode in OURS + ("none",)}
         for folder in folders:
-            modes = rounds(folder, rate)
+            modes = rows(folder, rate)
             for mode, ratios in pairs.items():
-                ratios += [a / b for a, b in zip(modes[REFERENCE], modes[mode])]
+                ratios += round_ratios(modes[REFERENCE], modes[mode])
         print(f"{rate}: {len(folders)} run(s), {len(pairs['none'])} rounds")
         for mode in OURS:
             print(f"  PowerSGD ÷ {mode:28s} {summary(pairs[mode])}")

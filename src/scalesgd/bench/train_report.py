@@ -9,10 +9,15 @@ from scalesgd import output
 from scalesgd.units import mbit_s
 
 
+def round_ratios(baseline: dict, row: dict) -> list[float]:
+    """baseline ÷ mode round by round: round r of both is the same minute of the machine, so its slow and fast
+    minutes cancel."""
+    return [b / m for b, m in zip(baseline["round_medians_s"], row["round_medians_s"])]
+
+
 def ratio_spread(baseline: dict, row: dict) -> tuple[float, float, float]:
-    """baseline ÷ mode: over the whole run (median of medians) and its min and max over rounds, where round r of
-    both is the same minute of the machine."""
-    ratios = [b / m for b, m in zip(baseline["round_medians_s"], row["round_medians_s"])]
+    """baseline ÷ mode: over the whole run (median of medians) and its min and max over rounds."""
+    ratios = round_ratios(baseline, row)
     return baseline["median_iteration_s"] / row["median_iteration_s"], min(ratios), max(ratios)
 
 
