@@ -153,7 +153,7 @@ REFUSED = [
     ((*TRAIN, "--codec", "onebit", "--optimizer", "onebit-adam", "--betas", "0.8,0.99"),
      "--onebit-beta1 0.9 must equal the optimizer's β1"),
     ((*TRAIN, "--codec", "onebit", "--optimizer", "onebit-adam", "--compress-after", "0"),
-     "--compress-after 0 leaves 1-bit Adam no dense warm-up"),
+     "--compress-after 0 leaves --codec onebit no dense warm-up"),
     ((*TRAIN, "--betas", "0.9,1"), "--betas 0.9,1.0: give two decay rates"),
     ((*TRAIN, "--freeze-variance"), "--freeze-variance freezes AdamW's variance where compression starts"),
     *([((*TRAIN, "--engine", "ddp", "--codec", "bf16"), "--codec bf16 with --engine ddp is PyTorch's own hook, "
@@ -224,7 +224,7 @@ FOUND_TRYING = [  # what a new user ran: each killed workers with tracebacks, hu
     (TRAIN, {**A_LAUNCH, "RANK": "5"}, "RANK=5 is outside the launch's WORLD_SIZE=2 (ranks 0..1)"),
     (TRAIN, {**A_LAUNCH, "RANK": "x"}, "RANK='x' is not a whole number"),
     (("bench", "train", "--modes", "scalesgd-topk@-1"), {},
-     "mode 'scalesgd-topk@-1': density -1 must be in (0, 1], the fraction of entries sent"),
+     "mode 'scalesgd-topk@-1': density -1.0: must be in (0, 1]"),
 ]
 
 

@@ -52,7 +52,7 @@ def test_every_codec_runs_on_the_engine_and_as_a_ddp_hook():
         engine, name = case
         assert torch.isfinite(grad).all(), case
         assert all(torch.equal(grad, other[case]) for other in ranks[1:]), case  # every rank has the same mean
-        if not CODECS[name].sparse and name not in ("powersgd", "onebit", "lowrank"):  # onebit sends Adam's momentum
+        if CODECS[name].wire_bytes is not None:  # a dense wire: the mean within its rounding of fp32's
             cosine = torch.nn.functional.cosine_similarity(grad, reference, dim=0).item()
             assert cosine > 0.99, (case, cosine)
 

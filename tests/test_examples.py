@@ -71,7 +71,8 @@ def test_lightning_example_learns_and_resumes_exactly(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     saved = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)["scalesgd_hook"]
     assert len(saved) == 2 and any(not torch.equal(x["residual"], y["residual"])  # each rank's own residuals
-                                   for x, y in zip(saved[0]["buckets"].values(), saved[1]["buckets"].values()))
+                                   for x, y in zip(saved[0]["flat"]["params"].values(),
+                                                   saved[1]["flat"]["params"].values()))
 
 
 def test_transformer_example_trains_in_bf16_with_accumulation_and_sends_fp8_after_its_dense_start(tmp_path):

@@ -16,13 +16,12 @@ from scalesgd.bench import accuracy, allreduce, codec, data, faults, fp8_range, 
 from scalesgd.bench import train as bench_train
 from scalesgd.bench.launch import command_line, in_process, on_workers
 from scalesgd.comm.codecs.fp8 import kernels
-from scalesgd.comm.cost.planner import ProfileCommand, show_profile
-from scalesgd.comm.engine.buckets import PlanCommand, show_plan
 from scalesgd.data import command as data_trees
 from scalesgd.errors import UsageError
-from scalesgd.options import build, check_fields, default_text, describe, flat_options, option
+from scalesgd.options import Options, build, default_text, describe, flat_options, option
 from scalesgd.registry import Registry
 from scalesgd.sim import command as simulate
+from scalesgd.sim.plans import PlanCommand, ProfileCommand, show_plan, show_profile
 from scalesgd.testbed import command as testbed
 from scalesgd.train import command as train
 from scalesgd.train import compare, sweep
@@ -32,7 +31,8 @@ DOCS_CLI = "docs/cli.md"
 
 @dataclass(frozen=True)
 class Command:
-    """A command: its options, what runs it (with the validated config and the command line as typed), its help."""
+    """A command: its options (an `options.Options` dataclass), what runs it (with the validated config and the
+    command line as typed), its help."""
 
     config: type
     run: Callable[[Any, list[str]], int]
@@ -47,8 +47,7 @@ class Command:
                 raise UsageError(problem)
         make = getattr(self.config, "from_options", None)
         config = make(given) if make is not None else build(self.config, given)
-        validate = getattr(config, "validate", None)
-        return validate() if validate is not None else config
+        return config.validate()
 
 
 COMMANDS: Registry[Command] = Registry("command")
@@ -67,14 +66,10 @@ def _line(run: Callable[[Any, str], int]) -> Callable[[Any, list[str]], int]:
 
 
 @dataclass
-class DocsCli:
+class DocsCli(Options):
     """`scalesgd docs cli`: where the reference of every command and option goes."""
 
     out: str = option(DOCS_CLI, "the Markdown file to write", check=checks.output_file)
-
-    def validate(self) -> DocsCli:
-        check_fields(self)
-        return self
 
 
 def write_cli_docs(cfg: DocsCli, argv: list[str]) -> int:

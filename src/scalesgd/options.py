@@ -40,7 +40,7 @@ def option(default: Any, help: str = "", *, choices: Iterable[str] | Callable[[]
            parse: Callable[[str], Any] | None = None, flag: str | None = None, group: str = "",
            shown_default: str | None = None, runtime: bool = False, remainder: bool = False,
            check_choices: bool = True, nonfinite: bool = False, positional: str | None = None,
-           own: bool = False, required: bool = False) -> Any:
+           own: bool = False, required: bool = False, key: str | None = None) -> Any:
     """A dataclass field with its option: help, accepted names (a registry, a tuple or a function giving
     them), a check, how to parse it.
 
@@ -51,12 +51,13 @@ def option(default: Any, help: str = "", *, choices: Iterable[str] | Callable[[]
     None for one, "+" for one or more); `check_choices` False leaves the choices to a check that knows more (the
     codec's, the engine); `nonfinite` lets a number option take nan and ±inf, which every other one refuses;
     `own` marks an option of a codec family that applies to that family's codecs alone; `required` one the command
-    line must give.
+    line must give; `key` is its flat name where that is not the field's (a namespace's `model.name` is `model`, as
+    config.json and the flag --model have it).
     """
     return dataclasses.field(default=default, metadata={
         "help": help, "choices": choices, "check": check, "parse": parse, "flag": flag, "group": group,
         "shown_default": shown_default, "runtime": runtime, "remainder": remainder, "check_choices": check_choices,
-        "nonfinite": nonfinite, "positional": positional, "own": own, "required": required})
+        "nonfinite": nonfinite, "positional": positional, "own": own, "required": required, "key": key})
 
 
 def expanded(parts: Callable[[], Iterable[tuple[str, type]]], make: Callable[[dict[str, Any]], Any],
@@ -69,10 +70,24 @@ def expanded(parts: Callable[[], Iterable[tuple[str, type]]], make: Callable[[di
         "parts": parts, "make": make, "part": part, "group": group})
 
 
-def nested(cls: type) -> Any:
-    """A field holding a whole config of class `cls`, its options on the command line as if they were the
-    holder's own."""
-    return expanded(lambda: [("", cls)], lambda given: given.get("") or cls(), lambda value, prefix: value)
+def nested(cls: type, group: str = "") -> Any:
+    """A field holding a whole config of class `cls` (a namespace), its options on the command line and in records as
+    if they were the holder's own, titled `group` in the help."""
+    return expanded(lambda: [("", cls)], lambda given: given.get("") or cls(), lambda value, prefix: value, group)
+
+
+class Options:
+    """A command's options as a dataclass of `option` fields: by default checked by their own declarations alone and
+    recorded by flat name; a command with rules between its options overrides `validate` (calling this one first)."""
+
+    def validate(self):
+        """UsageError naming the first option whose value its own check refuses; the options otherwise."""
+        check_fields(self)
+        return self
+
+    def to_dict(self) -> dict:
+        """The options by flat name, tuples as lists: what a command writes beside its results."""
+        return record(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +107,10 @@ class Flat:
 
 
 def flat_name(f: dataclasses.Field, prefix: str) -> str:
-    """An option's flat name: its field's name under its prefix, or what its own flag spells (--density)."""
+    """An option's flat name: its `key`, else its field's name under its prefix, or what its own flag spells
+    (--density)."""
+    if f.metadata.get("key"):
+        return f.metadata["key"]
     flag = f.metadata["flag"]
     if prefix and flag and not flag.startswith("--no-"):
         return flag[2:].replace("-", "_")

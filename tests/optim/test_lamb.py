@@ -323,9 +323,9 @@ def test_the_registry_and_the_recipe_build_lamb_on_the_recipes_groups():
 
 
 def test_train_config_takes_lamb_and_refuses_nesterov_with_it():
-    assert TrainConfig(optimizer="lamb").validate().optimizer == "lamb"
+    assert TrainConfig.of(optimizer="lamb").validate().recipe.optimizer == "lamb"
     with pytest.raises(UsageError, match="`nesterov` is momentum SGD's"):
-        TrainConfig(optimizer="lamb", nesterov=True).validate()
+        TrainConfig.of(optimizer="lamb", nesterov=True).validate()
 
 
 def test_train_offers_lamb_and_two_workers_train_with_it_for_an_epoch(tmp_path):

@@ -52,8 +52,10 @@ def test_a_worker_still_starting_has_the_start_up_grace_before_its_first_beat():
     beats = Heartbeats(2)
     try:
         assert beats.silent([0, 1], longer_than_s=0.0) == []  # importing torch on a loaded machine takes seconds
-        os.utime(beats.files[1])  # its first beat: from now on silence counts from the last one
-        time.sleep(0.05)
-        assert [rank for rank, _ in beats.silent([0, 1], longer_than_s=0.0)] == [1]
+        first_beat = time.time() - 2.0
+        os.utime(beats.files[1], (first_beat, first_beat))  # rank 1 beat first 2 s ago: no grace after that
+        silent = beats.silent([0, 1], longer_than_s=1.0)
+        assert [rank for rank, _ in silent] == [1] and 1.99 < silent[0][1] < 12  # counted from that beat
+        assert [rank for rank, _ in beats.silent([0, 1], longer_than_s=0.0)] == [1]  # rank 0 is still in its grace
     finally:
         beats.close()

@@ -1,5 +1,6 @@
 """The local launcher's supervision: which failure is reported, and the failed worker's own exit status."""
 
+import os
 import subprocess
 import sys
 import time
@@ -17,9 +18,16 @@ def test_all_zero_is_success():
 
 
 def test_names_the_rank_that_failed_first_not_the_peers_that_lost_it(capsys):
-    procs = fake_workers(f"import time; time.sleep(0.3); raise SystemExit({EXIT_PEER_LOST})",
-                         "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
-    assert supervise(procs, timeout_s=10) == 128 + 9  # the worker's own status, as a shell reports a signal
+    read, write = os.pipe()  # rank 1 holds the only write end: rank 0 reads end-of-file once rank 1 is gone
+    lose_peer = f"import os; os.read({read}, 1); raise SystemExit({EXIT_PEER_LOST})"
+    lost = subprocess.Popen([sys.executable, "-c", lose_peer], pass_fds=[read])
+    killed = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+                              pass_fds=[write])
+    os.close(read)
+    os.close(write)
+    assert killed.wait(timeout=30) == -9 and lost.wait(timeout=30) == EXIT_PEER_LOST
+    # both ended before supervise's first poll, which takes the ranks in order: it sees rank 0's failure first
+    assert supervise([lost, killed], timeout_s=10) == 128 + 9  # the worker's own status, as a shell reports a signal
     assert capsys.readouterr().err == ("scalesgd: error: worker rank 1 was killed by SIGKILL; "
                                        "the other workers were stopped\n")
 

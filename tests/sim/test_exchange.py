@@ -8,10 +8,10 @@ import pytest
 from scalesgd.comm.cost.link import LinkCost
 from scalesgd.comm.engine.buckets import TensorInfo, ddp_buckets
 from scalesgd.sim.compute import ComputeProfile
-from scalesgd.comm.codecs import LowrankOptions
+from scalesgd.comm.codecs import CodecOptions, LowrankOptions
 from scalesgd.comm.codecs.lowrank.factors import layout
 from scalesgd.sim.exchange import Costs, check_modelled, grouping, predict, sent_sizes, wire_time
-from scalesgd.sim.modes import parse_mode
+from scalesgd.sim.modes import Mode, parse_mode
 from scalesgd.sim.network import Cluster
 
 MB = 1 << 20
@@ -99,3 +99,12 @@ def test_a_low_rank_mode_is_costed_by_the_numbers_its_codec_sends():
     assert times == sorted(times, reverse=True) and times[2] > 0
     with pytest.raises(ValueError, match="lacks"):
         predict(parse_mode("scalesgd-lowrank"), replace(profile, shapes=()), slow)
+
+
+def test_a_low_rank_mode_is_costed_with_the_runs_own_compression_rule():
+    """--lowrank-min-rate reaches the simulator: a rule no matrix meets sends every tensor whole."""
+    profile = ComputeProfile(tuple("abcdef"), tuple(math.prod(s) for s in SHAPES), 1.0, (0.1,) * 6, 0.0, 32,
+                             shapes=SHAPES)
+    strict = CodecOptions.of(LowrankOptions(rank=4, min_rate=1e6))
+    assert sum(sent_sizes(Mode("lowrank", "scalesgd", "lowrank", base=strict), profile)) == profile.numel
+    assert sum(sent_sizes(Mode("lowrank", "scalesgd", "lowrank"), profile)) < profile.numel

@@ -5,6 +5,8 @@ import json
 import math
 from pathlib import Path
 
+import matplotlib.image
+import numpy as np
 import pytest
 import torch
 
@@ -82,7 +84,7 @@ def test_a_lossy_codec_logs_its_counters_per_step_and_in_the_summary(tmp_path):
 
 def train_until_nan(rank, world, run_dir):
     """Train with a gradient that turns to NaN from the second epoch on."""
-    cfg = TrainConfig(workers=world, epochs=3, warmup_epochs=0, batch_size=256, quiet=True, run_dir=run_dir)
+    cfg = TrainConfig.of(workers=world, epochs=3, warmup_epochs=0, batch_size=256, quiet=True, run_dir=run_dir)
     steps = {"n": 0}
     real = loop.global_batch_loss
 
@@ -146,7 +148,13 @@ def test_a_language_model_trains_in_fp16_with_a_lossy_codec_and_reports_loss_and
     assert summary["tokens_per_s"] > 0 and "images_per_s" not in summary
     iters = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "iter"]
     assert all(r["loss_scale"] > 0 and "skipped" in r for r in iters) and "topk_density" in iters[-1]
-    assert (run / "report.png").stat().st_size > 0
+    # report.png: 4 panels of 8 × 3 inches at 110 dpi (loss, perplexity, learning rate, the codec's counters), each
+    # with its first curve in matplotlib's first colour (C0, blue) across the iterations, not only a legend's sample
+    image = matplotlib.image.imread(run / "report.png")
+    assert image.shape[:2] == (4 * 3 * 110, 8 * 110)
+    blue = image[..., 2] - image[..., 0] > 0.3
+    columns = [panel.any(0).sum() for panel in np.array_split(blue, 4)]
+    assert all(c > image.shape[1] / 4 for c in columns), columns
 
 
 def test_a_sparse_codec_under_adamw_warns_once_and_names_the_correction(tmp_path):

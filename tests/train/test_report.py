@@ -1,6 +1,5 @@
 """report.png says what the run trained, and its rate axis keeps decayed rates visible."""
 
-import dataclasses
 import json
 
 from scalesgd import output
@@ -21,7 +20,7 @@ def fake_run(run_dir, cfg: TrainConfig):
 
 
 def test_the_figure_is_titled_by_model_codec_and_batch_and_its_rate_axis_is_logarithmic(tmp_path, monkeypatch):
-    cfg = dataclasses.replace(TrainConfig(), model="resnet20", codec="fp16", batch_size=512, workers=4)
+    cfg = TrainConfig.of(model="resnet20", codec="fp16", batch_size=512, workers=4)
     fake_run(tmp_path / "run", cfg)
     drawn = []
     plt = output.pyplot()
@@ -41,7 +40,7 @@ def test_the_figure_is_titled_by_model_codec_and_batch_and_its_rate_axis_is_loga
 
 
 def test_an_auto_run_is_titled_by_the_codec_it_chose():
-    cfg = dataclasses.replace(TrainConfig(), exchange="auto", engine="scalesgd", codec="fp8").to_dict()
+    cfg = TrainConfig.of(exchange="auto", engine="scalesgd", codec="fp8").to_dict()
     assert "codec fp8 (scalesgd engine, chosen by --exchange auto)" in report.title(cfg)
 
 

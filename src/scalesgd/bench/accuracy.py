@@ -12,7 +12,7 @@ from pathlib import Path
 from scalesgd import checks, output
 from scalesgd.config import TrainConfig
 from scalesgd.errors import UsageError, option_name
-from scalesgd.options import check_fields, ints, option, record
+from scalesgd.options import Options, ints, option
 from scalesgd.train.rundir import SUMMARY_NAME
 from scalesgd.train.study import failed, slug, train_once
 
@@ -20,7 +20,7 @@ SETS = ("seed", "run_dir", "resume")  # train options the bench sets for every r
 
 
 @dataclass
-class AccuracyBenchConfig:
+class AccuracyBenchConfig(Options):
     """`scalesgd bench accuracy`: `scalesgd train` with shared options, per variant and seed."""
 
     variants: tuple[str, ...] = option(("--codec fp32",), "';'-separated train options per variant, e.g. "
@@ -36,7 +36,7 @@ class AccuracyBenchConfig:
 
     def validate(self) -> AccuracyBenchConfig:
         """Every option, then every variant as the train options it runs with, before any run starts."""
-        check_fields(self)
+        super().validate()
         for variant in self.variants:
             try:
                 argv = [*self.train_args, *shlex.split(variant)]
@@ -47,9 +47,6 @@ class AccuracyBenchConfig:
                 raise UsageError(f"{', '.join(owned)} in {variant!r}: the bench sets it per run")
             TrainConfig.from_argv(argv)
         return self
-
-    def to_dict(self) -> dict:
-        return record(self)
 
 
 def run(cfg: AccuracyBenchConfig, command: str) -> int:

@@ -16,7 +16,7 @@ from scalesgd.comm.codecs import CODECS, Channel, make_codec
 from scalesgd.comm.engine.driver import BucketDriver
 from scalesgd.comm.wire.collectives import ALGORITHMS, allreduce
 from scalesgd.errors import UsageError
-from scalesgd.options import check_fields, option, words
+from scalesgd.options import option, words
 from scalesgd.options import sizes as element_counts
 from scalesgd.runtime import process_group
 
@@ -45,7 +45,7 @@ class AllreduceBenchConfig(BenchLaunch):
     dtype: str = option("float32", "element type", choices=DTYPES)
 
     def validate(self) -> AllreduceBenchConfig:
-        check_fields(self)
+        super().validate()
         self.check_launch(self.workers)
         largest = max(self.sizes)
         self.check_memory(self.workers, "sizes", largest * COPIES * torch.finfo(getattr(torch, self.dtype)).bits // 8,

@@ -13,14 +13,14 @@ import torch
 from scalesgd import checks, output
 from scalesgd.trace import synchronize
 from scalesgd.comm.codecs.fp8 import kernels as fp8
-from scalesgd.options import check_fields, option, record, words
+from scalesgd.options import Options, option, words
 from scalesgd.options import sizes as element_counts
 
 PATHS = ("compiled", "eager")
 
 
 @dataclass
-class CodecBenchConfig:
+class CodecBenchConfig(Options):
     """`scalesgd bench codec`: the fp8 kernels' throughput on one process, each path on the same data."""
 
     sizes: tuple[int, ...] = option((1 << 20, 1 << 24), "element counts", parse=element_counts,
@@ -34,12 +34,6 @@ class CodecBenchConfig:
                          choices=checks.DEVICES, check=checks.device)
     out: str = option("", "output directory", shown_default="runs/bench/codec-<timestamp>", check=checks.output_dir)
 
-    def validate(self) -> CodecBenchConfig:
-        check_fields(self)
-        return self
-
-    def to_dict(self) -> dict:
-        return record(self)
 
 # kernel → (what it is, how to call it on prepared inputs); every kernel writes into a kept buffer
 KERNELS = {

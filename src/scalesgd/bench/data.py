@@ -24,7 +24,7 @@ from scalesgd.data import DataError, GlobalBatchSampler, LoaderSettings, check_i
 from scalesgd.data.pipeline import PREFETCH, loader
 from scalesgd.errors import UsageError
 from scalesgd.models import MODELS, build_model
-from scalesgd.options import check_fields, option, record
+from scalesgd.options import Options, option
 from scalesgd.sim.presets import V100_IMAGES_PER_S
 from scalesgd.trace import synchronize
 
@@ -34,7 +34,7 @@ def _counts(text: str) -> tuple[int, ...]:
 
 
 @dataclass
-class DataBenchConfig:
+class DataBenchConfig(Options):
     """`scalesgd bench data`: images/s through the folder pipeline for each loader-worker count, and the model's."""
 
     data_dir: str = option("", "an image folder (DIR/train/<class>/*): `scalesgd data fake` writes one",
@@ -63,7 +63,7 @@ class DataBenchConfig:
     out: str = option("", "output directory", shown_default="runs/bench/data-<timestamp>", check=checks.output_dir)
 
     def validate(self) -> DataBenchConfig:
-        check_fields(self)
+        super().validate()
         if any(n < 0 for n in self.loader_workers):
             raise UsageError(f"`loader_workers` {','.join(map(str, self.loader_workers))}: each must be >= 0")
         try:
@@ -71,9 +71,6 @@ class DataBenchConfig:
         except DataError as err:
             raise UsageError(f"`data_dir` {self.data_dir}: {err}") from None
         return self
-
-    def to_dict(self) -> dict:
-        return record(self)
 
 
 def run(cfg: DataBenchConfig, command: str) -> int:

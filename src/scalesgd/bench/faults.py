@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from scalesgd import checks, output
-from scalesgd.options import check_fields, option, record, words
+from scalesgd.options import Options, option, words
 
 # a short run that checkpoints mid-epoch and carries per-rank codec state (top-k residuals)
 TRAIN = ["--quiet", "--dataset", "synthetic", "--samples", "2400", "--image-size", "12", "--model", "resnet8",
@@ -29,7 +29,7 @@ POLL_S = 0.05
 
 
 @dataclass
-class FaultsBenchConfig:
+class FaultsBenchConfig(Options):
     """`scalesgd bench faults`: inject each fault into a short `scalesgd train` run; time to exit and outcome."""
 
     scenarios: tuple[str, ...] = option(("kill-worker", "sigterm", "sighup", "kill-launcher", "stop-worker",
@@ -42,13 +42,6 @@ class FaultsBenchConfig:
                             check=checks.within(1, 300))
     seed: int = option(0, "which moments and ranks the soak kills", check=checks.seed)
     out: str = option("", "output directory", shown_default="runs/bench/faults-<timestamp>", check=checks.output_dir)
-
-    def validate(self) -> FaultsBenchConfig:
-        check_fields(self)
-        return self
-
-    def to_dict(self) -> dict:
-        return record(self)
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,12 @@ from scalesgd.comm.codecs.fp8 import kernels as fp8
 from scalesgd.comm.codecs.fp8.ranges import Fp8Options, sample_quantiles
 from scalesgd.data import load_synthetic_bundle
 from scalesgd.models import MODELS, build_model
-from scalesgd.options import check_fields, floats_of, ints, option, record, words
+from scalesgd.options import Options, floats_of, ints, option, words
 from scalesgd.recipe import build_sgd, initialize
 
 
 @dataclass
-class Fp8RangeBenchConfig:
+class Fp8RangeBenchConfig(Options):
     """`scalesgd bench fp8-range`: every quantile × headroom on the same recorded gradients."""
 
     models: tuple[str, ...] = option(("resnet20", "vgg16"), "networks whose gradients are encoded", choices=MODELS,
@@ -45,13 +45,6 @@ class Fp8RangeBenchConfig:
     threads: int = option(2, "compute threads", check=checks.threads(1))
     out: str = option("", "output directory", shown_default="runs/bench/fp8-range-<timestamp>",
                       check=checks.output_dir)
-
-    def validate(self) -> Fp8RangeBenchConfig:
-        check_fields(self)
-        return self
-
-    def to_dict(self) -> dict:
-        return record(self)
 
 
 def run(cfg: Fp8RangeBenchConfig, command: str) -> int:

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 
 from scalesgd import checks
 from scalesgd.errors import UsageError
-from scalesgd.options import option, record, refuse
+from scalesgd.options import Options, option, refuse
 from scalesgd.runtime import launcher, process_group
 
 
 @dataclass
-class BenchLaunch:
+class BenchLaunch(Options):
     """Where a benchmark's workers run and where rank 0 writes; the first options of every multi-worker bench."""
 
     procs_per_node: int = option(0, "processes per node for hierarchical", shown_default="LOCAL_WORLD_SIZE",
@@ -42,9 +42,6 @@ class BenchLaunch:
     def node_size(self, workers: int) -> int:
         """Processes per node: the option, else what the launcher says."""
         return self.procs_per_node or process_group.local_world_size(workers)
-
-    def to_dict(self) -> dict:
-        return record(self)
 
 
 def default_out(kind: str) -> str:

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from scalesgd import checks, output
 from scalesgd.bench.launch import BenchLaunch
 from scalesgd.comm.cost.link import PINGS, LinkCost, both_ways, round_trip
-from scalesgd.options import check_fields, option
+from scalesgd.options import option
 from scalesgd.runtime import process_group
 
 LADDER = 4  # one-way times at the payload and at each quarter below it, this many sizes: the α/β fit's points
@@ -29,7 +29,7 @@ class LinkBenchConfig(BenchLaunch):
     repeats: int = option(5, "timed transfers of each size; the figures are their median", check=checks.positive)
 
     def validate(self) -> LinkBenchConfig:
-        check_fields(self)
+        super().validate()
         self.check_launch(self.workers)
         return self
 

@@ -14,7 +14,7 @@ from scalesgd import checks, output
 from scalesgd.errors import UsageError
 from scalesgd.models import MODELS, build_model
 from scalesgd.optim import LAMB, LARS, NaiveLARS
-from scalesgd.options import check_fields, option, record, words
+from scalesgd.options import Options, option, words
 from scalesgd.recipe import param_groups
 
 LR, MOMENTUM = 0.1, 0.9
@@ -31,7 +31,7 @@ OPTIMIZERS = {
 
 
 @dataclass
-class OptimizerBenchConfig:
+class OptimizerBenchConfig(Options):
     """`scalesgd bench optimizer`: one step() of each optimizer on one model's parameters, against torch's SGD."""
 
     model: str = option("resnet50", "the network whose parameters each optimizer steps", choices=MODELS)
@@ -46,14 +46,11 @@ class OptimizerBenchConfig:
                       check=checks.output_dir)
 
     def validate(self) -> OptimizerBenchConfig:
-        check_fields(self)
+        super().validate()
         if REFERENCE not in self.optimizers:
             raise UsageError(f"`optimizers` {','.join(self.optimizers)}: include {REFERENCE}, the reference of the "
                              "ratios")
         return self
-
-    def to_dict(self) -> dict:
-        return record(self)
 
 
 def run(cfg: OptimizerBenchConfig, command: str) -> int:

@@ -24,16 +24,17 @@ from scalesgd import checks, testbed
 from scalesgd.bench import train_report
 from scalesgd.bench.launch import BenchLaunch
 from scalesgd.comm.cost import link, planner, profile
+from scalesgd.comm.codecs import CODECS
 from scalesgd.comm.engine.exchange import GradientExchange, build_exchange
 from scalesgd.config import AUTO_CODECS, NO_PLANNER, TrainConfig
 from scalesgd.data.text import VOCAB_SIZE
 from scalesgd.errors import UsageError
 from scalesgd.models import MODEL_OPTIONS, MODELS, TEXT, ModelOptions, build_model
-from scalesgd.options import check_fields, expanded, flat_options, flatten, option, words
+from scalesgd.options import expanded, flat_options, flatten, option, words
 from scalesgd.recipe import build_sgd, initialize
 from scalesgd.recipe.aggregation import global_batch_loss
 from scalesgd.runtime import process_group
-from scalesgd.sim import auto as auto_exchange
+from scalesgd.train import auto as auto_exchange
 from scalesgd.sim.modes import MODES_HELP, Mode, parse_mode
 from scalesgd.train.objective import Objective
 from scalesgd.units import RATE
@@ -69,7 +70,7 @@ class TrainBenchConfig(BenchLaunch):
 
     def validate(self) -> TrainBenchConfig:
         """Every option, then every mode as the training run it describes."""
-        check_fields(self)
+        super().validate()
         self.check_launch(self.workers)
         per_rank = -(-self.batch_size // self.workers)
         if self.text:  # inputs and targets
@@ -152,7 +153,7 @@ class Runner:
 def run(cfg: TrainBenchConfig, command: str) -> int:
     """Measure on this rank (all ranks take part), at each link rate asked for; rank 0 writes the results."""
     modes = [parse_mode(m) for m in cfg.modes]
-    hierarchical = any(describe(m, cfg, cfg.workers).needs_topology for m in modes if m.engine != "none")
+    hierarchical = any(describe(m, cfg, cfg.workers).exchange.needs_topology for m in modes if m.engine != "none")
     env = process_group.init(cfg.timeout, cfg.threads,
                              procs_per_node=cfg.node_size(cfg.workers) if hierarchical else None)
     prefix = os.environ.get(testbed.PREFIX_VARIABLE, "")
@@ -269,16 +270,17 @@ def build_runner(cfg: TrainBenchConfig, mode: Mode, env, batches: list) -> Runne
     if mode.engine == "none":
         return Runner(mode, None, model, optimizer, [], [], [], loss=loss)
     train_cfg = describe(mode, cfg, env.world_size)
-    group = dist.new_group() if train_cfg.own_exchange_group else None  # each mode exchanges in a group of its own
+    group = dist.new_group() if train_cfg.exchange.own_group else None  # each mode exchanges in a group of its own
     env_for_mode = replace(env, exchange_group=group)
     plan, planned, auto = None, None, None
     if mode.engine == "auto":  # decided on the link as it is now: rebuilt at each rate
         train_cfg, plan, auto = auto_exchange.choose(train_cfg, model, batches, loss, env_for_mode, None, False,
                                                      quiet=True)
     elif mode.planner != NO_PLANNER:
-        plan, planned = planner.plan_exchange(train_cfg.planner, train_cfg.topk.density, train_cfg.topk.reuse,
-                                              model, batches[0], loss, group, wire=train_cfg.topk.wire)
-    exchange = build_exchange(train_cfg.engine, model, optimizer,
+        topk = train_cfg.exchange.codec_options["topk"]
+        plan, planned = planner.plan_exchange(train_cfg.exchange.planner, topk.density, topk.reuse,
+                                              model, batches[0], loss, group, wire=topk.wire)
+    exchange = build_exchange(train_cfg.exchange.engine, model, optimizer,
                               train_cfg.exchange_setup(group, env.topology_groups, plan=plan))
     return Runner(mode, exchange, exchange.model, exchange.optimizer, [], [], [], planned, auto, loss=loss)
 
@@ -325,7 +327,13 @@ def summarize(cfg: TrainBenchConfig, runner: Runner, env) -> dict:
         dist.all_reduce(done, op=dist.ReduceOp.MAX)
         row.update(planned_groups=runner.planned["groups"], predicted_s=runner.planned["predicted_iteration_s"],
                    measured_exchange_end_s=statistics.median(done.tolist()), planned=runner.planned)
-    elif runner.mode.engine == "ddp" and runner.mode.codec in ("fp32", "fp16", "bf16"):
-        grad_bytes = sum(p.numel() for p in runner.net.parameters()) * (4 if runner.mode.codec == "fp32" else 2)
+    elif runner.mode.engine == "ddp" and _torch_cast(runner.mode.codec):
+        grad_bytes = sum(p.numel() for p in runner.net.parameters()) * CODECS[runner.mode.codec].wire_bytes
         row["mean_bytes_sent"] = 2 * (env.world_size - 1) / env.world_size * grad_bytes  # gloo ring estimate
     return row
+
+
+def _torch_cast(codec: str) -> bool:
+    """Whether DDP exchanges `codec` with its own dense allreduce or cast hook, whose bytes no hook of ours counts."""
+    entry = CODECS[codec]
+    return entry.torch_hook is not None and entry.wire_bytes is not None

@@ -8,6 +8,7 @@ import torch
 
 from scalesgd import checks
 from scalesgd.comm.codecs import CODECS
+from scalesgd.comm.cost.planner import NO_PLANNER
 from scalesgd.comm.engine.exchange import exchange_names, parse_exchange
 from scalesgd.data import DATASETS, DataError, check_text_file
 from scalesgd.errors import UsageError
@@ -18,7 +19,6 @@ from scalesgd.recipe.scaling import scaled_lr
 MIN_PER_WORKER = 2  # BatchNorm needs more than one sample per worker
 # top-k ρ 0.01 under AdamW on the language model against fp32, median of 3 seeds (docs/results.md#language-model)
 SPARSE_ADAM_LOSS, SPARSE_ADAM_CORRECTED = "+8.3 %", "+2.1 %"
-NO_PLANNER = "none"
 
 
 def dense_start(cfg) -> bool:
@@ -41,148 +41,156 @@ def auto_problem(name: str) -> str | None:
 
 def exchange(cfg) -> None:
     """`exchange` auto, the codec on its engine, the planner, a codec family's own options."""
-    if cfg.exchange == "auto":
-        if cfg.planner != NO_PLANNER:
-            raise UsageError(f"`planner` {cfg.planner}: with `exchange` auto the buckets are auto's choice")
-        for name in cfg.auto_candidates:
+    r, x, rt = cfg.recipe, cfg.exchange, cfg.runtime
+    if x.mode == "auto":
+        if x.planner != NO_PLANNER:
+            raise UsageError(f"`planner` {x.planner}: with `exchange` auto the buckets are auto's choice")
+        for name in x.auto_candidates:
             problem = auto_problem(name)
             if problem:
                 raise UsageError(f"`auto_codecs` {name}: {problem}")
-    runs_here = [name for name, entry in CODECS.items() if entry.runs_on(cfg.engine)]
-    require_choice("codec", cfg.codec, runs_here, f" (with `engine` {cfg.engine})")
-    if cfg.engine == "ddp" and cfg.codec_entry.torch_hook_needs_cuda and not torch.cuda.is_available():
-        raise UsageError(f"`codec` {cfg.codec} with `engine` ddp is PyTorch's own hook, which runs only on CUDA with "
-                         f"NCCL (this machine has no GPU); our {cfg.codec} runs anywhere: add `engine` scalesgd")
-    if cfg.planner != NO_PLANNER and not (cfg.codec_entry.plannable and cfg.engine == "scalesgd"):
+    runs_here = [name for name, entry in CODECS.items() if entry.runs_on(x.engine)]
+    require_choice("codec", x.codec, runs_here, f" (with `engine` {x.engine})")
+    if x.engine == "ddp" and x.codec_entry.torch_hook_needs_cuda and not torch.cuda.is_available():
+        raise UsageError(f"`codec` {x.codec} with `engine` ddp is PyTorch's own hook, which runs only on CUDA with "
+                         f"NCCL (this machine has no GPU); our {x.codec} runs anywhere: add `engine` scalesgd")
+    if x.planner != NO_PLANNER and not (x.codec_entry.plannable and x.engine == "scalesgd"):
         plannable = " | ".join(name for name, entry in CODECS.items() if entry.plannable)
-        raise UsageError(f"`planner` {cfg.planner} plans the groups of `codec` {plannable} (with `engine` "
-                         f"scalesgd); got `codec` {cfg.codec}")
+        raise UsageError(f"`planner` {x.planner} plans the groups of `codec` {plannable} (with `engine` "
+                         f"scalesgd); got `codec` {x.codec}")
     values = flatten(cfg)
     for flat in flat_options(type(cfg)):  # a family's own option, on and not as by default, needs its codec
         value = values[flat.name]
         if flat.field.metadata["own"] and value and value != flat.field.default \
-                and cfg.codec_entry.family != flat.prefix:
+                and x.codec_entry.family != flat.prefix:
             family = ", ".join(name for name, entry in CODECS.items() if entry.family == flat.prefix)
             raise UsageError(f"`{flat.name}` applies to the {flat.prefix} codecs ({family}); "
-                             f"got `codec` {cfg.codec}")
-    if (cfg.optimizer == "onebit-adam") != (cfg.codec == "onebit"):
-        raise UsageError(f"`optimizer` onebit-adam and `codec` onebit go together (the codec sends Adam's momentum, "
-                         f"the optimizer steps with it); got `optimizer` {cfg.optimizer} with `codec` {cfg.codec}")
-    if cfg.codec == "onebit":
-        onebit = cfg.codec_options["onebit"]
-        if onebit.beta1 != cfg.betas[0]:
-            raise UsageError(f"`onebit_beta1` {onebit.beta1} must equal the optimizer's β1 (`betas` "
-                             f"{','.join(map(str, cfg.betas))}): the codec keeps the momentum the optimizer steps with")
-        if not dense_start(cfg):
-            raise UsageError(f"`compress_after` {cfg.compress_after} leaves 1-bit Adam no dense warm-up: its variance "
-                             "is frozen at the warm-up's end; give STEPS, EPOCHSep or warmup (with a warmup)")
-    if cfg.freeze_variance and (cfg.optimizer != "adamw" or not dense_start(cfg)):
+                             f"got `codec` {x.codec}")
+    entry = x.codec_entry
+    needing = [name for name, e in CODECS.items() if e.optimizer is not None and e.optimizer == r.optimizer]
+    if (entry.optimizer is not None and entry.optimizer != r.optimizer) or (needing and x.codec not in needing):
+        optimizer, codecs = (entry.optimizer, x.codec) if entry.optimizer is not None else (
+            r.optimizer, " | ".join(needing))
+        raise UsageError(f"`optimizer` {optimizer} and `codec` {codecs} go together (the codec sends Adam's momentum, "
+                         f"the optimizer steps with it); got `optimizer` {r.optimizer} with `codec` {x.codec}")
+    if entry.beta1_option is not None and flatten(cfg)[entry.beta1_option] != r.betas[0]:
+        raise UsageError(f"`{entry.beta1_option}` {flatten(cfg)[entry.beta1_option]} must equal the optimizer's β1 "
+                         f"(`betas` {','.join(map(str, r.betas))}): the codec keeps the momentum the optimizer "
+                         "steps with")
+    if entry.dense_start and not dense_start(cfg):
+        raise UsageError(f"`compress_after` {x.compress_after} leaves `codec` {x.codec} no dense warm-up: it "
+                         "freezes Adam's variance at the warm-up's end; give STEPS, EPOCHSep or warmup (with a warmup)")
+    if r.freeze_variance and (r.optimizer != "adamw" or not dense_start(cfg)):
         raise UsageError(f"`freeze_variance` freezes AdamW's variance where compression starts: it needs `optimizer` "
-                         f"adamw and dense steps first (`compress_after`); got {cfg.optimizer} with "
-                         f"`compress_after` {cfg.compress_after}")
-    carried = (cfg.optimizer == "sgd" and cfg.momentum > 0
-               or cfg.optimizer == "adamw" and dense_start(cfg))
-    if cfg.topk.momentum_correction and not carried:
+                         f"adamw and dense steps first (`compress_after`); got {r.optimizer} with "
+                         f"`compress_after` {x.compress_after}")
+    carried = (r.optimizer == "sgd" and r.momentum > 0
+               or r.optimizer == "adamw" and dense_start(cfg))
+    if x.codec_options["topk"].momentum_correction and not carried:
         raise UsageError(f"`momentum_correction` moves the optimizer's momentum into the exchange: it needs "
                          f"`optimizer` sgd with `momentum` above 0, or adamw with dense steps first (`compress_after`, "
-                         f"where its variance is frozen); got {cfg.optimizer} with momentum {cfg.momentum} and `compress_after` "
-                         f"{cfg.compress_after}")
-    if cfg.topk.momentum_correction and cfg.optimizer == "adamw" and cfg.nesterov:
+                         f"where its variance is frozen); got {r.optimizer} with momentum {r.momentum} and "
+                         f"`compress_after` {x.compress_after}")
+    if x.codec_options["topk"].momentum_correction and r.optimizer == "adamw" and r.nesterov:
         raise UsageError("`nesterov` is momentum SGD's (sgd, lars); adamw takes Adam's moments")
-    if cfg.procs_per_node and cfg.workers % cfg.procs_per_node:
-        raise UsageError(f"`procs_per_node` {cfg.procs_per_node} does not divide `workers` {cfg.workers}")
+    if x.procs_per_node and rt.workers % x.procs_per_node:
+        raise UsageError(f"`procs_per_node` {x.procs_per_node} does not divide `workers` {rt.workers}")
 
 
 def batch(cfg) -> None:
     """The global batch against the workers, BN's samples per worker, what needs two workers."""
-    for name, on in (("noise_scale", cfg.noise_scale), ("lr_scaling", cfg.lr_scaling == "adascale")):
-        if on and cfg.workers < 2:
+    d, r, rt, o = cfg.data, cfg.recipe, cfg.runtime, cfg.output
+    for name, on in (("noise_scale", o.noise_scale), ("lr_scaling", r.lr_scaling == "adascale")):
+        if on and rt.workers < 2:
             value = "" if name == "noise_scale" else " adascale"
             raise UsageError(f"`{name}`{value} compares each worker's gradient with the mean over workers: it "
-                             f"needs `workers` 2 or more, got {cfg.workers}")
-    parts = cfg.workers * cfg.accumulate
-    if cfg.batch_size % parts:
-        split = f"`workers` {cfg.workers}" + (f" × `accumulate` {cfg.accumulate}" if cfg.accumulate > 1 else "")
-        raise UsageError(f"`batch_size` {cfg.batch_size} does not divide evenly by {split}; use a multiple of {parts}")
-    least = 1 if cfg.text else MIN_PER_WORKER  # BatchNorm needs two samples; a language model one sequence
+                             f"needs `workers` 2 or more, got {rt.workers}")
+    parts = rt.workers * r.accumulate
+    if r.batch_size % parts:
+        split = f"`workers` {rt.workers}" + (f" × `accumulate` {r.accumulate}" if r.accumulate > 1 else "")
+        raise UsageError(f"`batch_size` {r.batch_size} does not divide evenly by {split}; use a multiple of {parts}")
+    least = 1 if d.text else MIN_PER_WORKER  # BatchNorm needs two samples; a language model one sequence
     if cfg.micro_batch < least:
-        raise UsageError(f"`batch_size` {cfg.batch_size} gives {cfg.micro_batch} sample(s) per worker and "
+        raise UsageError(f"`batch_size` {r.batch_size} gives {cfg.micro_batch} sample(s) per worker and "
                          f"micro-batch; BatchNorm needs at least {least}")
-    if cfg.bn_batch and (cfg.bn_batch < MIN_PER_WORKER or cfg.micro_batch % cfg.bn_batch):
-        raise UsageError(f"`bn_batch` {cfg.bn_batch}: must divide the {cfg.micro_batch} samples per worker and "
+    if r.bn_batch and (r.bn_batch < MIN_PER_WORKER or cfg.micro_batch % r.bn_batch):
+        raise UsageError(f"`bn_batch` {r.bn_batch}: must divide the {cfg.micro_batch} samples per worker and "
                          f"micro-batch and be at least {MIN_PER_WORKER} (0: BN over each micro-batch)")
-    if cfg.nesterov and cfg.momentum == 0:
+    if r.nesterov and r.momentum == 0:
         raise UsageError("`nesterov` needs `momentum` above 0")
-    if cfg.nesterov and cfg.optimizer == "lamb":
+    if r.nesterov and r.optimizer == "lamb":
         raise UsageError("`nesterov` is momentum SGD's (sgd, lars); lamb takes Adam's moments")
 
 
 def schedule(cfg) -> None:
     """The scaled rate, the warmup, the milestones and the ends of the decay."""
-    peak = scaled_lr(cfg.base_lr, cfg.batch_size, cfg.base_batch, cfg.lr_scaling)
+    r = cfg.recipe
+    peak = scaled_lr(r.base_lr, r.batch_size, r.base_batch, r.lr_scaling)
     if not 0 < peak <= checks.FLOAT32_MAX:  # the schedule divides by it; the optimizer holds it as a float32
-        raise UsageError(f"`base_lr` {cfg.base_lr} scaled for `batch_size` {cfg.batch_size} from `base_batch` "
-                         f"{cfg.base_batch} ({cfg.lr_scaling}) gives {peak:g}; the rate must be positive and "
+        raise UsageError(f"`base_lr` {r.base_lr} scaled for `batch_size` {r.batch_size} from `base_batch` "
+                         f"{r.base_batch} ({r.lr_scaling}) gives {peak:g}; the rate must be positive and "
                          "finite")
-    if cfg.warmup != "none" and cfg.lr_scaling != "adascale" and not 0 <= cfg.warmup_epochs <= cfg.epochs:
-        raise UsageError(f"`warmup_epochs` {cfg.warmup_epochs} is longer than training (`epochs` {cfg.epochs}); "
-                         f"use 0..{cfg.epochs} or `warmup` none")
-    peak = cfg.lr_schedule().peak
-    factor = cfg.lr_factor(peak, 1)
+    if r.warmup != "none" and r.lr_scaling != "adascale" and not 0 <= r.warmup_epochs <= r.epochs:
+        raise UsageError(f"`warmup_epochs` {r.warmup_epochs} is longer than training (`epochs` {r.epochs}); "
+                         f"use 0..{r.epochs} or `warmup` none")
+    peak = r.lr_schedule().peak
+    factor = r.lr_factor(peak, 1)
     milestones = factor.milestones
-    if any(not 0 < m <= cfg.epochs for m in milestones) or list(milestones) != sorted(milestones):
+    if any(not 0 < m <= r.epochs for m in milestones) or list(milestones) != sorted(milestones):
         raise UsageError(f"`milestones` {','.join(f'{m:g}' for m in milestones)}: must be increasing epochs in "
-                         f"(0, {cfg.epochs}]")
-    if not 0 <= factor.arccot_epoch <= cfg.epochs:
-        raise UsageError(f"`arccot_epoch` {cfg.arccot_epoch}: must be in 0..{cfg.epochs} (`epochs`)")
-    if not 0 <= cfg.end_lr < peak:
-        raise UsageError(f"`end_lr` {cfg.end_lr}: must be >= 0 and below the scaled rate {peak:g}")
+                         f"(0, {r.epochs}]")
+    if not 0 <= factor.arccot_epoch <= r.epochs:
+        raise UsageError(f"`arccot_epoch` {r.arccot_epoch}: must be in 0..{r.epochs} (`epochs`)")
+    if not 0 <= r.end_lr < peak:
+        raise UsageError(f"`end_lr` {r.end_lr}: must be >= 0 and below the scaled rate {peak:g}")
 
 
 def data(cfg) -> None:
     """The dataset's files, its size against the batch, its memory in every worker."""
-    dataset = DATASETS[cfg.dataset]
+    d, m, r, rt = cfg.data, cfg.model, cfg.recipe, cfg.runtime
+    dataset = DATASETS[d.dataset]
     wanted = TEXT if dataset.text else IMAGE
-    if MODELS[cfg.model].data != wanted:
+    if MODELS[m.name].data != wanted:
         fits = ", ".join(name for name, entry in MODELS.items() if entry.data == wanted)
-        raise UsageError(f"`model` {cfg.model} does not read the {wanted} of `dataset` {cfg.dataset}; use {fits}")
-    if cfg.data_file is not None:
+        raise UsageError(f"`model` {m.name} does not read the {wanted} of `dataset` {d.dataset}; use {fits}")
+    if d.data_file is not None:
         if not dataset.text:
             raise UsageError(f"`data_file` is a text to train a language model on: it needs `dataset` text, got "
-                             f"{cfg.dataset}")
+                             f"{d.dataset}")
         try:
-            check_text_file(cfg.data_file, cfg.model_options["gpt"].block)
+            check_text_file(d.data_file, m.options["gpt"].block)
         except DataError as err:
-            raise UsageError(f"`data_file` {cfg.data_file}: {err}") from None
-    refuse("gpt_width", cfg.model_options["gpt"].width, cfg.model_options["gpt"].problem())
-    if cfg.dataset != "imagefolder":
+            raise UsageError(f"`data_file` {d.data_file}: {err}") from None
+    refuse("gpt_width", m.options["gpt"].width, m.options["gpt"].problem())
+    if d.dataset != "imagefolder":
         for name in ("skip_bad_images", "loader_workers"):
-            if getattr(cfg, name) not in (None, False):
+            if getattr(d, name) not in (None, False):
                 raise UsageError(f"`{name}` is for images streamed from a folder: it needs `dataset` imagefolder, "
-                                 f"got {cfg.dataset}")
+                                 f"got {d.dataset}")
     if dataset.check_dir is not None:
-        if not cfg.data_dir:
-            raise UsageError(f"`dataset` {cfg.dataset} needs `data_dir`: the folder holding {dataset.files}")
+        if not d.data_dir:
+            raise UsageError(f"`dataset` {d.dataset} needs `data_dir`: the folder holding {dataset.files}")
         try:
-            dataset.check_dir(cfg.data_dir)
+            dataset.check_dir(d.data_dir)
         except DataError as err:
             raise UsageError(str(err)) from None
-    if cfg.batch_size > cfg.train_size():
-        raise UsageError(f"`batch_size` {cfg.batch_size} is larger than the {cfg.dataset} training set "
+    if r.batch_size > cfg.train_size():
+        raise UsageError(f"`batch_size` {r.batch_size} is larger than the {d.dataset} training set "
                          f"({cfg.train_size()} samples)")
     if dataset.memory is not None:  # every worker holds its own copy
-        copies = checks.processes_here(cfg.workers)
+        copies = checks.processes_here(rt.workers)
         problem = checks.fits_in_memory(dataset.memory(cfg.data_request()) * copies)
-        refuse("samples", cfg.samples, problem and f"the {cfg.dataset} data of {cfg.side}×"
-               f"{cfg.side} images in each of {copies} worker(s): {problem}; use fewer `samples`, a "
+        refuse("samples", d.samples, problem and f"the {d.dataset} data of {d.side}×"
+               f"{d.side} images in each of {copies} worker(s): {problem}; use fewer `samples`, a "
                "smaller `image_size` or fewer `workers`")
 
 
 def advice(cfg) -> list[str]:
     """What a valid configuration is known to lose, and what to add instead (warnings, naming options)."""
+    r, x = cfg.recipe, cfg.exchange
     found = []
-    if cfg.optimizer == "adamw" and cfg.codec_entry.sparse and not cfg.topk.momentum_correction:
-        found.append(f"`codec` {cfg.codec} under `optimizer` adamw sends the gradient in rare spikes that inflate "
+    if r.optimizer == "adamw" and x.codec_entry.sparse and not x.codec_options["topk"].momentum_correction:
+        found.append(f"`codec` {x.codec} under `optimizer` adamw sends the gradient in rare spikes that inflate "
                      f"Adam's variance (measured: validation loss {SPARSE_ADAM_LOSS}); `momentum_correction` carries "
                      f"Adam's momentum instead ({SPARSE_ADAM_CORRECTED}; docs/hooks.md)")
     return found

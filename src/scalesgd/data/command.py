@@ -9,7 +9,7 @@ from pathlib import Path
 
 from scalesgd import checks, output
 from scalesgd.data.imagefolder.trees import export_digits, write_fake_tree
-from scalesgd.options import check_fields, option
+from scalesgd.options import Options, option
 
 SIZE = re.compile(r"^(\d+)x(\d+)$")
 EXPORTABLE = ("digits",)
@@ -33,7 +33,7 @@ def _empty_or_new(value: str) -> str | None:
 
 
 @dataclass
-class FakeTree:
+class FakeTree(Options):
     """`scalesgd data fake`: an ImageNet-like tree of real JPEGs whose classes a network can tell apart."""
 
     out: str = option("", "the folder to write train/ and val/ into", required=True, check=_empty_or_new)
@@ -46,23 +46,15 @@ class FakeTree:
     quality: int = option(90, "JPEG quality", check=checks.within(1, 100))
     seed: int = option(0, "seeds the noise in the images", check=checks.seed)
 
-    def validate(self) -> FakeTree:
-        check_fields(self)
-        return self
-
 
 @dataclass
-class ExportTree:
+class ExportTree(Options):
     """`scalesgd data export`: a bundled dataset written as an image folder tree."""
 
     dataset: str = option("digits", "the dataset to write (digits: scikit-learn's 8×8 digits as greyscale PNGs, with "
                           "the in-memory dataset's train/test split as train/ and val/)", choices=EXPORTABLE,
                           positional="1")
     out: str = option("", "the folder to write train/ and val/ into", required=True, check=_empty_or_new)
-
-    def validate(self) -> ExportTree:
-        check_fields(self)
-        return self
 
 
 def fake(cfg: FakeTree, argv: list[str]) -> int:

@@ -15,7 +15,7 @@ from scalesgd.comm.cost.profile import fit_line
 from scalesgd.data.text import VOCAB_SIZE
 from scalesgd.errors import UsageError
 from scalesgd.models import MODEL_OPTIONS, MODELS, TEXT, ModelOptions
-from scalesgd.options import check_fields, expanded, ints, option, record, refuse, words
+from scalesgd.options import Options, expanded, ints, option, record, refuse, words
 from scalesgd.sim import compute, presets, scaling
 from scalesgd.sim.calibrate import BenchRecord, Calibration, NotABenchDir, validate_against
 from scalesgd.sim.exchange import check_modelled
@@ -52,7 +52,7 @@ def _rate(text: str) -> str | None:
 
 
 @dataclass
-class SimulateConfig:
+class SimulateConfig(Options):
     """`scalesgd simulate`: a compute profile, a cluster and exchange modes in; predicted iterations out."""
 
     profile: str = option("", "a `bench train` output directory or a `train --planner` run directory: the "
@@ -94,7 +94,7 @@ class SimulateConfig:
                       shown_default="runs/simulate-<timestamp>", check=checks.output_dir)
 
     def validate(self) -> SimulateConfig:
-        check_fields(self)
+        super().validate()
         sources = [bool(self.profile), bool(self.model), bool(self.preset), bool(self.validate_dir)]
         if sum(sources) != 1:
             raise UsageError("give exactly one of `profile`, `model` (with `iteration_time`), `preset` or "

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from scalesgd.comm.codecs import CODECS, LowrankOptions, TopkOptions
-from scalesgd.comm.codecs.lowrank.codec import FACTOR_WIRES
+from scalesgd.comm.codecs import CODECS
+from scalesgd.comm.codecs.registry import Cost, LowRankCost, SparseCost
 from scalesgd.comm.codecs.lowrank.factors import sent_elements
 from scalesgd.comm.cost.planner import PLANNERS
 from scalesgd.comm.cost.timing import timeline
@@ -62,8 +62,14 @@ def check_modelled(mode: Mode) -> None:
     if mode.codec not in CODECS or not CODECS[mode.codec].simulated:
         raise ValueError(f"mode {mode.name!r}: codec {mode.codec!r} has no cost model; the simulator knows "
                          f"{', '.join(c for c, e in CODECS.items() if e.simulated)}")
-    if mode.engine == "ddp" and mode.codec not in ("fp32", "fp16", "bf16", "powersgd"):
-        raise ValueError(f"mode {mode.name!r}: under ddp the simulator knows fp32, fp16, bf16 and powersgd")
+    if mode.engine == "ddp" and CODECS[mode.codec].torch_hook is None:
+        known = [c for c, e in CODECS.items() if e.simulated and e.torch_hook is not None]
+        raise ValueError(f"mode {mode.name!r}: under ddp the simulator knows PyTorch's own: {', '.join(known)}")
+
+
+def cost_of(mode: Mode) -> Cost:
+    """What the mode's codec puts on the wire under its options, as its registration says."""
+    return CODECS[mode.codec].cost(mode.options)
 
 
 def wire_time(mode: Mode, numel: float, cluster: network.Cluster, density_scale: float = 1.0) -> float:
@@ -72,50 +78,39 @@ def wire_time(mode: Mode, numel: float, cluster: network.Cluster, density_scale:
     (`sent_sizes`), over its sums one after another."""
     if mode.engine == "none" or cluster.workers == 1 or numel == 0:
         return 0.0
-    entry = CODECS[mode.codec]
-    if entry.factor_sums:
-        sums, algorithm = entry.factor_sums, "native" if mode.engine == "ddp" else mode.algorithm
-        return sums * network.dense_allreduce(numel * factor_bytes(mode) / sums, algorithm, cluster)
-    if entry.sparse:
-        density = min(mode.density * density_scale, 1.0)
+    entry, cost = CODECS[mode.codec], cost_of(mode)
+    algorithm = "native" if mode.engine == "ddp" else mode.algorithm
+    if isinstance(cost, LowRankCost):
+        return cost.sums * network.dense_allreduce(numel * cost.element_bytes / cost.sums, algorithm, cluster)
+    if isinstance(cost, SparseCost):
+        density = min(cost.density * density_scale, 1.0)
         if entry.needs_topology:  # topk-nodes: dense in the node, sparse across nodes
-            return network.node_sparse(numel, density, cluster, sparse_wire(mode))
+            return network.node_sparse(numel, density, cluster, cost.entry_wire)
         return network.sparse_allgather(math.ceil(density * numel), cluster.workers, cluster.ring_link,
-                                        wire=sparse_wire(mode))
-    nbytes = numel * entry.wire_bytes
+                                        wire=cost.entry_wire)
+    nbytes = numel * cost.element_bytes
     if entry.needs_topology:  # fp8's two-stage sum: in the node, across nodes, back
         return network.hierarchical(nbytes, cluster)
-    return network.dense_allreduce(nbytes, "native" if mode.engine == "ddp" else mode.algorithm, cluster)
+    return network.dense_allreduce(nbytes, algorithm, cluster)
 
 
 def nominal_sparse_bytes(mode: Mode, profile: ComputeProfile, workers: int) -> float:
     """Bytes a rank sends per iteration at the nominal density: ⌈ρ·n⌉ entries per bucket to each other rank."""
+    cost = cost_of(mode)
     groups = grouping(mode, profile, lambda n: 0.0, lambda n: 0.0)
-    entries = sum(math.ceil(mode.density * sum(profile.sizes[i] for i in g)) for g in groups)
-    return (workers - 1) * entries * network.SPARSE_ENTRY_BYTES[sparse_wire(mode)]
-
-
-def factor_bytes(mode: Mode) -> int:
-    """Bytes a low-rank mode sends per number: its /WIRE's, else the factor wire's default; PyTorch's hook fp32."""
-    dtype = FACTOR_WIRES[mode.wire or LowrankOptions().factor_wire] if mode.engine == "scalesgd" else None
-    return dtype.itemsize if dtype is not None else 4
+    entries = sum(math.ceil(cost.density * sum(profile.sizes[i] for i in g)) for g in groups)
+    return (workers - 1) * entries * network.SPARSE_ENTRY_BYTES[cost.entry_wire]
 
 
 def sent_sizes(mode: Mode, profile: ComputeProfile) -> tuple[float, ...]:
     """What each tensor puts on the wire a step, in numbers: its size, or a low-rank mode's factors of it."""
-    entry = CODECS[mode.codec] if mode.engine != "none" else None
-    if entry is None or not entry.factor_sums:
+    cost = cost_of(mode) if mode.engine != "none" else None
+    if not isinstance(cost, LowRankCost):
         return profile.sizes
     if len(profile.shapes) != len(profile.sizes):
         raise ValueError(f"mode {mode.name!r}: a low-rank exchange is costed by its tensors' shapes, which this "
                          "compute profile lacks; measure it again")
-    return tuple(sent_elements(shape, mode.rank, LowrankOptions().min_rate, alternate=entry.factor_sums == 1)
-                 for shape in profile.shapes)
-
-
-def sparse_wire(mode: Mode) -> str:
-    """How a sparse mode's entries travel: its /WIRE, else the codecs' default."""
-    return mode.wire or TopkOptions().wire
+    return tuple(sent_elements(shape, cost.rank, cost.min_rate, alternate=cost.sums == 1) for shape in profile.shapes)
 
 
 def grouping(mode: Mode, profile: ComputeProfile, channel, inline) -> list[list[int]]:
@@ -141,7 +136,7 @@ def predict(mode: Mode, profile: ComputeProfile, cluster: network.Cluster, costs
 
     groups = grouping(mode, profile, costs.channel(mode, cluster), costs.inline)
     sizes = sent_sizes(mode, profile)
-    if CODECS[mode.codec].factor_sums:  # a low-rank mode's buckets are timed by what they send: its work per gradient
+    if isinstance(cost_of(mode), LowRankCost):  # a low-rank mode's buckets are timed by what they send
         costs = replace(costs, channel_s_per_element=costs.channel_s_per_element * profile.numel / sum(sizes))
     channel, inline = costs.channel(mode, cluster), costs.inline
     backward = sum(profile.t_b)

@@ -4,13 +4,14 @@ rank; WIRE the low-rank codec's factor wire, or how a sparse codec's entries tra
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
+from typing import Any
 
-from scalesgd.comm.codecs import CODECS
-from scalesgd.comm.codecs.lowrank.codec import FACTOR_WIRES, LowrankOptions
-from scalesgd.comm.wire.compact import SPARSE_WIRES
+from scalesgd.comm.codecs import CODECS, CodecOptions
+from scalesgd.comm.codecs.registry import codec_option, flat_codec_options, options_from_flat
 from scalesgd.comm.engine.exchange import exchange_names
 from scalesgd.config import AUTO_CODECS, NO_PLANNER
+from scalesgd.errors import UsageError
 
 MODES_HELP = ("comma-separated: none (no exchange: the compute-only bound), ddp[-CODEC[@RANK]], "
               "scalesgd[-CODEC[@AMOUNT][/WIRE][-ALGORITHM[-BUCKETS]]] (AMOUNT: a sparse codec's density, lowrank's "
@@ -18,26 +19,33 @@ MODES_HELP = ("comma-separated: none (no exchange: the compute-only bound), ddp[
               "e.g. scalesgd-topk@0.01/plain), auto[-EXCHANGE+EXCHANGE…[@DENSITY]] "
               "(--exchange auto among those: our codecs by name, ddp and ddp-CODEC; default: --auto-codecs' own)")
 AUTO_DEFAULT = "+".join(AUTO_CODECS)
-LOW_RANK = ("lowrank", "lowrank-acp", "powersgd")  # codecs whose @ is a rank
+AUTO_AMOUNT = "density"  # what an auto mode's @ sets: the sparse candidates' density
 
 
 @dataclass(frozen=True)
 class Mode:
-    """One way to exchange gradients: `none` (no exchange: the compute-only bound), DDP or scalesgd."""
+    """One way to exchange gradients: `none` (no exchange: the compute-only bound), DDP or scalesgd, with the codec
+    options it runs with: those its name sets (@AMOUNT, /WIRE) over `base` (a run's own; None: the defaults)."""
 
     name: str
     engine: str
     codec: str = "fp32"
     algorithm: str = "ring"
     buckets: str = "size:1"
-    density: float = 0.1
-    rank: int = LowrankOptions().rank  # a low-rank codec's (and PyTorch's PowerSGD hook's) rank
-    wire: str = ""  # a low-rank codec's factor wire, or a sparse codec's entries' ("": the codec's default)
+    given: tuple[tuple[str, Any], ...] = ()  # codec options the name sets, by flat name (`rank`, `factor_wire`)
+    base: CodecOptions | None = field(default=None, compare=False)
 
     def codec_options(self) -> dict:
-        """The training options this mode sets beyond its codec: the sparse density, the rank, the wire."""
-        wire = "factor_wire" if self.codec in CODECS and CODECS[self.codec].family == "lowrank" else "topk_wire"
-        return {"density": self.density, "rank": self.rank, **({wire: self.wire} if self.wire else {})}
+        """The training options this mode sets beyond its codec, by flat name: its amount and wire."""
+        return dict(self.given)
+
+    @property
+    def options(self) -> CodecOptions:
+        """Every codec option this mode runs with: what the simulator costs it by."""
+        if not self.given and self.base is not None:
+            return self.base
+        return options_from_flat({**(flat_codec_options(self.base) if self.base is not None else {}),
+                                  **dict(self.given)})
 
     @property
     def warm_start(self) -> int:
@@ -55,7 +63,8 @@ class Mode:
 
 
 def parse_mode(text: str) -> Mode:
-    """`none`, `ddp[-CODEC]` or `scalesgd[-CODEC[@DENSITY][-ALGORITHM[-BUCKETS]]]`; ValueError otherwise.
+    """`none`, `ddp[-CODEC[@RANK]]` or `scalesgd[-CODEC[@AMOUNT][/WIRE][-ALGORITHM[-BUCKETS]]]`; ValueError
+    otherwise.
 
     BUCKETS may be `planner:dlgs` or `planner:optimal` (profiled and planned at start-up).
     """
@@ -64,62 +73,66 @@ def parse_mode(text: str) -> Mode:
         return Mode(text, "none")
     if text == "auto" or text.startswith(("auto-", "auto@")):
         body = text[len("auto-"):] if text.startswith("auto-") else AUTO_DEFAULT + text[len("auto"):]
-        codecs, _, density = body.partition("@")
+        codecs, at, amount = body.partition("@")
         unknown = [c for c in codecs.split("+") if c not in exchange_names()]
         if unknown:
             raise ValueError(f"mode {text!r}: exchange {unknown[0]!r} is not known")
-        return Mode(text, "auto", codecs, density=_density(text, density))
+        return Mode(text, "auto", codecs, given=_given(text, {AUTO_AMOUNT: amount} if at else {}))
     if engine in ("ddp", "scalesgd"):
         # codec names may hold dashes (fp8-direct, topk-global): take the longest that fits
         fits = [c for c in CODECS if rest == c or rest.startswith((c + "-", c + "@", c + "/"))]
         codec = max(fits, key=len) if fits else (rest.split("-", 1)[0] or "fp32")
-        tail, amount = rest[len(codec):], ""
+        tail, at, amount = rest[len(codec):], False, ""
         if tail.startswith("@"):  # the amount runs to the next dash that is not its own sign
             sign = "-" if tail.startswith("@-") else ""
             amount, _, tail = tail[1 + len(sign):].partition("-")
-            amount = sign + amount
+            at, amount = True, sign + amount
             amount, slash, wire = amount.partition("/")
             tail = (slash + wire + "-" + tail) if slash else tail
-        wire = ""
-        if tail.startswith("/"):
+        slashed, wire = tail.startswith("/"), ""
+        if slashed:
             wire, _, tail = tail[1:].partition("-")
         algorithm, _, buckets = tail.lstrip("-").partition("-")
-        if engine == "ddp" and (algorithm or wire):
+        if engine == "ddp" and (algorithm or slashed):
             raise ValueError(f"mode {text!r}: a ddp mode is ddp-CODEC[@RANK]; DDP chooses its own algorithm and "
                              "buckets")
-        return _with_amount(Mode(text, engine, codec, algorithm or "ring", buckets or "size:1"), amount, wire)
+        if codec not in CODECS:
+            raise ValueError(f"mode {text!r}: codec {codec!r} is not known; choose from {', '.join(CODECS)}")
+        return Mode(text, engine, codec, algorithm or "ring", buckets or "size:1",
+                    given=_amount_and_wire(text, engine, codec, amount if at else None, wire if slashed else None))
     raise ValueError(f"mode {text!r} is not known; use none, ddp[-CODEC[@RANK]] or "
                      "scalesgd[-CODEC[@AMOUNT][/WIRE][-ALGORITHM[-BUCKETS]]]")
 
 
-def _with_amount(mode: Mode, amount: str, wire: str) -> Mode:
-    """`mode` with its codec's amount (a density, or for lowrank and PyTorch's PowerSGD a rank) and wire."""
-    low_rank = mode.codec in LOW_RANK
-    sparse = mode.codec in CODECS and CODECS[mode.codec].sparse
-    factored = mode.codec in CODECS and CODECS[mode.codec].family == "lowrank"
-    if wire and not (factored or sparse):
-        raise ValueError(f"mode {mode.name!r}: /{wire} sets lowrank's factor wire or a sparse codec's; "
-                         f"{mode.codec} has none")
-    wires = SPARSE_WIRES if sparse else FACTOR_WIRES
-    if wire and wire not in wires:
-        raise ValueError(f"mode {mode.name!r}: wire {wire!r} is not known; choose from {', '.join(wires)}")
-    if not low_rank:
-        if mode.engine == "ddp" and amount:
-            raise ValueError(f"mode {mode.name!r}: @ gives PyTorch's PowerSGD hook its rank; {mode.codec} takes none")
-        return replace(mode, density=_density(mode.name, amount), wire=wire)
-    if amount and not (amount.isdigit() and int(amount) >= 1):
-        raise ValueError(f"mode {mode.name!r}: rank {amount!r} must be a whole number >= 1")
-    return replace(mode, rank=int(amount) if amount else mode.rank, wire=wire)
+def _amount_and_wire(text: str, engine: str, codec: str, amount: str | None, wire: str | None) -> dict:
+    """The options a mode's @AMOUNT and /WIRE set, as its codec's registration names them, checked as the options
+    themselves are (ValueError naming the mode)."""
+    entry = CODECS[codec]
+    if amount is not None and entry.amount is None:
+        takes = [name for name, e in CODECS.items() if e.amount is not None and e.runs_on(engine)]
+        raise ValueError(f"mode {text!r}: {codec} takes no @AMOUNT; under {engine} {', '.join(takes)} take one")
+    if wire is not None and (entry.wire_option is None or engine == "ddp"):
+        takes = [name for name, e in CODECS.items() if e.wire_option is not None and e.runs_on("scalesgd")]
+        raise ValueError(f"mode {text!r}: {codec} takes no /WIRE; {', '.join(takes)} take one")
+    return _given(text, {**({entry.amount: amount} if amount is not None else {}),
+                         **({entry.wire_option: wire} if wire is not None else {})})
 
 
-def _density(mode: str, text: str) -> float:
-    """A mode's density: the number after @, in (0, 1] (0.1 where none is given); ValueError naming it otherwise."""
-    if not text:
-        return 0.1
+def _given(text: str, values: dict[str, str]) -> tuple[tuple[str, Any], ...]:
+    """Option values given as text, parsed and checked by their own declarations, by flat name."""
+    parsed = {}
+    for name, value in values.items():
+        flat = codec_option(name)
+        parse = flat.field.metadata["parse"] or type(flat.field.default)
+        if not value:
+            raise ValueError(f"mode {text!r}: give its {name} after the {'/' if name.endswith('wire') else '@'}")
+        try:
+            parsed[name] = parse(value)
+        except ValueError:
+            kind = "a whole number" if isinstance(flat.field.default, int) else "a number"
+            raise ValueError(f"mode {text!r}: {name} {value!r} is not {kind}") from None
     try:
-        density = float(text)
-    except ValueError:
-        raise ValueError(f"mode {mode!r}: density {text!r} is not a number") from None
-    if not 0 < density <= 1:
-        raise ValueError(f"mode {mode!r}: density {text} must be in (0, 1], the fraction of entries sent")
-    return density
+        options_from_flat(parsed)
+    except UsageError as err:
+        raise ValueError(f"mode {text!r}: {str(err).replace('`', '')}") from None
+    return tuple(parsed.items())

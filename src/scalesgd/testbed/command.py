@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from scalesgd.errors import UsageError
-from scalesgd.options import option
+from scalesgd.options import Options, option
 from scalesgd.testbed import netns
 from scalesgd.testbed.netns import TestbedError
 from scalesgd.testbed.run import run as run_in_nodes
@@ -27,7 +27,7 @@ def _said_once(work: Callable[[], T]) -> T:
 
 
 @dataclass
-class TestbedUp:
+class TestbedUp(Options):
     """`scalesgd testbed up`: create (or keep) the testbed."""
 
     nodes: int = option(2, "nodes (network namespaces)")
@@ -40,6 +40,7 @@ class TestbedUp:
         return TestbedSpec(self.nodes, self.procs_per_node, self.bandwidth, self.latency, self.prefix)
 
     def validate(self) -> TestbedUp:
+        super().validate()
         _said_once(self.spec().validate)
         return self
 
@@ -53,7 +54,7 @@ def up(cfg: TestbedUp, argv: list[str]) -> int:
 
 
 @dataclass
-class TestbedPrefix:
+class TestbedPrefix(Options):
     """`scalesgd testbed down|status`: which testbed."""
 
     prefix: str = option("ssgd", PREFIX_HELP)
@@ -71,7 +72,7 @@ def status(cfg: TestbedPrefix, argv: list[str]) -> int:
 
 
 @dataclass
-class TestbedShape:
+class TestbedShape(Options):
     """`scalesgd testbed shape`: the running testbed's new link rate."""
 
     bandwidth: str = option("", "each node's link rate, both ways (a tc rate: 300mbit)", required=True)
@@ -85,7 +86,7 @@ def shape(cfg: TestbedShape, argv: list[str]) -> int:
 
 
 @dataclass
-class TestbedRun:
+class TestbedRun(Options):
     """`scalesgd testbed run`: a command's workers, one per node and local rank."""
 
     prefix: str = option("ssgd", PREFIX_HELP)

@@ -17,6 +17,7 @@ from torch import nn
 from scalesgd.comm.engine.exchange import GradientExchange
 from scalesgd.config import TrainConfig
 from scalesgd.errors import UsageError, as_flags
+from scalesgd.options import flatten
 from scalesgd.recipe.adascale import AdaScaleFactor
 from scalesgd.runtime.process_group import DistEnv
 from scalesgd.train.rundir import CHECKPOINT_NAME, PREVIOUS_CHECKPOINT_NAME
@@ -115,9 +116,9 @@ def mean_state(states: list):
 def finished(state: dict, stored: TrainConfig, wanted: TrainConfig) -> bool:
     """Whether a checkpoint has nothing left to train for `wanted`: all its epochs, or with AdaScale (which ends when
     its schedule is done, after however many epochs) its scale-invariant steps, unless `wanted` adds epochs."""
-    if wanted.lr_scaling != "adascale":
-        return state["epoch"] >= wanted.epochs
-    return wanted.epochs == stored.epochs and AdaScaleFactor(**state["scheduler"]["lr_lambdas"][0]).done
+    if wanted.recipe.lr_scaling != "adascale":
+        return state["epoch"] >= wanted.recipe.epochs
+    return wanted.recipe.epochs == stored.recipe.epochs and AdaScaleFactor(**state["scheduler"]["lr_lambdas"][0]).done
 
 
 def resume_config(run_dir: Path, given: dict) -> TrainConfig:
@@ -133,18 +134,19 @@ def resume_config(run_dir: Path, given: dict) -> TrainConfig:
         name = conflicts[0]
         raise UsageError(f"`resume` {run_dir}: `{name}` {wanted.to_dict()[name]!r} differs from the run's "
                          f"{stored.to_dict()[name]!r}; a resumed run keeps its own configuration")
-    if wanted.epochs < stored.epochs:
-        raise UsageError(f"`resume` {run_dir}: `epochs` {wanted.epochs} is fewer than the run's {stored.epochs}; "
-                         "a resumed run may only train longer")
+    if wanted.recipe.epochs < stored.recipe.epochs:
+        raise UsageError(f"`resume` {run_dir}: `epochs` {wanted.recipe.epochs} is fewer than the run's "
+                         f"{stored.recipe.epochs}; a resumed run may only train longer")
     if finished(state, stored, wanted):
-        raise UsageError(f"`resume` {run_dir}: the run already finished all {wanted.epochs} epochs "
+        raise UsageError(f"`resume` {run_dir}: the run already finished all {wanted.recipe.epochs} epochs "
                          "(`epochs` more continues it)")
     changed = wanted.inexact_changes(stored)
     if changed:
-        print("scalesgd: warning: " + as_flags(", ".join(f"`{name}` {getattr(wanted, name)} (was "
-                                                         f"{getattr(stored, name)})" for name in changed))
+        now, was = flatten(wanted), flatten(stored)
+        print("scalesgd: warning: " + as_flags(", ".join(f"`{name}` {now[name]} (was {was[name]})"
+                                                         for name in changed))
               + ": the resumed run is no longer exactly the uninterrupted one", file=sys.stderr)
-    wanted.run_dir = str(run_dir)
+    wanted.output.run_dir = str(run_dir)
     return wanted
 
 

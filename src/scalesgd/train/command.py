@@ -10,13 +10,13 @@ from pathlib import Path
 
 from scalesgd.config import TrainConfig, rules
 from scalesgd.errors import UsageError, as_flags
-from scalesgd.options import nested, option
+from scalesgd.options import Options, nested, option
 from scalesgd.runtime import process_group
 from scalesgd.train import checkpoint, rundir, worker
 
 
 @dataclass
-class TrainCommand:
+class TrainCommand(Options):
     """The run's configuration (every `TrainConfig` option) and, to continue a run, its directory."""
 
     config: TrainConfig = nested(TrainConfig)
@@ -61,6 +61,6 @@ def torchrun_run_dir(cfg: TrainConfig, resume_dir: str | None) -> tuple[Path | N
     continues in it, from its last checkpoint where it has one; None: rank 0 makes a new one."""
     if resume_dir is not None:
         return Path(resume_dir), True
-    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0 and cfg.run_dir:
-        return Path(cfg.run_dir), (Path(cfg.run_dir) / rundir.CHECKPOINT_NAME).exists()
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0 and cfg.output.run_dir:
+        return Path(cfg.output.run_dir), (Path(cfg.output.run_dir) / rundir.CHECKPOINT_NAME).exists()
     return None, False

@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scalesgd import output
+from scalesgd.comm.codecs import CODECS
+from scalesgd.comm.engine.exchange import parse_exchange
 from scalesgd.checks import output_dir
 from scalesgd.errors import UsageError
-from scalesgd.options import check_fields, option
-from scalesgd.sim.auto import AUTO_NAME
+from scalesgd.options import Options, option
+from scalesgd.train.auto import AUTO_NAME
 from scalesgd.train.objective import throughput
 from scalesgd.train.report import Curves, read_curves, read_json, run_config
 from scalesgd.train.rundir import CONFIG_NAME, METRICS_NAME, SUMMARY_NAME
@@ -26,6 +28,7 @@ MD_NAME = "compare.md"
 STUDY_RUNS = "runs"  # `scalesgd sweep` and `bench accuracy` train into OUT/runs/NAME
 EXPECTED = "expected a `scalesgd train` run directory or a directory of them"
 MISSING = "—"
+AMOUNT_SYMBOLS = {"density": "ρ"}  # how a codec's amount is written in a legend (others by their option's name)
 DASHES = ("-", (0, (5, 2)), (0, (1, 1.5)), (0, (5, 2, 1, 2)))  # a run drawn over an identical one still shows
 
 
@@ -78,14 +81,17 @@ def load(path: Path) -> Compared:
 
 
 def exchange(run: Compared) -> str:
-    """What travelled between workers (engine, codec, a sparse codec's density), as a reader tells runs apart."""
+    """What travelled between workers (engine, codec, the amount its registration names: a sparse codec's density, a
+    low-rank one's rank), as a reader tells runs apart."""
     cfg = run.config
     codec = cfg.get("codec", "fp32")
     if cfg.get("exchange") == "auto":
         codec = "auto → " + ((run.summary.get("auto") or read_json(run.path / AUTO_NAME)).get("codec") or "undecided")
     text = f"{cfg.get('engine', 'ddp')} {codec}"
-    if codec.split()[-1].startswith(("topk", "lags")):
-        text += f" ρ={cfg.get('density', 0):g}"
+    chosen = parse_exchange(codec.split()[-1])[1]
+    amount = CODECS[chosen].amount if chosen in CODECS else None
+    if amount is not None and amount in cfg:
+        text += f" {AMOUNT_SYMBOLS.get(amount, amount)}={cfg[amount]:g}"
     return text
 
 
@@ -207,7 +213,7 @@ def plot(path: Path, runs: list[Compared], names: list[str]) -> None:
 
 
 @dataclass
-class CompareCommand:
+class CompareCommand(Options):
     """`scalesgd compare`: which runs, and where their figure and table go."""
 
     run_dirs: tuple[str, ...] = option((), "a `scalesgd train` run directory (finished or cut short), or a directory "
@@ -215,10 +221,6 @@ class CompareCommand:
                                        "accuracy` --out): it stands for every run in it, in name order",
                                        positional="+")
     out: str = option("compare", "directory for compare.png and compare.md, created if missing", check=output_dir)
-
-    def validate(self) -> CompareCommand:
-        check_fields(self)
-        return self
 
 
 def run(cfg: CompareCommand, command: str) -> int:

@@ -17,7 +17,6 @@ from torch import nn
 
 from scalesgd.comm.cost import planner
 from scalesgd.comm.engine.exchange import GradientExchange, build_exchange
-from scalesgd.comm.engine.optimizer import IterationStats
 from scalesgd.comm.engine.policies import GradientNorms
 from scalesgd.config import NO_PLANNER, TrainConfig
 from scalesgd.data import (
@@ -37,13 +36,13 @@ from scalesgd.recipe.adascale import AdaScaleFactor, gain
 from scalesgd.recipe.noise_scale import NoiseScale
 from scalesgd.runtime import process_group
 from scalesgd.runtime.process_group import DistEnv, sync_buffers
-from scalesgd.sim import auto
 from scalesgd.trace import Tracer, write_chrome_trace
-from scalesgd.train import checkpoint, metrics, report
+from scalesgd.train import auto, checkpoint, metrics, report
 from scalesgd.train.checkpoint import Progress
 from scalesgd.train.objective import Objective, throughput_key
 from scalesgd.train.progress import EpochProgress
 from scalesgd.train.rundir import BUCKETS_NAME, METRICS_NAME, write_json
+from scalesgd.train.timing import breakdown, iteration_timing
 
 PROBE_BATCHES = 4  # the first batches of the training set, in turn, for the planner's profile and auto's trials
 
@@ -86,10 +85,11 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
         metrics.truncate_after(run_dir / METRICS_NAME, done.iteration(len(run.sampler)))
         checkpoint.remove_temporaries(run_dir)
     log = metrics.MetricsLog(run_dir / METRICS_NAME) if run.env.is_main else None
-    adascale, last_epoch = adascale_factor(run), cfg.epochs
+    adascale, last_epoch = adascale_factor(run), cfg.recipe.epochs
     if adascale is not None:  # it trains until its schedule is done: epochs up to a bound
         last_epoch = adascale.epochs_at_most(len(run.sampler))
-    progress = EpochProgress(run.env.is_main and not cfg.quiet, last_epoch if adascale is None else f"≤{last_epoch}")
+    shown = last_epoch if adascale is None else f"≤{last_epoch}"
+    progress = EpochProgress(run.env.is_main and not cfg.output.quiet, shown)
     elapsed_before, images_per_s, record = done.elapsed_s, [], {}
 
     def save_mid_epoch(step: int, totals: torch.Tensor, epoch_s: float) -> None:
@@ -126,34 +126,36 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
 
 def setup(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool) -> Run:
     """Data, model, optimizer, schedule and exchange, identical on every rank (`seed` fixes the weights)."""
-    torch.manual_seed(cfg.seed)
-    data = load_bundle(cfg.dataset, **vars(cfg.data_request()))
-    model = build_model(cfg.model, data.num_classes, data.in_channels, cfg.model_options)
+    torch.manual_seed(cfg.recipe.seed)
+    data = load_bundle(cfg.data.dataset, **vars(cfg.data_request()))
+    model = build_model(cfg.model.name, data.num_classes, data.in_channels, cfg.model.options)
     if not data.is_text:  # Goyal et al.'s initialisation is a CNN's; the GPT initialises itself as GPT-2 does
-        initialize(model, cfg.zero_gamma, cfg.bn_momentum)
-    use_ghost_batch(model, cfg.bn_batch)
+        initialize(model, cfg.recipe.zero_gamma, cfg.recipe.bn_momentum)
+    use_ghost_batch(model, cfg.recipe.bn_batch)
     env = env.result() if isinstance(env, Future) else env
     model.to(env.device)
-    sampler = GlobalBatchSampler(len(data.train), cfg.batch_size, env.world_size, env.rank, seed=cfg.seed)
-    pipeline = open_pipeline(data, sampler, cfg.accumulate, loader_settings(cfg, env, data), env.rank, env.world_size)
+    sampler = GlobalBatchSampler(len(data.train), cfg.recipe.batch_size, env.world_size, env.rank, seed=cfg.recipe.seed)
+    pipeline = open_pipeline(data, sampler, cfg.recipe.accumulate, loader_settings(cfg, env, data), env.rank,
+                             env.world_size)
     if env.is_main:
         for path, what in getattr(data, "skipped", ()):
             print(f"scalesgd: skipped {path}: {what}", file=sys.stderr)
     optimizer = cfg.build_optimizer(model, len(sampler))
-    scheduler = build_scheduler(optimizer, cfg.lr_schedule(len(sampler)).factor)
-    objective = Objective(data.is_text, cfg.label_smoothing, data.sequence_length)
+    scheduler = build_scheduler(optimizer, cfg.recipe.lr_schedule(len(sampler)).factor)
+    objective = Objective(data.is_text, cfg.recipe.label_smoothing, data.sequence_length)
     tracer = Tracer(False)
     plan, planned, chosen = None, {}, {}
-    if cfg.planner != NO_PLANNER or cfg.exchange == "auto":
+    if cfg.exchange.planner != NO_PLANNER or cfg.exchange.mode == "auto":
         batches = pipeline.first_batches(cfg.micro_batch, PROBE_BATCHES)  # fixed batches: no RNG drawn
-        if cfg.exchange == "auto":
-            cfg, plan, chosen = auto.choose(cfg, model, batches, objective.loss, env, run_dir, resume, cfg.quiet)
+        if cfg.exchange.mode == "auto":
+            cfg, plan, chosen = auto.choose(cfg, model, batches, objective.loss, env, run_dir, resume, cfg.output.quiet)
         else:
-            plan, planned = planner.plan_exchange(cfg.planner, cfg.topk.density, cfg.topk.reuse, model, batches[0],
+            topk = cfg.exchange.codec_options["topk"]
+            plan, planned = planner.plan_exchange(cfg.exchange.planner, topk.density, topk.reuse, model, batches[0],
                                                   objective.loss, env.exchange_group, run_dir, resume,
-                                                  wire=cfg.topk.wire)
+                                                  wire=topk.wire)
     norms = GradientNorms() if cfg.measures_noise else None
-    exchange = build_exchange(cfg.engine, model, optimizer, cfg.exchange_setup(
+    exchange = build_exchange(cfg.exchange.engine, model, optimizer, cfg.exchange_setup(
         env.exchange_group, env.topology_groups, tracer, plan, len(sampler), norms))
     if env.is_main and exchange.plan is not None:
         write_json(run_dir / BUCKETS_NAME, exchange.plan.to_dict())
@@ -164,12 +166,12 @@ def setup(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool) 
 def loader_settings(cfg: TrainConfig, env: DistEnv, data: DataBundle | FolderData) -> LoaderSettings:
     """How this rank's pipeline reads: loader processes, device, the crops' seed, evaluation batches of the training
     micro-batch's size for streamed images (EVAL_BATCH predictions for data held in memory)."""
-    workers = cfg.loader_workers
+    workers = cfg.data.loader_workers
     if workers is None:
-        workers = default_loader_workers(process_group.local_world_size(cfg.workers))
+        workers = default_loader_workers(process_group.local_world_size(cfg.runtime.workers))
     streamed = isinstance(data, FolderData)
     per_sample = data.sequence_length or 1
-    return LoaderSettings(workers, env.device, cfg.seed, cfg.skip_bad_images,
+    return LoaderSettings(workers, env.device, cfg.recipe.seed, cfg.data.skip_bad_images,
                           cfg.micro_batch if streamed else max(1, EVAL_BATCH // per_sample))
 
 
@@ -187,15 +189,15 @@ def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None, progress: 
     cfg, env, sampler, tracer = run.cfg, run.env, run.sampler, run.tracer
     net, opt = run.exchange.model, run.exchange.optimizer
     steps = len(sampler)
-    every_steps, every_s = cfg.checkpoint_interval
+    every_steps, every_s = cfg.output.checkpoint_interval
     sampler.set_epoch(epoch)
     adascale = adascale_factor(run)
-    tracer.enabled = bool(cfg.trace) and epoch == cfg.epochs  # the last epoch's timeline
+    tracer.enabled = bool(cfg.output.trace) and epoch == cfg.recipe.epochs  # the last epoch's timeline
     progress.start_epoch(epoch, steps - resumed.step)
     net.train()
     totals = torch.tensor(resumed.totals, dtype=torch.float64)
     # per step: loss, correct, samples, and the squared norms of the local and the exchanged gradient; + a "due" row
-    window = torch.zeros(cfg.sync_every + 1, 5, dtype=torch.float64, device=env.device)
+    window = torch.zeros(cfg.output.sync_every + 1, 5, dtype=torch.float64, device=env.device)
     pending: list[dict] = []  # the window's iterations, as the log will have them
     start = last_saved = time.perf_counter() - resumed.epoch_s
     saved_at = resumed.step
@@ -225,7 +227,7 @@ def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None, progress: 
                         **({"skipped": not stepped, "loss_scale": run.exchange.scaler.get_scale()}
                            if run.exchange.scaler.is_enabled() else {}),
                         "notices": run.exchange.notices()})
-        if len(pending) == cfg.sync_every or last:
+        if len(pending) == cfg.output.sync_every or last:
             clock_due = env.is_main and every_s > 0 and time.perf_counter() - last_saved >= every_s
             rows, due = read_window(window, len(pending), clock_due, pending, log, progress)
             totals += rows[:, :3].sum(0)
@@ -234,7 +236,8 @@ def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None, progress: 
                     run.noise.update(local_sq / env.world_size, mean_sq / env.world_size,
                                      samples / env.world_size, samples)
             if adascale is not None:  # the gain for the next window's steps
-                adascale.gain = gain(run.noise.trace, run.noise.gradient_sq, cfg.base_batch, cfg.batch_size)
+                adascale.gain = gain(run.noise.trace, run.noise.gradient_sq, cfg.recipe.base_batch,
+                                     cfg.recipe.batch_size)
             pending = []
             if not last and (due or every_steps and i + 1 - saved_at >= every_steps):
                 save_mid_epoch(i + 1, totals, time.perf_counter() - start)
@@ -299,7 +302,8 @@ def adascale_factor(run: Run) -> AdaScaleFactor | None:
 def noise_record(run: Run) -> dict:
     """What an epoch line says of the noise: B_simple now and averaged over the run so far (--noise-scale),
     AdaScale's gain and scale-invariant epochs."""
-    record = {"noise_scale": run.noise.value, "noise_scale_average": run.noise.average} if run.cfg.noise_scale else {}
+    record = ({"noise_scale": run.noise.value, "noise_scale_average": run.noise.average}
+              if run.cfg.output.noise_scale else {})
     factor = adascale_factor(run)
     if factor is not None:
         record.update(adascale_gain=factor.gain, scale_invariant_epochs=factor.progress / factor.base.steps_per_epoch)
@@ -339,8 +343,8 @@ def evaluate(model: nn.Module, batches, objective: Objective, autocast=nullconte
 
 def finish(run: Run, done: Progress, record: dict, images_per_s: list[float], progress: EpochProgress) -> dict:
     """Write the trace, stop the exchange, and (rank 0) write summary.json and report.png; the summary."""
-    if run.cfg.trace:
-        save_trace(run.cfg.trace, run.tracer, run.env)
+    if run.cfg.output.trace:
+        save_trace(run.cfg.output.trace, run.tracer, run.env)
     run.exchange.close()
     run.pipeline.close()
     timed = run.timings[SKIP_ITERS:] or run.timings
@@ -349,15 +353,15 @@ def finish(run: Run, done: Progress, record: dict, images_per_s: list[float], pr
         **{f"final_{key}": record[key] for key in ("test_loss", "test_perplexity") if key in record},
         "wall_time_s": done.elapsed_s,
         throughput_key(run.data.is_text): statistics.fmean(images_per_s) if images_per_s else 0.0,
-        "epochs": run.cfg.epochs, "epochs_trained": done.epoch, "steps_per_epoch": len(run.sampler),
-        "peak_lr": run.cfg.peak_lr, "world_size": run.env.world_size, "run_dir": str(run.run_dir),
+        "epochs": run.cfg.recipe.epochs, "epochs_trained": done.epoch, "steps_per_epoch": len(run.sampler),
+        "peak_lr": run.cfg.recipe.peak_lr, "world_size": run.env.world_size, "run_dir": str(run.run_dir),
         "iteration": {**breakdown(timed), "first_iteration_s": run.timings[0]["iteration_s"] if run.timings else 0.0},
         "config": run.cfg.to_dict(),
     }
     if run.planned:
         measured = [t["compute_s"] + t["exposed_comm_s"] for t in timed]
         summary["planner"] = {**run.planned, "measured_iteration_s": statistics.median(measured)}
-    if run.cfg.noise_scale:  # B_simple in samples at the end and over the run, beside the batch trained with
+    if run.cfg.output.noise_scale:  # B_simple in samples at the end and over the run, beside the batch trained with
         summary.update(noise_scale=run.noise.value, noise_scale_average=run.noise.average)
     if skips_bad_files(run):  # every rank's, once each
         skipped = skipped_files(run)
@@ -373,7 +377,7 @@ def finish(run: Run, done: Progress, record: dict, images_per_s: list[float], pr
 
 def skips_bad_files(run: Run) -> bool:
     """Whether the run streams files and leaves out those that cannot be decoded."""
-    return isinstance(run.pipeline, FolderPipeline) and run.cfg.skip_bad_images
+    return isinstance(run.pipeline, FolderPipeline) and run.cfg.data.skip_bad_images
 
 
 def skipped_files(run: Run) -> dict[str, str]:
@@ -381,30 +385,6 @@ def skipped_files(run: Run) -> dict[str, str]:
     everyone: list = [None] * run.env.world_size
     dist.all_gather_object(everyone, run.pipeline.skipped)
     return {path: what for ranks in everyone for path, what in ranks.items()}
-
-
-def iteration_timing(stats: IterationStats | None, waited: float, start: float, backward_end: float,
-                     end: float) -> dict:
-    """One iteration's times (from when it asked for its batch: the wait for data is part of the step), and how
-    much of the exchange was hidden where the engine measures it."""
-    timing = {"iteration_s": end - waited, "data_wait_s": start - waited, "compute_s": backward_end - start}
-    if stats is not None:
-        timing.update(codec_s=stats.codec_s, comm_s=stats.comm_s, exposed_comm_s=stats.exposed_s,
-                      overlapped_comm_s=stats.overlapped_s, bytes_sent=stats.bytes_sent)
-    return timing
-
-
-def breakdown(timings: list[dict]) -> dict:
-    """Median iteration time and wait for data (a few slow first batches make the mean wait say little of a step),
-    and the mean of each part, for summary.json (a codec counter over the iterations that
-    have it: none while the exchange is still dense)."""
-    if not timings:
-        return {}
-    out = {"iterations": len(timings), "median_iteration_s": statistics.median(t["iteration_s"] for t in timings),
-           "median_data_wait_s": statistics.median(t["data_wait_s"] for t in timings)}
-    for key in dict.fromkeys(k for t in timings for k in t):
-        out[f"mean_{key}"] = statistics.fmean(t[key] for t in timings if key in t)
-    return out
 
 
 def save_trace(path: str, tracer: Tracer, env: DistEnv) -> None:

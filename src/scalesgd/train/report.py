@@ -47,7 +47,6 @@ def summary_table(summary: dict):
     return table
 
 
-
 def input_pipeline(summary: dict) -> list[tuple[str, str]]:
     """For images streamed from files: how long a step waited for its batch, and the files left out."""
     timing = summary.get("iteration", {})
@@ -91,7 +90,7 @@ def run_config(run_dir: Path) -> dict:
     return read_json(Path(run_dir) / SUMMARY_NAME).get("config") or read_json(Path(run_dir) / CONFIG_NAME)
 
 
-ITER_KEYS = ("kind", "epoch", "iter", "lr", "loss", "data_wait_s")  # an iteration's record; the rest: codec counters
+ITER_KEYS = ("kind", "epoch", "iter", "lr", "loss", "data_wait_s", "skipped", "loss_scale")  # the rest: codec counters
 
 
 @dataclass

@@ -32,7 +32,7 @@ def default_run_dir() -> Path:
 
 def prepare_new_run(cfg: TrainConfig) -> Path:
     """Create the run directory for a fresh run; refuse to write over an existing run."""
-    run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir()
+    run_dir = Path(cfg.output.run_dir) if cfg.output.run_dir else default_run_dir()
     if run_dir.exists() and any(run_dir.iterdir()):
         if (run_dir / CHECKPOINT_NAME).exists():
             raise UsageError(f"`run_dir` {run_dir} already holds a run; choose a new directory or continue it "
@@ -40,7 +40,7 @@ def prepare_new_run(cfg: TrainConfig) -> Path:
         raise UsageError(f"`run_dir` {run_dir} already holds files but no checkpoint (a run that stopped before "
                          "its first epoch ended has nothing to resume); remove it or choose a new directory")
     run_dir.mkdir(parents=True, exist_ok=True)
-    cfg.run_dir = str(run_dir)
+    cfg.output.run_dir = str(run_dir)
     write_config(cfg, run_dir)
     return run_dir
 

@@ -21,7 +21,7 @@ from scalesgd.checks import all_of, distinct, each, each_once, output_dir, posit
 from scalesgd.config import TrainConfig
 from scalesgd.errors import UsageError, option_name
 from scalesgd.optim import OPTIMIZERS
-from scalesgd.options import check_fields, floats_of, ints, option, record, words
+from scalesgd.options import Options, floats_of, ints, option, words
 from scalesgd.recipe.scaling import SCALING_RULES
 from scalesgd.recipe.schedule import SCHEDULES, WARMUPS
 from scalesgd.train.metrics import read
@@ -34,7 +34,7 @@ LIMIT_LOSS = 0.01  # a language model's: while its validation loss is at most th
 
 
 @dataclass
-class SweepConfig:
+class SweepConfig(Options):
     """`scalesgd sweep`: final error against global minibatch for each scaling rule and warmup (Goyal et al. 2017's figure of error against minibatch)."""
 
     batches: tuple[int, ...] = option((32, 64, 128, 256, 512, 1024), "global minibatch sizes", parse=ints,
@@ -59,7 +59,7 @@ class SweepConfig:
 
     def validate(self) -> SweepConfig:
         """Every option, then every point as the train options it runs with, before any run starts."""
-        check_fields(self)
+        super().validate()
         owned = [*SETS, *(["optimizer"] if self.optimizers else []), *(["schedule"] if self.schedules else []),
                  *(["base_lr"] if self.base_lrs else [])]
         given = [name for name in owned if option_name(name) in self.train_args]
@@ -71,9 +71,6 @@ class SweepConfig:
             except UsageError as err:
                 raise UsageError(f"{point.label}: {err}") from None
         return self
-
-    def to_dict(self) -> dict:
-        return record(self)
 
 
 @dataclass(frozen=True)
@@ -132,7 +129,7 @@ def _phrase(choice: str, what: str) -> str:
 def grid(cfg: SweepConfig) -> list[Point]:
     """Every point, recipe by recipe, each recipe's batches from the smallest up; with 2+ workers each measures
     the gradient noise scale (AdaScale needs it anyway)."""
-    noise = TrainConfig.from_argv(list(cfg.train_args)).workers >= 2
+    noise = TrainConfig.from_argv(list(cfg.train_args)).runtime.workers >= 2
     return [Point(b, r, w, o, s, seed, lr, noise) for o, s, lr, r, w in itertools.product(
                 cfg.optimizers or (None,), cfg.schedules or (None,), cfg.base_lrs or (None,), cfg.rules, cfg.warmups)
             for b in sorted(cfg.batches) for seed in cfg.seeds]
@@ -148,7 +145,7 @@ def run(cfg: SweepConfig, command: str) -> int:
     """Train every point in turn, then write the table and plots."""
     out = Path(cfg.out)
     points = grid(cfg)
-    base_batch = TrainConfig.from_argv(points[0].argv(cfg.train_args)).base_batch  # the same for every point
+    base_batch = TrainConfig.from_argv(points[0].argv(cfg.train_args)).recipe.base_batch  # the same for every point
     results = []
     for point in points:
         run_dir = out / "runs" / run_name(point, base_batch)

@@ -19,19 +19,20 @@ from scalesgd.train.rundir import CHECKPOINT_NAME
 
 
 def spawn(cfg: TrainConfig, run_dir: Path, resume: bool) -> int:
-    """Train on `cfg.workers` local processes; the last checkpoint survives an interruption, and a lost worker
-    restarts the group from it `cfg.max_restarts` times at most."""
+    """Train on `cfg.runtime.workers` local processes; the last checkpoint survives an interruption, and a lost worker
+    restarts the group from it `cfg.runtime.max_restarts` times at most."""
     def args(resume: bool) -> list[str]:
         return ["-m", "scalesgd.train.worker", str(run_dir)] + (["--resume"] if resume else [])
 
     def restart(attempt: int) -> list[str]:
         resume = (run_dir / CHECKPOINT_NAME).exists()
         print(f"scalesgd: restarting the workers from {'the last checkpoint' if resume else 'the start'} "
-              f"(restart {attempt} of {cfg.max_restarts})", file=sys.stderr)
+              f"(restart {attempt} of {cfg.runtime.max_restarts})", file=sys.stderr)
         return args(resume)
 
-    return launcher.spawn(args(resume), cfg.workers, cfg.master_addr, cfg.master_port, cfg.timeout,
-                          cfg.max_restarts, restart)
+    rt = cfg.runtime
+    return launcher.spawn(args(resume), rt.workers, rt.master_addr, rt.master_port, rt.timeout, rt.max_restarts,
+                          restart)
 
 
 def run(cfg: TrainConfig, run_dir: Path | None, resume: bool) -> int:
@@ -39,8 +40,8 @@ def run(cfg: TrainConfig, run_dir: Path | None, resume: bool) -> int:
     rank = int(os.environ.get("RANK", 0))
     pending = None
     try:
-        pending = process_group.start_init(cfg.timeout, cfg.threads, exchange_group=cfg.own_exchange_group,
-                                           procs_per_node=procs_per_node(cfg))
+        pending = process_group.start_init(cfg.runtime.timeout, cfg.runtime.threads,
+                                           exchange_group=cfg.exchange.own_group, procs_per_node=procs_per_node(cfg))
         if run_dir is None:  # torchrun: rank 0 names the run directory
             env = pending.result()
             run_dir = Path(broadcast_object(str(rundir.prepare_new_run(cfg)) if env.is_main else None))
@@ -51,7 +52,7 @@ def run(cfg: TrainConfig, run_dir: Path | None, resume: bool) -> int:
         print(f"scalesgd: error: {as_flags(str(err))}", file=sys.stderr)
         return EXIT_USAGE
     except (UsageError, DataError) as err:
-        settle(pending, cfg.timeout)
+        settle(pending, cfg.runtime.timeout)
         _say(rank, f"error: {err}")
         return EXIT_USAGE
     except NonFiniteLoss as err:
@@ -91,9 +92,9 @@ def what_is_kept(run_dir: Path | None) -> str:
 
 def procs_per_node(cfg: TrainConfig) -> int | None:
     """Processes per node for a hierarchical exchange: the option, else LOCAL_WORLD_SIZE."""
-    if not cfg.needs_topology:
+    if not cfg.exchange.needs_topology:
         return None
-    return cfg.procs_per_node or process_group.local_world_size(cfg.workers)
+    return cfg.exchange.procs_per_node or process_group.local_world_size(cfg.runtime.workers)
 
 
 def _say(rank: int, line: str) -> None:

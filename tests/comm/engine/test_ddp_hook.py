@@ -130,10 +130,8 @@ def owed_after_rebuild(rank, world):
     codec = state.codec
     residual = torch.zeros_like(exact[0])
     offsets = torch.tensor([0] + [p.numel() for p in fresh_model().parameters()]).cumsum(0)
-    for st in codec._state.values():
-        for key, res, _ in st.pieces():
-            if codec._owner[key] is st:
-                residual[offsets[key]:offsets[key + 1]] = res
+    for key, kept in codec.state_dict()["flat"]["params"].items():  # each parameter's residual, by its key
+        residual[offsets[key]:offsets[key + 1]] = kept["residual"]
     torch.distributed.all_reduce(residual)
     return sum(hooked), residual / world, sum(exact), seen
 
@@ -195,7 +193,7 @@ def test_a_hooks_default_codec_starts_dense_and_warms_its_density_up_as_the_regi
     assert state.codec.dgc.density_at(0.1, 0) > 0.1  # the ramp starts above the target density
     assert CodecHookState("fp8").driver.dense_first.steps == defaults.dense_steps  # every codec starts dense
     for spe in (37, ASSUMED_EPOCH_STEPS):  # told the epoch: exactly `scalesgd train`'s defaults for it
-        train = TrainConfig(codec="topk")
+        train = TrainConfig.of(codec="topk")
         hook = CodecHookState("topk", steps_per_epoch=spe)
         assert hook.driver.dense_first.steps == train.compress_after_steps(spe) == step_defaults(spe).dense_steps
         assert hook.codec.dgc == make_codec("topk", train.codec_settings(spe)).dgc

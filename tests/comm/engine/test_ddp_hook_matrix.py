@@ -19,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from scalesgd.comm.codecs import (CODECS, CastCodec, CodecSettings, Fp8Codec, LowrankCodec, LowrankOptions, TopkOptions,
                                   make_codec)
+from scalesgd.comm.codecs.onebit import OnebitCodec
 from scalesgd.comm.engine.ddp_hook import CodecHookState
 from tests.spawn_util import PRELOAD, _entry, _free_port
 
@@ -270,8 +271,19 @@ def check_promise(codec_name, cell, reference, local):
         assert cosine(got[0], reference[0]) > 0.3
     elif CODECS[codec_name].sparse:  # top-k of the (residual +) gradient: most of its norm
         assert cosine(got[0], reference[0]) > 0.5
-    else:  # any other codec (onebit's mean is a momentum): at least a descent direction
-        assert cosine(got[0], reference[0]) > 0
+    elif isinstance(codec, OnebitCodec):  # signs of the momentum, (1 − β1)·g at the first step
+        # Each rank sends its part's signs times one scale; the server's mean of those has, wherever every rank's
+        # gradient has the same sign, that sign (a sum of like-signed terms), and it sends that sign again. Elsewhere
+        # the sign is that of the rank with the larger scale, which depends on DDP's buckets, and may be against the
+        # mean's there: not even a positive cosine with the mean is promised.
+        signs = torch.stack([torch.sign(g) for g in local])
+        agreed = (signs == signs[0]).all(0) & (signs[0] != 0)
+        count = int(agreed.sum())
+        assert count > n // 4, (count, n)  # two ranks' batches agree on about half the elements
+        wrong = int((torch.sign(got[0][agreed]) != signs[0][agreed]).sum())
+        assert wrong == 0, f"{wrong} of the {count} elements whose sign every rank agrees on have the other sign"
+    else:
+        raise AssertionError(f"nothing here checks what {codec_name} promises: add it")
 
 
 @pytest.mark.parametrize("combo", COMBOS)

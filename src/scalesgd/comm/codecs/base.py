@@ -4,13 +4,31 @@ For each bucket and step the engine calls `codec.start(flat, bucket, channel, sc
 the bucket's transfer cut into pieces. For every piece it calls `encode(piece)` (this rank's bytes of the piece),
 runs `transfer(piece)` (a collective written as steps: each posts sends and receives, the arithmetic between them
 is the reduction) and `decode(piece)` (the mean over ranks into the bucket); after the last piece, `finish()`.
-The engine keeps several pieces in flight, so one piece's arithmetic runs while others' bytes are on the wire,
-and it times every part, so the trace's encode, wire, reduce and decode spans mean the same for every codec.
+`piece_steps` is that loop, the one every exchange runs through: the engine's (pipelined, timed and traced) and an
+exchange nested in another's transfer (lowrank's factors on their wire). The engine keeps several pieces in flight,
+so one piece's arithmetic runs while others' bytes are on the wire, and it times every part, so the trace's encode,
+wire, reduce and decode spans mean the same for every codec.
 
-State: what a codec keeps per parameter (fp8's ranges, top-k's residuals) lives in the codec, keyed by the
-parameter numbers the engine gives in `BucketView.keys`; a bucket's buffers kept across steps (the wire bytes,
-a sum's scratch, cached scales) live with the engine's bucket, in the `Scratch` it passes; what one step of one
-bucket needs between the calls lives in its `Exchange`.
+The rules every codec keeps:
+- **State by parameter.** What a codec keeps across steps belongs to parameters and is keyed by the numbers the
+  engine gives in `BucketView.keys` (the model's order: the same in every run, whatever the buckets): fp8's ranges,
+  top-k's residuals, 1-bit Adam's momentum, lowrank's errors and factors (`state.FlatState` keeps it flat in the
+  bucket's layout). What belongs to a bucket as a whole (top-k's threshold, 1-bit Adam's server error) is keyed by
+  the tuple of its parameters' keys, never by the bucket's index. A bucket's buffers kept across steps (the wire
+  bytes, a sum's scratch, cached scales) live with the engine's bucket, in the `Scratch` it passes; what one step of
+  one bucket needs between the calls lives in its `Exchange`.
+- **One undo path.** A codec changes its state as its step goes; it never undoes a step itself. Where a step may be
+  skipped (fp16's gradient scaler skips one whose sum is not finite anywhere), the engine calls
+  `save_bucket(bucket, flat)` before the step and `restore_bucket(bucket, saved)` after it when the mean it wrote is
+  not finite, so a skipped step leaves no trace. A codec that keeps state makes the whole bucket non-finite on every
+  rank when any rank's gradient was not finite (the engine reads the bucket's first number); a plain sum leaves the
+  NaN where it arose. Without a scaler no step is skipped: the optimizer steps with what came, and a run stops at its
+  next loss read.
+- **Its own objects only.** An exchange reads and writes its codec through the codec's public attributes and
+  methods, never another object's private ones.
+- **Facts in the registration.** What code outside the codecs needs to know of one (the engines it runs on, its
+  bucket rule, whether it needs the node groups, what a mode's @AMOUNT and /WIRE set, the optimizer it needs, how
+  the simulator costs it) is declared in its `registry.CodecEntry`, not branched on by name.
 """
 
 from __future__ import annotations
@@ -23,6 +41,7 @@ import torch
 
 from scalesgd.comm.wire.collectives import allreduce, allreduce_steps
 from scalesgd.comm.wire.pipeline import PIECE_BYTES, Steps
+from scalesgd.trace import now_us
 
 
 @dataclass
@@ -132,7 +151,6 @@ class Codec(ABC):
     """
 
     name = "codec"
-    needs_topology = False  # True: the transfer runs in the node / cross-node groups of `Channel.topology`
     encode_in_backward = False  # True: `start` and every `encode` run on autograd's thread (no collective there)
     keeps_gradients = False  # True: it carries gradients across steps (residuals, a momentum): fp16's loss scale,
     #                          which changes between steps, is divided out of what it is given and put back after
@@ -144,13 +162,13 @@ class Codec(ABC):
     def after_dense(self, out: torch.Tensor, bucket: BucketView) -> None:
         """Called with the mean of a step exchanged dense instead of by this codec (the engine's dense-first steps)."""
 
-    def save_bucket(self, bucket: BucketView):
-        """What `restore_bucket` needs to undo the coming step of this bucket: a codec whose state a step changes
-        before it knows the sum is finite (top-k's residuals) keeps a copy; None where there is nothing to undo."""
+    def save_bucket(self, bucket: BucketView, flat: torch.Tensor):
+        """What `restore_bucket` needs to undo the coming step of this bucket (`flat`: its gradients): a copy of the
+        state the step may change, as the step finds it; None where there is nothing to undo."""
         return None
 
     def restore_bucket(self, bucket: BucketView, saved) -> None:
-        """Undo a step whose sum was not finite (an fp16 overflow somewhere: the step is skipped everywhere)."""
+        """Undo the step `save_bucket` saved before: its sum was not finite somewhere, and the step is skipped."""
 
     def counters(self) -> dict[str, float]:
         """This rank's guardrail counters since the last call (fractions, one value per step); {} when none."""
@@ -166,3 +184,49 @@ class Codec(ABC):
     def load_state_dict(self, state: dict) -> None:
         if state:
             raise ValueError(f"codec {self.name} keeps no state, got keys {sorted(state)}")
+
+
+def piece_steps(exchange: Exchange, piece: Piece, encode: bool = True, timed=None, waited=None) -> Steps:
+    """One piece of an exchange as steps: encode it (unless `encode` is False: done already), its transfer's steps,
+    decode it; returns the bytes it sent. `timed(name, work, piece)` runs each part of this rank's arithmetic (the
+    engine times and traces them: encode, reduce, decode); `waited(posted_us)` is called after each wait on the
+    wire."""
+    run = timed or (lambda name, work, piece: work())
+    if encode:
+        run("encode", lambda: exchange.encode(piece), piece)
+    transfer = _Stepper(exchange.transfer(piece))
+    works = run("reduce", transfer.advance, piece)
+    while works is not None:
+        posted = now_us()
+        yield works
+        if waited is not None:
+            waited(posted)
+        works = run("reduce", transfer.advance, piece)
+    run("decode", lambda: exchange.decode(piece), piece)
+    return transfer.sent
+
+
+def exchange_steps(exchange: Exchange, tag: int = 0) -> Steps:
+    """A whole exchange as steps, its pieces one after another under `tag`, then `finish`: an exchange nested in
+    another's transfer (lowrank's factors on their wire); returns the bytes sent."""
+    sent = 0
+    for i in range(exchange.pieces):
+        sent += yield from piece_steps(exchange, Piece(i, tag, 0))
+    exchange.finish()
+    return sent
+
+
+class _Stepper:
+    """A transfer's steps advanced one at a time: the works each posts, then None and the bytes it returned."""
+
+    def __init__(self, steps: Steps):
+        self.steps, self.sent, self._started = steps, 0, False
+
+    def advance(self) -> list | None:
+        try:
+            works = self.steps.send(None) if self._started else next(self.steps)
+        except StopIteration as done:
+            self.sent = done.value or 0
+            return None
+        self._started = True
+        return works

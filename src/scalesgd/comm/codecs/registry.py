@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from scalesgd.comm.codecs.base import Codec
-from scalesgd.options import check_fields
+from scalesgd.options import Flat, build, check_fields, expanded, flat_options, flatten
 from scalesgd.registry import OptionFamilies, Registry
 
 PLUGINS = "scalesgd.codecs"  # the entry-point group of codecs registered from outside the package
@@ -55,8 +55,39 @@ class CodecSettings:
 
 
 @dataclass(frozen=True)
+class DenseCost:
+    """A wire of `element_bytes` bytes a gradient, summed as an allreduce (or, `needs_topology`, in two stages)."""
+
+    element_bytes: float
+
+
+@dataclass(frozen=True)
+class SparseCost:
+    """About ⌈density·n⌉ (index, value) pairs from every rank, gathered, each travelling as `entry_wire` says
+    (`comm.wire.compact.SPARSE_WIRES`)."""
+
+    density: float
+    entry_wire: str
+
+
+@dataclass(frozen=True)
+class LowRankCost:
+    """Each matrix as rank-`rank` factors where that is `min_rate` times smaller, summed in `sums` allreduces one
+    after another (1: one factor a step, in turn), `element_bytes` bytes a number."""
+
+    sums: int
+    rank: int
+    min_rate: float
+    element_bytes: float
+
+
+Cost = DenseCost | SparseCost | LowRankCost
+
+
+@dataclass(frozen=True)
 class CodecEntry:
-    """A codec's registration: how to build it, and what the engines and the validation must know of it."""
+    """A codec's registration: how to build it, and every fact about it that code outside its package needs — the
+    engines, the validation, `bench` mode names, the simulator and `--exchange auto` read these, never the name."""
 
     help: str
     build: Callable[[CodecSettings], Codec] | None  # None: only a PyTorch hook under DDP stands for it
@@ -66,23 +97,32 @@ class CodecEntry:
     # allreduce)
     torch_hook: Callable[[bool, "CodecSettings"], object] | None = None
     torch_hook_needs_cuda: bool = False  # PyTorch's hook runs only on CUDA with NCCL (its bf16 hook)
-    needs_topology: bool = False  # its sum runs in the node and cross-node groups
+    needs_topology: bool = False  # its sum runs in the node and cross-node groups (the engines build them for it)
     buckets: str | None = None  # the bucket plan it implies (None: --buckets or the planner decides)
-    sparse: bool = False  # sends (index, value) pairs
+    sparse: bool = False  # sends (index, value) pairs: float32 residuals and sums
     warm_start: int = 0  # plain (uncompressed) iterations it starts with of its own (PowerSGD's start_powerSGD_iter)
-    wire_bytes: float | None = None  # a dense codec's bytes per element on the wire (what the simulator costs)
-    # a low-rank codec's sums per bucket, one after another (0: not low-rank; 1: one factor a step, in turn), which
-    # the simulator costs by each tensor's shape
-    factor_sums: int = 0
+    # how `scalesgd simulate` costs one exchange under the run's codec options (None: it has no cost model)
+    cost: Callable[[CodecOptions], Cost] | None = None
+    amount: str | None = None  # the option a mode's @AMOUNT sets, by flat name (a density, a rank)
+    wire_option: str | None = None  # the option a mode's /WIRE sets, by flat name (how entries or factors travel)
+    optimizer: str | None = None  # the optimizer it works with and that needs it (1-bit Adam's exchange and update)
+    beta1_option: str | None = None  # a codec option, by flat name, that must equal the optimizer's β1
+    dense_start: bool = False  # it needs dense (fp32) steps before it compresses (1-bit Adam freezes Adam's variance)
+    cost_proxy: str | None = None  # the codec of ours whose measured costs stand for this one's (a PyTorch hook's)
 
     def runs_on(self, engine: str) -> bool:
         return self.engines is None or engine in self.engines
 
     @property
     def simulated(self) -> bool:
-        """Whether `scalesgd simulate` has a cost model for it: a dense codec of known width, a sparse or a low-rank
-        one."""
-        return self.wire_bytes is not None or self.sparse or self.factor_sums > 0
+        """Whether `scalesgd simulate` has a cost model for it."""
+        return self.cost is not None
+
+    @property
+    def wire_bytes(self) -> float | None:
+        """A dense codec's bytes a gradient on the wire; None for the others."""
+        cost = self.cost(CodecOptions()) if self.cost is not None else None
+        return cost.element_bytes if isinstance(cost, DenseCost) else None
 
     @property
     def plannable(self) -> bool:
@@ -104,6 +144,42 @@ def make_codec(name: str, settings: CodecSettings | None = None) -> Codec:
     if entry.family is not None:
         check_fields(settings.options[entry.family], prefix=entry.family)
     return entry.build(settings)
+
+
+def entry_of(codec: Codec) -> CodecEntry | None:
+    """The registration of a codec instance (by its name); None for one that is not registered."""
+    return CODECS[codec.name] if codec.name in CODECS else None
+
+
+def needs_topology(codec: Codec) -> bool:
+    """Whether the engines must build the node and cross-node groups for this codec instance."""
+    entry = entry_of(codec)
+    return entry is not None and entry.needs_topology
+
+
+@dataclass
+class _Held:
+    """Every family's options as one config, so flat names (`density`, `fp8_headroom`) build and check them."""
+
+    options: CodecOptions = expanded(CODEC_OPTIONS.items, CodecOptions, lambda held, family: held[family])
+
+
+def options_from_flat(values: dict) -> CodecOptions:
+    """Codec options from values by flat name (`density`, `lowrank_min_rate`), the others at their defaults, each
+    family's checks run (UsageError naming the option by its flat name)."""
+    held = build(_Held, values)
+    check_fields(held)
+    return held.options
+
+
+def flat_codec_options(options: CodecOptions) -> dict:
+    """Codec options by flat name: what `options_from_flat` reads back."""
+    return flatten(_Held(options))
+
+
+def codec_option(name: str) -> Flat:
+    """A codec option by its flat name (KeyError where none has it)."""
+    return {flat.name: flat for flat in flat_options(_Held)}[name]
 
 
 # ---- the schedule a codec starts with, in steps ------------------------------------------------------------------

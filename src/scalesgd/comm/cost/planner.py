@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -22,8 +21,6 @@ from scalesgd.comm.cost.profile import Profile, profile_model
 from scalesgd.comm.cost.timing import TimeOfSize, iteration_time
 from scalesgd.comm.engine.buckets import BucketPlan, Grouping, model_tensors, plan_from_groups
 from scalesgd.comm.wire.collectives import broadcast_object
-from scalesgd.errors import UsageError
-from scalesgd.options import option
 from scalesgd.registry import Registry
 
 PROFILE_NAME = "profile.json"  # in a run directory: the profile and the groups a planned run uses
@@ -107,6 +104,7 @@ def _pareto(states: list) -> list:
 PLANNERS: Registry[Callable[..., Grouping]] = Registry("planner")
 PLANNERS.add("dlgs", plan_dlgs)
 PLANNERS.add("optimal", plan_optimal)
+NO_PLANNER = "none"  # the buckets come from --buckets (or a codec's own rule), not from a planner
 
 
 def plan_exchange(planner: str, density: float, reuse: int, model: torch.nn.Module,
@@ -152,38 +150,6 @@ def summary_of(decided: dict) -> dict:
 def predicted(profile: Profile, groups: list[list[int]]) -> float:
     """The timing model's iteration time for `groups` under `profile`."""
     return iteration_time(groups, profile.t_f, profile.t_b, profile.sizes, profile.comm_time, profile.sparsify_time)
-
-
-@dataclass
-class ProfileCommand:
-    """`scalesgd profile`: what a `--planner` run measured and the groups it chose."""
-
-    run_dir: str = option("", "a run directory of a --planner run", positional="1")
-
-
-def show_profile(cfg: ProfileCommand, argv: list[str] | None = None) -> int:
-    """`scalesgd profile RUN_DIR`: the saved profile, the fitted models, the groups and the predictions."""
-    run_dir = Path(cfg.run_dir)
-    path = run_dir / PROFILE_NAME
-    if not path.is_file():
-        raise UsageError(f"no {PROFILE_NAME} in {run_dir}; it is written by `scalesgd train --planner dlgs|optimal`")
-    try:
-        table, lines = profile_view(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError, LookupError, TypeError, ArithmeticError, RecursionError) as err:
-        raise UsageError(f"{path} is not a profile ({_reason(err)}); profiles are written by `scalesgd train "
-                         "--planner dlgs|optimal`") from None
-    console = output.console()
-    console.print(table)
-    for line in lines:
-        console.print(line, highlight=False)
-    return 0
-
-
-def _reason(err: Exception) -> str:
-    """What reading a file that is not a profile raised, in one line."""
-    if isinstance(err, KeyError):
-        return f"no entry {err}"
-    return (str(err).splitlines() or [type(err).__name__])[0]
 
 
 def profile_view(saved: dict) -> tuple[Table, list[str]]:

@@ -7,9 +7,6 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
-from scalesgd import checks, output
-from scalesgd.models import MODELS, build_model
-from scalesgd.options import check_fields, option
 
 MB = 1 << 20
 Grouping = list[list[int]]  # layer indices, groups in backward order: [[5, 4], [3], [2, 1, 0]]
@@ -166,25 +163,3 @@ def model_tensors(model) -> list[TensorInfo]:
     """The trainable tensors of `model` in forward (registration) order, as the engine buckets them."""
     return [TensorInfo(name, p.numel(), p.element_size()) for name, p in model.named_parameters()
             if p.requires_grad]
-
-
-@dataclass
-class PlanCommand:
-    """`scalesgd plan`: which gradients of a model travel together, first exchanged first."""
-
-    model: str = option("resnet50", "the network whose gradients are planned", choices=MODELS)
-    buckets: str = option("size:1", "size:MB | growing[:FIRST_MB[:FACTOR]] | layer | single: how gradients are "
-                          "grouped into messages", check=spec_problem)
-    classes: int = option(1000, "classifier outputs", check=checks.positive)
-    in_channels: int = option(3, "input channels", check=checks.positive)
-
-    def validate(self) -> PlanCommand:
-        check_fields(self)
-        return self
-
-
-def show_plan(cfg: PlanCommand, argv: list[str]) -> int:
-    """The bucket plan of the model, as the engine would build it."""
-    model = build_model(cfg.model, cfg.classes, cfg.in_channels)
-    output.console().print(plan_buckets(cfg.buckets, model_tensors(model)).table())
-    return 0

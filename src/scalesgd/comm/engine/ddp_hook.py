@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from scalesgd.comm.codecs import CODECS, BucketView, Channel, Codec, CodecSettings, make_codec
-from scalesgd.comm.codecs.registry import step_defaults, with_steps_per_epoch
+from scalesgd.comm.codecs import BucketView, Channel, Codec, CodecSettings, make_codec
+from scalesgd.comm.codecs.registry import entry_of, needs_topology, step_defaults, with_steps_per_epoch
 from scalesgd.comm.engine.driver import BucketDriver
 from scalesgd.comm.wire.futures import new_future, on_thread, settle
 from scalesgd.comm.wire.topology import Topology
@@ -45,11 +45,13 @@ class CodecHookState:
     that default and top-k's density warm-up count in; None: the settings' own, else an assumed one
     (`registry.ASSUMED_EPOCH_STEPS`). Pass `compress_after=0` to compress from the first step.
     `process_group`: a group of the hook's own (the default makes one); never DDP's, whose collectives would
-    interleave with the hook's.
+    interleave with the hook's. `scaler`: the loop's fp16 `GradScaler`: its scale is divided out of what a codec keeps
+    across steps, and a step it skips leaves no trace in the codec (it is not pickled: pass it again).
     """
 
     def __init__(self, codec="fp8", process_group=None, topology=None, settings: CodecSettings = None,
-                 model: torch.nn.Module = None, compress_after: int | None = None, steps_per_epoch: int | None = None):
+                 model: torch.nn.Module = None, compress_after: int | None = None, steps_per_epoch: int | None = None,
+                 scaler: torch.amp.GradScaler | None = None):
         settings = settings or CodecSettings()
         defaults = step_defaults(steps_per_epoch if steps_per_epoch is not None else settings.steps_per_epoch)
         if steps_per_epoch is not None or settings.steps_per_epoch is None:  # else the settings' own, as given
@@ -63,6 +65,7 @@ class CodecHookState:
         self.bytes_sent = 0  # what this rank has sent for the gradients, counted as the codec posts it
         self.driver = BucketDriver(codec, None,
                                    dense_steps=defaults.dense_steps if compress_after is None else compress_after)
+        self.driver.follow(scaler)
         self._group, self._topology = process_group, topology
         self._held: list = []
         self._bound = False
@@ -106,7 +109,7 @@ class CodecHookState:
         if self.driver.channel is None:
             group = self._group if self._group is not None else dist.new_group()
             topology = self._topology
-            if topology is None and self.codec.needs_topology:
+            if topology is None and needs_topology(self.codec):
                 topology = Topology.from_env().groups()
             self.driver.channel = Channel(group, dist.get_world_size(group), "ring", topology)
         return self.driver.channel
@@ -178,7 +181,8 @@ def _refuse(state: CodecHookState, flat: torch.Tensor) -> None:
     if flat.layout != torch.strided:
         raise ValueError(f"codec {name!r} exchanges dense gradients; DDP handed over a sparse one "
                          "(nn.Embedding(sparse=True) or similar): use sparse=False")
-    if flat.dtype != torch.float32 and name in CODECS and CODECS[name].sparse:
+    entry = entry_of(state.codec)
+    if flat.dtype != torch.float32 and entry is not None and entry.sparse:
         raise ValueError(f"codec {name!r} keeps float32 residuals and sums; DDP handed over {flat.dtype} "
                          "gradients (parameters in that dtype, or DDP's mixed_precision): keep float32 parameters "
                          "(autocast still computes in low precision) or use a cast codec")
@@ -225,7 +229,8 @@ def _hold_until_last(state: CodecHookState, flat: torch.Tensor, params: list, in
 
 def _grouping(codec: Codec) -> str | None:
     """The codec's own grouping (`layer`, `single`) when its registration has one; None: DDP's buckets."""
-    return CODECS[codec.name].buckets if codec.name in CODECS else None
+    entry = entry_of(codec)
+    return entry.buckets if entry is not None else None
 
 
 def _offsets(params: list[torch.Tensor]) -> list[int]:

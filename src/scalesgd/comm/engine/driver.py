@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from scalesgd.comm.codecs.base import BucketView, Channel, Codec, Exchange, Piece, Scratch
+from scalesgd.comm.codecs.base import BucketView, Channel, Codec, Exchange, Piece, Scratch, piece_steps
 from scalesgd.comm.codecs.cast import DENSE
 from scalesgd.comm.engine.policies import LOCAL, MEAN, DenseFirst, GradientNorms
 from scalesgd.comm.wire.pipeline import DEPTH, TAGS, Steps, run_pipelined
@@ -45,7 +45,7 @@ class Pending:
     codec: Codec  # the bucket's codec this step (the dense one in a dense-first step)
     exchange: Exchange | None = None  # None until started
     scale: float | None = None  # fp16's loss scale, divided out for a codec that keeps gradients (put back after)
-    saved: object = None  # under fp16, the codec's state before the step, restored if the sum is not finite
+    saved: tuple | None = None  # under a loss scaler, (the codec's state before the step,): put back if it is skipped
     encoded: bool = False  # every piece encoded already (in backward)
     times: Times = field(default_factory=Times)
 
@@ -70,6 +70,11 @@ class BucketDriver:
         self.loss_scale: Callable[[], float] | None = None  # fp16's gradient scaler's current scale, where there is one
         self._numbers: dict[int, int] = {}
         self._scratch: dict[int, Scratch] = {}
+
+    def follow(self, scaler) -> None:
+        """Take fp16's gradient scaler into account (None, or one not enabled: there is none): its scale is divided
+        out of what a codec keeps across steps, and a step it skips is undone in the codec."""
+        self.loss_scale = scaler.get_scale if scaler is not None and scaler.is_enabled() else None
 
     # ---- parameters and buckets ------------------------------------------------------------------
     def bind(self, params: list[torch.Tensor]) -> None:
@@ -115,8 +120,8 @@ class BucketDriver:
         self._timed("decode", pending, pending.exchange.finish)
         if pending.scale is not None:
             pending.flat.mul_(pending.scale)
-            if pending.flat.numel() and not torch.isfinite(pending.flat[:1]).all():  # a codec's NaN fills the bucket
-                pending.codec.restore_bucket(view, pending.saved)  # fp16 skips the step: so does the codec
+        if pending.saved is not None and pending.flat.numel() and not torch.isfinite(pending.flat[:1]).all():
+            pending.codec.restore_bucket(view, pending.saved[0])  # a codec's NaN fills the bucket: the step is skipped
         if pending.codec is DENSE and self.codec is not DENSE:
             scaled = self.loss_scale is not None and self.codec.keeps_gradients
             self.codec.after_dense(pending.flat / self.loss_scale() if scaled else pending.flat, view)
@@ -148,28 +153,22 @@ class BucketDriver:
 
     # ---- the pieces ------------------------------------------------------------------------------
     def _start(self, pending: Pending) -> Exchange:
-        if self.loss_scale is not None and pending.codec.keeps_gradients:
-            pending.scale = self.loss_scale()
-            pending.flat.div_(pending.scale)
-            pending.saved = pending.codec.save_bucket(pending.view)
+        if self.loss_scale is not None:  # a step the scaler may skip: the contract's one undo path
+            if pending.codec.keeps_gradients:
+                pending.scale = self.loss_scale()
+                pending.flat.div_(pending.scale)
+            pending.saved = (pending.codec.save_bucket(pending.view, pending.flat),)
         scratch = self._scratch.setdefault(pending.view.index, Scratch())
         return pending.codec.start(pending.flat, pending.view, self.channel, scratch)
 
     def _piece(self, pending: Pending, piece: Piece) -> Steps:
-        """One piece as steps: encode, the transfer's steps (waits on the wire, reductions between), decode."""
-        exchange = pending.exchange
-        if not pending.encoded:
-            self._timed("encode", pending, lambda: exchange.encode(piece), piece)
-        transfer = _Stepper(exchange.transfer(piece))
-        works = self._timed("reduce", pending, transfer.advance, piece)
-        while works is not None:
-            posted = now_us()
-            yield works
+        """One piece as steps, through the contract's one piece loop, each part timed and traced."""
+        def waited(posted: int) -> None:
             self.tracer.add("wire", posted, now_us(), f"wire {piece.slot}", bucket=pending.view.index,
                             piece=piece.index)
-            works = self._timed("reduce", pending, transfer.advance, piece)
-        self._timed("decode", pending, lambda: exchange.decode(piece), piece)
-        return transfer.sent
+
+        return piece_steps(pending.exchange, piece, encode=not pending.encoded,
+                           timed=lambda name, work, part: self._timed(name, pending, work, part), waited=waited)
 
     def _timed(self, name: str, pending: Pending, work, piece: Piece | None = None):
         """Run `work()` as a span `name` of the communication thread, counted as codec time; its result."""
@@ -180,19 +179,3 @@ class BucketDriver:
         self.tracer.add(name, start, end, "comm", bucket=pending.view.index,
                         **({"piece": piece.index} if piece is not None else {}))
         return result
-
-
-class _Stepper:
-    """A transfer's steps advanced one at a time: the works each posts, then None and the bytes it returned."""
-
-    def __init__(self, steps: Steps):
-        self.steps, self.sent, self._started = steps, 0, False
-
-    def advance(self) -> list | None:
-        try:
-            works = self.steps.send(None) if self._started else next(self.steps)
-        except StopIteration as done:
-            self.sent = done.value or 0
-            return None
-        self._started = True
-        return works

@@ -21,6 +21,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from scalesgd.comm.codecs import CODECS, Codec, CodecEntry, CodecSettings, DdpHook, make_codec
+from scalesgd.comm.codecs.cast import DENSE
 from scalesgd.comm.codecs.pytorch import allreduce
 from scalesgd.comm.engine.buckets import BucketPlan
 from scalesgd.comm.engine.ddp_hook import CodecHookState, codec_hook
@@ -70,8 +71,8 @@ class GradientExchange(ABC):
         self.device = next((bare or model).parameters()).device
         self.precision = precision
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=precision == "fp16")
-        if driver is not None and self.scaler.is_enabled():
-            driver.loss_scale = self.scaler.get_scale
+        if driver is not None:
+            driver.follow(self.scaler)
 
     def autocast(self) -> AbstractContextManager:
         """Forward (and the loss) in the run's precision: autocast to bf16 or fp16, nothing for fp32."""
@@ -210,7 +211,7 @@ def parse_exchange(name: str) -> tuple[str, str]:
     """(engine, codec) an exchange's name stands for, as `bench train` names modes: CODEC is ours on our engine; ddp
     is DDP's own allreduce, ddp-CODEC DDP with that codec's hook (PyTorch's own for fp16, bf16 and powersgd)."""
     if name == "ddp":
-        return "ddp", "fp32"
+        return "ddp", DENSE.name
     if name.startswith("ddp-"):
         return "ddp", name[len("ddp-"):]
     return "scalesgd", name
@@ -219,7 +220,8 @@ def parse_exchange(name: str) -> tuple[str, str]:
 def exchange_names() -> list[str]:
     """Every exchange by name, as `parse_exchange` reads them: our engine's codecs, then DDP's."""
     ours = [name for name, entry in CODECS.items() if entry.runs_on("scalesgd")]
-    return ours + ["ddp"] + [f"ddp-{name}" for name, entry in CODECS.items() if entry.runs_on("ddp") and name != "fp32"]
+    return ours + ["ddp"] + [f"ddp-{name}" for name, entry in CODECS.items()
+                             if entry.runs_on("ddp") and name != DENSE.name]
 
 
 def build_exchange(engine: str, model: nn.Module, optimizer: torch.optim.Optimizer,

@@ -24,9 +24,11 @@ from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from scalesgd.comm.codecs import BucketView, Channel, Codec, make_codec
+from scalesgd.comm.codecs.registry import needs_topology
 from scalesgd.comm.engine.buckets import BucketPlan, model_tensors, plan_buckets
 from scalesgd.comm.engine.driver import BucketDriver, Pending
 from scalesgd.comm.engine.policies import GradientNorms
+from scalesgd.comm.wire.collectives import ALGORITHMS
 from scalesgd.comm.wire.topology import Topology
 from scalesgd.trace import Tracer, now_us
 
@@ -74,23 +76,26 @@ class DistributedOptimizer:
     by default a new one, so the exchange never interleaves with the caller's own collectives.
     Parameters are broadcast from rank 0 at construction, and buffers (BN statistics)
     before every training forward, as DDP does. `compress_after`: each parameter's first steps exchanged dense
-    (fp32) before the codec takes over; `norms`: each step's squared gradient norms counted into it.
+    (fp32) before the codec takes over; `norms`: each step's squared gradient norms counted into it; `scaler`: the
+    loop's fp16 `GradScaler`, whose scale is divided out of what a codec keeps across steps and whose skipped steps
+    leave no trace in the codec.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: nn.Module, codec: str | Codec = "fp32",
                  algorithm: str = "ring", buckets: str = "size:1", group=None, topology=None,
                  broadcast_buffers: bool = True, tracer: Tracer | None = None, compress_after: int = 0,
-                 norms: GradientNorms | None = None):
+                 norms: GradientNorms | None = None, scaler: torch.amp.GradScaler | None = None):
         self.optimizer = optimizer
         self.model = model
         self.group = group if group is not None else dist.new_group()
         self.codec = make_codec(codec) if isinstance(codec, str) else codec
-        if topology is None and (algorithm == "hierarchical" or self.codec.needs_topology):
+        if topology is None and (ALGORITHMS[algorithm].needs_topology or needs_topology(self.codec)):
             topology = Topology.from_env().groups()  # collective: every rank builds the engine together
         self.channel = Channel(self.group, dist.get_world_size(self.group), algorithm, topology)
         self.tracer = tracer or Tracer(False)
         self.driver = BucketDriver(self.codec, self.channel, self.tracer, compress_after, norms)
         self.driver.bind(list(model.parameters()))
+        self.driver.follow(scaler)
         self.broadcast_buffers = broadcast_buffers
         self._src = dist.get_global_rank(self.group, 0)
         params = [p for p in model.parameters() if p.requires_grad]

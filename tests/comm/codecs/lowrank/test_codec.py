@@ -14,7 +14,7 @@ from torch.nn.parallel import DistributedDataParallel
 from scalesgd.comm.codecs import Channel, CodecSettings, LowrankOptions, make_codec
 from scalesgd.comm.codecs.lowrank import codec as lowrank_codec
 from scalesgd.comm.codecs.lowrank.factors import layout
-from scalesgd.comm.engine.ddp_hook import CodecHookState, codec_hook
+from scalesgd.comm.engine.ddp_hook import CodecHookState
 from scalesgd.comm.engine.optimizer import DistributedOptimizer
 from scalesgd.errors import UsageError
 from tests.comm.exchanging import exchange, same_state, view_of

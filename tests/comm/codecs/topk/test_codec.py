@@ -16,6 +16,14 @@ from tests.spawn_util import run_workers
 VIEW = BucketView(0, [], [0], 5000)
 
 
+def kept(codec: TopkCodec, name: str = "residual") -> tuple[torch.Tensor, float | None]:
+    """What the codec keeps for VIEW (a bucket of no parameters: one region) and its threshold; zeros and None
+    before its first step."""
+    state = codec.state_dict()
+    regions, thresholds = state["flat"]["regions"], state["thresholds"]
+    return (regions[0][name] if regions else torch.zeros(5000)), (thresholds[0]["threshold"] if thresholds else None)
+
+
 def grads(steps, n=5000, seed=0):
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(n, generator=g) * (1 + i) for i in range(steps)]
@@ -28,25 +36,25 @@ def test_residuals_are_conserved_sent_plus_kept_equals_accumulated(wire):
     for g in grads(7):
         accumulated = residual + g
         idx, values, _ = codec.sparsify(g.clone(), VIEW, 1)
-        kept = codec._state[0].residual
+        kept_now = kept(codec)[0]
         sent = torch.zeros(5000).index_put_((idx.long(),), values)
-        assert torch.equal(sent + kept, accumulated)
+        assert torch.equal(sent + kept_now, accumulated)
         if wire == "plain":
-            assert torch.all(kept[idx.long()] == 0)
+            assert torch.all(kept_now[idx.long()] == 0)
         else:  # fp16 carries the value; only its rounding, under half an fp16 step, stays behind
             assert torch.equal(values, values.half().float())
-            assert torch.all(kept[idx.long()].abs() <= values.abs() * 2.0 ** -11)
-        residual = kept.clone()
+            assert torch.all(kept_now[idx.long()].abs() <= values.abs() * 2.0 ** -11)
+        residual = kept_now.clone()
 
 
 def test_at_recompute_steps_the_threshold_selects_exactly_the_top_k():
     codec = TopkCodec("topk", density=0.01, reuse=4)
     k = math.ceil(0.01 * 5000)
     for step, g in enumerate(grads(9)):
-        before = codec._state[0].residual.clone() if 0 in codec._state else torch.zeros(5000)
+        before = kept(codec)[0]
         idx = codec.sparsify(g.clone(), VIEW, 1)[0]
         accumulated = (before + g).abs()
-        threshold = codec._state[0].threshold
+        threshold = kept(codec)[1]
         by_threshold = set(torch.nonzero(accumulated >= threshold).view(-1).tolist())
         if step % 4 == 0:  # recompute: exactly k, and the threshold alone picks the same set
             assert len(idx) == k
@@ -65,14 +73,13 @@ def test_a_reused_threshold_sends_between_half_and_twice_k(growth):
     sent, retaken = [], 0
     for step in range(8):
         grad = torch.randn(5000, generator=g) * (1 + growth * step / 8) ** 4
-        before = codec._state[0].residual.clone() if 0 in codec._state else torch.zeros(5000)
-        old = codec._state[0].threshold if 0 in codec._state else None
+        before, old = kept(codec)
         idx = codec.sparsify(grad.clone(), VIEW, 1)[0]
         sent.append(len(idx))
         passed = int(((before + grad).abs() >= old).sum()) if old else k
         if not k / 2 <= passed <= 2 * k:  # the reused threshold would have sent too much or too little
             retaken += 1
-            assert len(idx) == k and codec._state[0].threshold != old
+            assert len(idx) == k and kept(codec)[1] != old
         else:
             assert len(idx) == passed
     assert k / 2 <= min(sent) and max(sent) <= 2 * k and retaken >= 2
@@ -156,7 +163,7 @@ def test_momentum_correction_accumulates_the_velocity_and_masks_what_is_sent():
         assert torch.allclose(values, v[idx]) and len(idx) == 50  # the top 1 % of the velocity
         assert torch.equal(idx.sort().values, v.abs().topk(50).indices.sort().values)
         v[idx], u[idx] = 0, 0  # sent: out of the residual, and its momentum masked
-        assert torch.allclose(codec._state[0].residual, v) and torch.allclose(codec._state[0].momentum, u)
+        assert torch.allclose(kept(codec)[0], v) and torch.allclose(kept(codec, "momentum")[0], u)
 
 
 def test_local_clipping_bounds_each_tensors_norm_before_it_accumulates():
@@ -224,7 +231,7 @@ def flagged(rank, world):
         g[7] = float("nan")
     out = g.clone()
     exchange(codec, out, VIEW, Channel(dist.group.WORLD, world))
-    return bool(torch.isnan(out).all()), codec._state[0].residual.abs().sum().item()
+    return bool(torch.isnan(out).all()), kept(codec)[0].abs().sum().item()
 
 
 def test_a_non_finite_gradient_sends_nothing_keeps_the_residual_and_poisons_the_mean_everywhere():

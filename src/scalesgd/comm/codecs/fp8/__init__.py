@@ -3,7 +3,7 @@ family's options, the codec; and their registration."""
 
 from scalesgd.comm.codecs.fp8.codec import Fp8Codec
 from scalesgd.comm.codecs.fp8.ranges import Fp8Options
-from scalesgd.comm.codecs.registry import CODEC_OPTIONS, CODECS, CodecEntry
+from scalesgd.comm.codecs.registry import CODEC_OPTIONS, CODECS, CodecEntry, DenseCost
 
 CODEC_OPTIONS.add("fp8", Fp8Options)
 
@@ -14,8 +14,8 @@ def _fp8(name: str, relative: bool, two_stage: bool):
 
 CODECS.add("fp8", CodecEntry("e5m2 relative to the weights, summed in two stages (Oyama et al. 2020)",
                              _fp8("fp8", relative=True, two_stage=True), family="fp8", needs_topology=True,
-                             wire_bytes=1))
+                             cost=lambda o: DenseCost(1)))
 CODECS.add("fp8-direct", CodecEntry("ablation: the gradient itself in e5m2", _fp8("fp8-direct", False, True),
-                                    family="fp8", needs_topology=True, wire_bytes=1))
+                                    family="fp8", needs_topology=True, cost=lambda o: DenseCost(1)))
 CODECS.add("fp8-flat", CodecEntry("ablation: one fp8 ring over all ranks", _fp8("fp8-flat", True, False),
-                                  family="fp8", wire_bytes=1))
+                                  family="fp8", cost=lambda o: DenseCost(1)))

@@ -43,9 +43,8 @@ class Fp8Codec(Codec):
     def __init__(self, name: str = "fp8", relative: bool = True, two_stage: bool = True,
                  options: Fp8Options = Fp8Options(), seed: int = 0):
         self.name, self.relative, self.two_stage, self.options = name, relative, two_stage, options
-        self.needs_topology = two_stage
         self._tensors: dict[int, TensorRange] = {}  # parameter number → its range
-        self._eps = torch.tensor(options.eps)
+        self.eps = torch.tensor(options.eps)  # ε of the relative data, as the kernels take it
         self._seed = seed
         self._elements = 0
         self._saturated = 0
@@ -59,7 +58,6 @@ class Fp8Codec(Codec):
         if any(r.dense for r in ranges):
             return DENSE.start(flat, bucket, channel, scratch)
         w = self._flat_weights(bucket, flat, scratch) if self.relative else None
-        before = [r.state_dict() for r in ranges]  # what a non-finite step (fp16's skipped one) leaves them
         due = [j for j, r in enumerate(ranges) if r.due(self.options.period)]
         if due:
             self._measure(flat, w, bucket, [bucket.keys[j] for j in due], due, channel)
@@ -69,7 +67,7 @@ class Fp8Codec(Codec):
         local = _groups(channel).topology.procs_per_node if self.two_stage else 1
         length = flat.numel() + 1 + len(ranges)  # data, the non-finite flag, a saturation flag per tensor
         wire = scratch.tensor("wire", -(-length // local) * local, torch.uint8, flat.device)  # padded to P′ parts
-        return Fp8Exchange(self, flat, w, unit, send, wire, bucket, ranges, channel, scratch, local, before)
+        return Fp8Exchange(self, flat, w, unit, send, wire, bucket, ranges, channel, scratch, local)
 
     # ---- guardrails ------------------------------------------------------------------------------
     def counters(self) -> dict[str, float]:
@@ -142,7 +140,18 @@ class Fp8Codec(Codec):
         torch.cat([p.detach().reshape(-1).float() for p in params], out=flat)
         return flat
 
-    # ---- checkpoint ------------------------------------------------------------------------------
+    # ---- undo and checkpoint ---------------------------------------------------------------------
+    def save_bucket(self, bucket: BucketView, flat: torch.Tensor):
+        """The bucket's ranges as the coming step finds them (None: a tensor has none yet)."""
+        return {key: self._tensors[key].state_dict() if key in self._tensors else None for key in bucket.keys}
+
+    def restore_bucket(self, bucket: BucketView, saved) -> None:
+        for key, state in saved.items():
+            if state is None:
+                self._tensors.pop(key, None)
+            else:  # in place: the bucket's cached scales are keyed by the range objects
+                self._tensors[key].__dict__.update(TensorRange.from_state(state).__dict__)
+
     def state_dict(self) -> dict:
         return {"tensors": {key: r.state_dict() for key, r in self._tensors.items()}}
 
@@ -156,9 +165,8 @@ class Fp8Exchange(Exchange):
 
     def __init__(self, codec: Fp8Codec, flat: torch.Tensor, w: torch.Tensor | None, unit: torch.Tensor,
                  send: torch.Tensor, wire: torch.Tensor, bucket: BucketView, ranges: list[TensorRange],
-                 channel: Channel, scratch: Scratch, local: int, before: list[dict]):
+                 channel: Channel, scratch: Scratch, local: int):
         self.codec, self.flat, self.w, self.unit, self.send, self.wire = codec, flat, w, unit, send, wire
-        self.before = before  # the ranges as they were before this step
         self.bucket, self.ranges, self.channel, self.scratch = bucket, ranges, channel, scratch
         self.n = flat.numel()
         self.bounds = channel.bounds(wire.numel(), 1, local)
@@ -173,7 +181,7 @@ class Fp8Exchange(Exchange):
         if a < stop:
             w = None if self.w is None else self.w[a:stop]
             most, zeroed = fp8.encode_stats(self.flat[a:stop], self.wire[a:stop], self.send[a:stop], w,
-                                            self.codec._eps)
+                                            self.codec.eps)
             self.flushed.add_(zeroed)
             if not most.item() <= fp8.MAX:  # something clipped or is not finite: look closer (rare)
                 self.nonfinite |= self._tally(a, stop)
@@ -199,24 +207,22 @@ class Fp8Exchange(Exchange):
         if self.w is None:
             fp8.decode(self.wire[a:stop], self.unit[a:stop], out=self.flat[a:stop])
         else:
-            fp8.decode_relative(self.wire[a:stop], self.w[a:stop], self.codec._eps, self.unit[a:stop],
+            fp8.decode_relative(self.wire[a:stop], self.w[a:stop], self.codec.eps, self.unit[a:stop],
                                 out=self.flat[a:stop])
 
     def finish(self) -> None:
         """Count, then read the summed flags: the same bytes on every rank."""
         self.codec.count(self.n, self.saturated, self.flushed)
         flags = self.wire[self.n:self.n + 1 + len(self.ranges)].tolist()
-        if flags[0]:  # some rank's gradient was not finite: every rank sees it, and the step leaves no trace
+        if flags[0]:  # some rank's gradient was not finite: every rank sees it (a skipped step is undone by the engine)
             self.flat.fill_(math.nan)
-            for r, saved in zip(self.ranges, self.before):
-                r.__dict__.update(TensorRange.from_state(saved).__dict__)
             return
         self.codec.heat(self.bucket, self.ranges, flags[1:])
 
     def _tally(self, a: int, stop: int) -> bool:
         """Add each tensor's elements in [a, stop) that clipped to `clipped`; return whether one was not finite.
         Runs before the piece is decoded over its gradient, and only for a piece whose max says it must."""
-        flat, w, send, eps = self.flat, self.w, self.send, self.codec._eps
+        flat, w, send, eps = self.flat, self.w, self.send, self.codec.eps
         for j, (start, size) in enumerate(zip(self.bucket.offsets, (p.numel() for p in self.bucket.params))):
             lo, hi = max(a, start), min(stop, start + size)
             if lo < hi:

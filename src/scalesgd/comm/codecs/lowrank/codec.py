@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from scalesgd import checks
-from scalesgd.comm.codecs.base import BucketView, Channel, Codec, Exchange, Piece, Scratch
+from scalesgd.comm.codecs.base import BucketView, Channel, Codec, Exchange, Piece, Scratch, exchange_steps
 from scalesgd.comm.codecs.cast import CastCodec
 from scalesgd.comm.codecs.fp8.codec import Fp8Codec
 from scalesgd.comm.codecs.fp8.ranges import Fp8Options
@@ -149,13 +149,16 @@ class LowrankCodec(Codec):
             owed = self._rounding[key] = torch.zeros(size, dtype=like.dtype, device=like.device)
         return owed
 
-    def save_bucket(self, bucket: BucketView):
+    def save_bucket(self, bucket: BucketView, flat: torch.Tensor):
         return ({key: self._states[key].state_dict() for key in bucket.keys if key in self._states},
-                {key: self._rounding[key].clone() for key in bucket.keys if key in self._rounding})
+                {key: self._rounding[key].clone() for key in bucket.keys if key in self._rounding},
+                self.wire.state_dict())
 
     def restore_bucket(self, bucket: BucketView, saved) -> None:
-        """The errors and factors as before the step; a parameter's first step leaves no state."""
-        states, rounding = saved
+        """The errors, factors and the factor wire's ranges as before the step; a parameter's first step leaves no
+        state."""
+        states, rounding, wire = saved
+        self.wire.load_state_dict(wire)
         for key in bucket.keys:
             if key in states:
                 self._states[key].load(states[key])
@@ -272,15 +275,7 @@ class LowrankExchange(Exchange):
         """`tensor`'s mean over ranks on the factor wire, its pieces one after another under this piece's tag."""
         inner_scratch = self.scratch.memo(f"wire:{name}", True, Scratch)
         view = self.scratch.memo(f"view:{name}", (id(self.plan), self.sends_q), lambda: self._segments(name, tensor))
-        exchange = self.codec.wire.start(tensor, view, self.channel, inner_scratch)
-        sent = 0
-        for i in range(exchange.pieces):
-            part = Piece(i, piece.tag, 0)
-            exchange.encode(part)
-            sent += yield from exchange.transfer(part)
-            exchange.decode(part)
-        exchange.finish()
-        return sent
+        return (yield from exchange_steps(self.codec.wire.start(tensor, view, self.channel, inner_scratch), piece.tag))
 
     def _segments(self, name: str, tensor: torch.Tensor) -> BucketView:
         """The message as the tensors a wire with per-tensor state sees (fp8's ranges): each matrix's factor, keyed

@@ -15,10 +15,11 @@ def _onebit(s: CodecSettings) -> OnebitCodec:
     return OnebitCodec(beta1=o.beta1, chunk=o.chunk)
 
 
-# No wire_bytes: its all-to-all half sends pairwise, which shares a node's link with the node's other processes,
+# No cost model: its all-to-all half sends pairwise, which shares a node's link with the node's other processes,
 # so the simulator's ring model of a dense codec would flatter it across nodes.
 CODECS.add("onebit", CodecEntry("1-bit Adam: the momentum as signs with error feedback, ~32x fewer bytes than fp32, "
                                 "after the dense warm-up (--compress-after); needs the onebit-adam optimizer "
-                                "(Tang et al. 2021)", _onebit, family="onebit"))
+                                "(Tang et al. 2021)", _onebit, family="onebit", optimizer="onebit-adam",
+                                beta1_option="onebit_beta1", dense_start=True))
 
 __all__ = ["OnebitCodec", "OnebitOptions"]

@@ -38,6 +38,7 @@ import torch.distributed as dist
 from scalesgd import checks
 from scalesgd.comm.codecs.base import BucketView, Channel, Codec, Exchange, Piece, Scratch
 from scalesgd.comm.codecs.onebit.signs import Message
+from scalesgd.comm.codecs.state import FlatState, layout
 from scalesgd.comm.wire.collectives import chunk_bounds, post
 from scalesgd.comm.wire.pipeline import Steps
 from scalesgd.options import option
@@ -60,14 +61,6 @@ class OnebitOptions:
     chunk: int = option(1 << 14, "onebit: elements per scale ‖x‖₂/√n", check=_whole_bytes)
 
 
-class _Moments:
-    """One bucket's momentum m and worker error e_w, flat in the bucket's layout."""
-
-    def __init__(self, numel: int, dtype: torch.dtype, device: torch.device):
-        self.m = torch.zeros(numel, dtype=dtype, device=device)
-        self.error = torch.zeros(numel, dtype=dtype, device=device)
-
-
 class OnebitCodec(Codec):
     """The momentum as signs and scales, compressed twice with error feedback (worker and server)."""
 
@@ -75,56 +68,64 @@ class OnebitCodec(Codec):
 
     def __init__(self, beta1: float = 0.9, chunk: int = 1 << 14):
         self.name, self.beta1, self.chunk = "onebit", beta1, chunk
-        self._params: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # parameter number → (m, e_w) views
-        self._buckets: dict[tuple[int, ...], _Moments] = {}  # parameter numbers → their flat state
-        self._server: dict[tuple, torch.Tensor] = {}  # (parameter numbers, ranks) → this rank's e_s
+        self._moments = FlatState(("m", "error"), torch.float32)  # each parameter's m and e_w, flat by bucket
+        self._server: dict[tuple, torch.Tensor] = {}  # (parameter keys, ranks) → this rank's e_s of that bucket
 
     def start(self, flat: torch.Tensor, bucket: BucketView, channel: Channel, scratch: Scratch) -> Exchange:
         return OnebitExchange(self, flat, bucket, channel, scratch)
 
     def after_dense(self, out: torch.Tensor, bucket: BucketView) -> None:
         """A warm-up step's mean ḡ into the momentum (unless it is not finite: the optimizer skips that step)."""
-        moments = self.moments(bucket, out)
+        m = self.moments(bucket, out)["m"]
         if bool(torch.isfinite(out).all()):
-            moments.m.lerp_(out.to(moments.m.dtype), 1 - self.beta1)
+            m.lerp_(out.to(m.dtype), 1 - self.beta1)
 
-    def moments(self, bucket: BucketView, like: torch.Tensor) -> _Moments:
-        """The bucket's m and e_w; a bucket of other parameters than before takes each parameter's over."""
-        keys, offsets, sizes = _layout(bucket, like)
-        found = self._buckets.get(keys)
-        if found is not None and found.m.numel() == like.numel():
-            return found
-        moments = _Moments(like.numel(), torch.promote_types(like.dtype, torch.float32), like.device)
-        for key, start, size in zip(keys, offsets, sizes):
-            m, error = moments.m[start:start + size], moments.error[start:start + size]
-            old = self._params.get(key)
-            if old is not None and old[0].numel() == size:
-                m.copy_(old[0].reshape(-1))
-                error.copy_(old[1].reshape(-1))
-            self._params[key] = (m, error)
-        self._buckets = {k: v for k, v in self._buckets.items() if not set(k) & set(keys)}
-        self._buckets[keys] = moments
-        self._server = {k: v for k, v in self._server.items() if k[0] == keys or not set(k[0]) & set(keys)}
-        return moments
+    def moments(self, bucket: BucketView, like: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The bucket's m and e_w, flat; a bucket of other parameters than before takes each parameter's over (and
+        the server errors of buckets that held them are dropped)."""
+        held = self._moments.of(bucket, like)
+        if held.new:
+            keys = set(held.keys)
+            self._server = {k: v for k, v in self._server.items() if k[0] == held.keys or not set(k[0]) & keys}
+        return held.tensors
 
-    def server_error(self, bucket: BucketView, like: torch.Tensor, ranks: int, length: int) -> tuple:
-        """This rank's e_s of the bucket's part it serves (`length` elements; zeros for a new bucket), and its key
-        (under which `finish` keeps it)."""
-        key = (_layout(bucket, like)[0], ranks)
+    def server_error(self, bucket: BucketView, ranks: int, like: torch.Tensor, length: int) -> torch.Tensor:
+        """This rank's e_s of the bucket's part it serves (`length` elements), kept under the bucket's parameter keys
+        and the number of ranks: zeros for a bucket or a group it has not served."""
+        key = (self._moments.of(bucket, like).keys, ranks)
         error = self._server.get(key)
         if error is None or error.numel() != length:
-            error = torch.zeros(length, dtype=torch.promote_types(like.dtype, torch.float32), device=like.device)
-        return error.to(like.device), key
+            dtype = torch.promote_types(like.dtype, torch.float32)
+            error = self._server[key] = torch.zeros(length, dtype=dtype, device=like.device)
+        elif error.device != like.device:
+            error = self._server[key] = error.to(like.device)
+        return error
+
+    def save_bucket(self, bucket: BucketView, flat: torch.Tensor):
+        """The bucket's m and e_w as the coming step finds them (its layout made first), and every e_s of the buckets
+        its parameters were in."""
+        keys = set(layout(bucket)[0])
+        server = {k: e.clone() for k, e in self._server.items() if set(k[0]) & keys}
+        return {name: t.clone() for name, t in self.moments(bucket, flat).items()}, server
+
+    def restore_bucket(self, bucket: BucketView, saved) -> None:
+        moments, server = saved
+        held = self.moments(bucket, next(iter(moments.values())))
+        for name, t in moments.items():
+            held[name].copy_(t)
+        keys = set(layout(bucket)[0])
+        self._server = {k: e for k, e in self._server.items() if not set(k[0]) & keys} | server
 
     def state_dict(self) -> dict:
-        return {"params": {key: {"m": m.clone(), "error": e.clone()} for key, (m, e) in self._params.items()},
+        return {"moments": self._moments.state_dict(),
                 "server": [{"keys": list(keys), "ranks": ranks, "error": e.clone()}
-                           for (keys, ranks), e in self._server.items()]}
+                           for (keys, ranks), e in sorted(self._server.items(), key=lambda item: item[0])]}
 
     def load_state_dict(self, state: dict) -> None:
-        self._buckets = {}
-        self._params = {int(key): (saved["m"].clone(), saved["error"].clone())
-                        for key, saved in state["params"].items()}
+        if "params" in state:  # saved before the moments were kept flat: each parameter's m and e_w
+            state = {"moments": {"params": {key: {"m": saved["m"], "error": saved["error"]}
+                                            for key, saved in state["params"].items()}}, "server": state["server"]}
+        self._moments.load_state_dict(state["moments"])
         self._server = {(tuple(int(k) for k in saved["keys"]), int(saved["ranks"])): saved["error"].clone()
                         for saved in state["server"]}
 
@@ -138,14 +139,14 @@ class OnebitExchange(Exchange):
         self.codec, self.flat, self.group, self.ranks = codec, flat, channel.group, channel.world_size
         self.rank = dist.get_rank(channel.group) if self.ranks > 1 else 0
         self.moments = codec.moments(bucket, flat)
-        dtype, device, n = self.moments.m.dtype, flat.device, flat.numel()
+        dtype, device, n = self.moments["m"].dtype, flat.device, flat.numel()
         self.parts = chunk_bounds(n, self.ranks)
         self.messages = [Message(b - a, codec.chunk) for a, b in self.parts]
         self.at = [0]
         for message in self.messages:
             self.at.append(self.at[-1] + message.size)
         mine = self.messages[self.rank]
-        self.server_error, self.server_key = codec.server_error(bucket, flat, self.ranks, mine.length)
+        self.server_error = codec.server_error(bucket, self.ranks, flat, mine.length)
         self.send = scratch.tensor("send", self.at[-1], torch.uint8, device)  # every part, compressed by this rank
         self.gathered = scratch.tensor("gathered", self.at[-1], torch.uint8, device)  # every part, by its server
         self.received = scratch.tensor("received", self.ranks * mine.size, torch.uint8, device)  # this rank's part
@@ -167,8 +168,8 @@ class OnebitExchange(Exchange):
 
     def encode(self, piece: Piece) -> None:
         """c = β1·m + (1−β1)·g + e_w; each part compressed into `send`; c becomes the new e_w."""
-        torch.lerp(self.moments.m, self.flat.to(self.c.dtype), 1 - self.codec.beta1, out=self.c)
-        self.c.add_(self.moments.error)
+        torch.lerp(self.moments["m"], self.flat.to(self.c.dtype), 1 - self.codec.beta1, out=self.c)
+        self.c.add_(self.moments["error"])
         scales = [message.write(self.c[a:b], self._sent(j))
                   for j, ((a, b), message) in enumerate(zip(self.parts, self.messages))]
         bad = bool(not torch.isfinite(torch.cat(scales)).all())
@@ -217,16 +218,7 @@ class OnebitExchange(Exchange):
             self.flat.copy_(self.out)
 
     def finish(self) -> None:
-        """m ← m̄, e_w and e_s their new values; none of them when the step was not finite."""
-        if not self.flagged:
-            self.moments.m.copy_(self.out)
-            self.moments.error.copy_(self.c)
-            self.server_error.copy_(self.s)
-            self.codec._server[self.server_key] = self.server_error
-
-
-def _layout(bucket: BucketView, like: torch.Tensor) -> tuple[tuple[int, ...], list[int], list[int]]:
-    """The bucket's parameter numbers, offsets and sizes; a bucket without parameters is one of its own."""
-    if bucket.keys:
-        return tuple(bucket.keys), list(bucket.offsets), [p.numel() for p in bucket.params]
-    return (-1 - bucket.index,), [0], [like.numel()]
+        """m ← m̄, e_w and e_s their new values (a step that is not finite and skipped is undone by the engine)."""
+        self.moments["m"].copy_(self.out)
+        self.moments["error"].copy_(self.c)
+        self.server_error.copy_(self.s)

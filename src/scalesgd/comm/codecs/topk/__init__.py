@@ -1,7 +1,7 @@
 """Top-k sparsification with residuals after Ju et al. 2024 (DLGS), with Deep Gradient Compression's corrections:
 the family's options, the codec over all ranks and across nodes only; and their registration."""
 
-from scalesgd.comm.codecs.registry import CODEC_OPTIONS, CODECS, CodecEntry, CodecSettings
+from scalesgd.comm.codecs.registry import CODEC_OPTIONS, CODECS, CodecEntry, CodecOptions, CodecSettings, SparseCost
 from scalesgd.comm.codecs.topk.codec import TopkCodec, TopkOptions
 from scalesgd.comm.codecs.topk.nodes import NodeTopkCodec
 
@@ -17,12 +17,19 @@ def _topk(name: str, reuse_every: int | None = None, kind: type = TopkCodec):
     return build
 
 
+def _cost(options: CodecOptions) -> SparseCost:
+    """What the simulator costs: the density's pairs on the entries' wire."""
+    return SparseCost(options["topk"].density, options["topk"].wire)
+
+
+SPARSE = dict(family="topk", sparse=True, cost=_cost, amount="density", wire_option="topk_wire")  # every one's facts
+
 CODECS.add("topk", CodecEntry("DLGS: per-group top-k with residuals, thresholds reused (Ju et al. 2024)",
-                              _topk("topk"), family="topk", sparse=True))
+                              _topk("topk"), **SPARSE))
 CODECS.add("topk-global", CodecEntry("one exact top-k over all gradients each step", _topk("topk-global", 1),
-                                     family="topk", buckets="single", sparse=True))
+                                     buckets="single", **SPARSE))
 CODECS.add("topk-nodes", CodecEntry("top-k across nodes only: summed densely inside each node, each local rank's "
                                     "shard sparsified between nodes", _topk("topk-nodes", kind=NodeTopkCodec),
-                                    family="topk", needs_topology=True, sparse=True))
-CODECS.add("lags", CodecEntry("an exact top-k per layer each step", _topk("lags", 1), family="topk",
-                              buckets="layer", sparse=True))
+                                    needs_topology=True, **SPARSE))
+CODECS.add("lags", CodecEntry("an exact top-k per layer each step", _topk("lags", 1), buckets="layer",
+                              **SPARSE))

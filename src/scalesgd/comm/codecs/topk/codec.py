@@ -26,6 +26,7 @@ import torch
 
 from scalesgd import checks
 from scalesgd.comm.codecs.base import BucketView, Channel, Codec, Exchange, Piece, Scratch
+from scalesgd.comm.codecs.state import FlatState, Held, layout
 from scalesgd.comm.wire.compact import COMPACT, FP16_MAX, PLAIN, SPARSE_WIRES, SparseWire
 from scalesgd.comm.wire.pipeline import Steps
 from scalesgd.comm.wire.sparse import Gathered, allgather_sparse_steps, mean_of_sparse
@@ -85,25 +86,14 @@ class DgcOptions:
         return max(density ** ((epoch + 1) / (self.warmup_epochs + 1)), density)
 
 
-class _Sparse:
-    """One bucket's residual (the accumulated velocity with momentum correction), momentum, threshold, step, and
-    the parameters it holds in order (`keys`, `sizes`; None for a bucket that is not made of whole parameters)."""
+@dataclass
+class _Threshold:
+    """What a bucket's selection keeps across steps: the threshold H, the density it was taken at (-1: none yet, the
+    next selection takes one) and the bucket's steps."""
 
-    def __init__(self, numel: int, device: torch.device, momentum: bool, keys: tuple[int, ...] | None = None,
-                 sizes: tuple[int, ...] | None = None):
-        self.residual = torch.zeros(numel, device=device)
-        self.momentum = torch.zeros(numel, device=device) if momentum else None
-        self.threshold = 0.0
-        self.density = 0.0  # the density the threshold was computed for
-        self.step = 0
-        self.keys, self.sizes = keys, sizes
-
-    def pieces(self):
-        """(parameter number, its residual, its momentum) for each parameter the bucket holds."""
-        offsets = itertools.accumulate(self.sizes or (), initial=0)
-        for key, start, size in zip(self.keys or (), offsets, self.sizes or ()):
-            yield key, self.residual[start:start + size], (
-                self.momentum[start:start + size] if self.momentum is not None else None)
+    threshold: float = 0.0
+    density: float = -1.0
+    step: int = 0
 
 
 class TopkCodec(Codec):
@@ -122,8 +112,9 @@ class TopkCodec(Codec):
                  wire: str = "compact"):
         self.name, self.density, self.reuse, self.dgc = name, density, reuse, dgc
         self.wire = SPARSE_WIRES[wire]
-        self._state: dict[int, _Sparse] = {}
-        self._owner: dict[int, _Sparse] = {}  # parameter number → the bucket state holding its residual
+        # each parameter's residual (and velocity, with momentum correction), flat in its bucket's layout
+        self._flat = FlatState(("residual", "momentum") if dgc.momentum > 0 else ("residual",), torch.float32)
+        self._thresholds: dict[tuple[int, ...], _Threshold] = {}  # a bucket's parameter keys → its selection's
         self._counts = torch.zeros(4, dtype=torch.float64)  # sent, elements, Σ residual², Σ gradient²
 
     def k(self, numel: int, density: float | None = None) -> int:
@@ -137,7 +128,8 @@ class TopkCodec(Codec):
     def sparsify(self, flat: torch.Tensor, bucket: BucketView, ranks: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
         """(indices, values, whether the gradient was not finite) to send for `flat`; what is not sent stays as the
         bucket's residual."""
-        st = self._bucket(bucket, flat)
+        held, st = self._bucket(bucket, flat)
+        residual, momentum = held.tensors["residual"], held.tensors.get("momentum")
         density = self.dgc.density_at(self.density, st.step)
         st.step += 1
         if not bool(torch.isfinite(flat).all()):
@@ -145,14 +137,14 @@ class TopkCodec(Codec):
         if self.dgc.clip > 0:
             self._clip(flat, bucket, ranks)
         gradient_sq = flat.square().sum()
-        if st.momentum is None:
-            v = st.residual.add_(flat)
+        if momentum is None:
+            v = residual.add_(flat)
         elif self.dgc.average:
-            v = st.residual.add_(st.momentum.mul_(self.dgc.momentum).add_(flat, alpha=1 - self.dgc.momentum))
+            v = residual.add_(momentum.mul_(self.dgc.momentum).add_(flat, alpha=1 - self.dgc.momentum))
         elif self.dgc.nesterov:
-            v = st.residual.add_(st.momentum.add_(flat).mul_(self.dgc.momentum)).add_(flat)
+            v = residual.add_(momentum.add_(flat).mul_(self.dgc.momentum)).add_(flat)
         else:
-            v = st.residual.add_(st.momentum.mul_(self.dgc.momentum).add_(flat))
+            v = residual.add_(momentum.mul_(self.dgc.momentum).add_(flat))
         idx = self.select(v, st, density)
         values = v[idx]
         if self.wire is COMPACT:  # what fp16 holds is sent; the rounding (and any excess over its range) stays
@@ -161,15 +153,15 @@ class TopkCodec(Codec):
             values = sent
         else:
             v[idx] = 0  # what is sent leaves the residual; the rest stays
-        if st.momentum is not None and not self.dgc.average:
-            st.momentum[idx] = 0  # momentum factor masking (Adam's average is kept: with its variance frozen, what is
+        if momentum is not None and not self.dgc.average:
+            momentum[idx] = 0  # momentum factor masking (Adam's average is kept: with its variance frozen, what is
             #                       sent adds up to the dense momentum's steps, delayed, which masking would cut)
         wire_idx = idx.to(torch.int32) if flat.numel() < 2 ** 31 else idx  # 4 bytes per index on the wire
         self._counts += torch.stack([torch.tensor(float(idx.numel())), torch.tensor(float(flat.numel())),
                                      v.square().sum().double().cpu(), gradient_sq.double().cpu()])
         return wire_idx, values, False
 
-    def select(self, v: torch.Tensor, st: _Sparse, density: float | None = None) -> torch.Tensor:
+    def select(self, v: torch.Tensor, st: _Threshold, density: float | None = None) -> torch.Tensor:
         """Indices to send: the exact top-k at recompute steps, when the density changed, or when the reused H
         would let through more than MAX_DRIFT·k or fewer than k ÷ MAX_DRIFT (setting H afresh); else |v| ≥ H."""
         density = self.density if density is None else density
@@ -189,72 +181,48 @@ class TopkCodec(Codec):
         momentum is only kept (Adam's dense warm-up steps with the mean gradient, and its variance)."""
         if self.dgc.momentum <= 0:
             return
-        st = self._bucket(bucket, out)
+        momentum = self._bucket(bucket, out)[0].tensors["momentum"]
         if self.dgc.average:
-            st.momentum.mul_(self.dgc.momentum).add_(out, alpha=1 - self.dgc.momentum)
+            momentum.mul_(self.dgc.momentum).add_(out, alpha=1 - self.dgc.momentum)
         elif self.dgc.nesterov:
-            out.add_(st.momentum.add_(out).mul_(self.dgc.momentum))
+            out.add_(momentum.add_(out).mul_(self.dgc.momentum))
         else:
-            out.copy_(st.momentum.mul_(self.dgc.momentum).add_(out))
+            out.copy_(momentum.mul_(self.dgc.momentum).add_(out))
 
-    def save_bucket(self, bucket: BucketView):
-        st = self._state.get(bucket.index)
-        if st is None:
-            return None
-        return st, st.residual.clone(), None if st.momentum is None else st.momentum.clone(), (
-            st.threshold, st.density, st.step)
+    def save_bucket(self, bucket: BucketView, flat: torch.Tensor):
+        """The bucket's residual and velocity as the coming step finds them (its layout made first), and the
+        thresholds of the buckets its parameters were in."""
+        keys = set(layout(bucket)[0])
+        before = {k: (st.threshold, st.density, st.step) for k, st in self._thresholds.items() if set(k) & keys}
+        held, _ = self._bucket(bucket, flat)
+        return {name: t.clone() for name, t in held.tensors.items()}, before
 
     def restore_bucket(self, bucket: BucketView, saved) -> None:
-        """The residual, momentum, threshold and step as before the step; a bucket's first step leaves no state."""
-        if saved is None:
-            dropped = self._state.pop(bucket.index, None)
-            self._owner = {key: st for key, st in self._owner.items() if st is not dropped}
-            return
-        st, residual, momentum, (st.threshold, st.density, st.step) = saved
-        self._state[bucket.index] = st
-        st.residual.copy_(residual)
-        if momentum is not None:
-            st.momentum.copy_(momentum)
-        self._own(st)
+        tensors, before = saved
+        held = self._flat.of(bucket, next(iter(tensors.values())))
+        for name, t in tensors.items():
+            held.tensors[name].copy_(t)
+        for keys in [k for k in self._thresholds if set(k) & set(held.keys)]:
+            del self._thresholds[keys]
+        self._thresholds.update({k: _Threshold(*values) for k, values in before.items()})
 
-    def _bucket(self, bucket: BucketView, like: torch.Tensor) -> _Sparse:
-        """The bucket's state; when the bucket now holds other parameters than before (DDP rebuilds its buckets
-        after the first iteration), a new state that carries each parameter's residual and momentum over."""
-        keys = tuple(bucket.keys) if bucket.params else None
-        st = self._state.get(bucket.index)
-        if st is not None and st.residual.numel() == like.numel() and (st.keys == keys or st.keys is None):
-            if st.keys is None and keys is not None:  # a state saved before buckets were keyed: adopt these
-                st.keys, st.sizes = keys, tuple(p.numel() for p in bucket.params)
-                self._own(st)
-            return st
-        st = self._state[bucket.index] = _Sparse(like.numel(), like.device, self.dgc.momentum > 0, keys,
-                                                 tuple(p.numel() for p in bucket.params) if keys else None)
-        if keys is not None:
-            self._carry_over(st)
-        return st
-
-    def _carry_over(self, st: _Sparse) -> None:
-        """Fill a new bucket state from the states that held its parameters. The same parameters in another order
-        (DDP's first bucket, then its rebuilt one, also after a resume) keep their threshold and step; any other
-        regrouping computes a threshold afresh."""
-        before = {id(owner): owner for owner in (self._owner.get(key) for key in st.keys) if owner is not None}
-        for key, residual, momentum in st.pieces():
-            if key not in self._owner:
-                continue
-            _, old_residual, old_momentum = next(piece for piece in self._owner[key].pieces() if piece[0] == key)
-            residual.copy_(old_residual)
-            if momentum is not None and old_momentum is not None:
-                momentum.copy_(old_momentum)
-        (same,) = before.values() if len(before) == 1 else (None,)
-        if same is not None and set(same.keys) == set(st.keys):
-            st.threshold, st.density, st.step = same.threshold, same.density, same.step
-        else:  # density -1: no threshold yet, the next selection sets one
-            st.step, st.density = max((owner.step for owner in before.values()), default=0), -1.0
-        self._own(st)
-
-    def _own(self, st: _Sparse) -> None:
-        for key in st.keys or ():
-            self._owner[key] = st
+    def _bucket(self, bucket: BucketView, like: torch.Tensor) -> tuple[Held, _Threshold]:
+        """The bucket's residual and selection state. A bucket of other parameters than before (DDP rebuilds its
+        buckets after the first step, also after a resume) carries each parameter's residual over; the same
+        parameters in another order keep their threshold and step, any other regrouping takes a threshold afresh."""
+        held = self._flat.of(bucket, like)
+        st = self._thresholds.get(held.keys)
+        if st is None or held.new:
+            owners = [keys for keys in self._thresholds if set(keys) & set(held.keys)]
+            if len(owners) == 1 and set(owners[0]) == set(held.keys):
+                same = self._thresholds[owners[0]]
+                st = _Threshold(same.threshold, same.density, same.step)
+            else:
+                st = _Threshold(step=max((self._thresholds[k].step for k in owners), default=0))
+            for keys in owners:
+                del self._thresholds[keys]
+            self._thresholds[held.keys] = st
+        return held, st
 
     def _clip(self, flat: torch.Tensor, bucket: BucketView, ranks: int) -> None:
         """DGC's local clipping: each tensor's gradient to norm clip·ranks^(−1/2), before it accumulates."""
@@ -272,25 +240,35 @@ class TopkCodec(Codec):
                 "topk_residual_ratio": math.sqrt(residual_sq / gradient_sq) if gradient_sq else 0.0}
 
     def state_dict(self) -> dict:
-        return {"buckets": {i: {"residual": s.residual, "momentum": s.momentum, "threshold": s.threshold,
-                                "density": s.density, "step": s.step,
-                                "keys": list(s.keys) if s.keys is not None else None,
-                                "sizes": list(s.sizes) if s.sizes is not None else None}
-                            for i, s in self._state.items()}}
+        """Each parameter's residual and velocity, and each bucket's threshold by its parameters' keys."""
+        return {"flat": self._flat.state_dict(),
+                "thresholds": [{"keys": list(keys), "threshold": st.threshold, "density": st.density, "step": st.step}
+                               for keys, st in sorted(self._thresholds.items())]}
 
     def load_state_dict(self, state: dict) -> None:
-        self._state, self._owner = {}, {}
-        for i, saved in state["buckets"].items():
-            keys, sizes = saved.get("keys"), saved.get("sizes")
-            st = self._state[int(i)] = _Sparse(saved["residual"].numel(), saved["residual"].device,
-                                               saved["momentum"] is not None,
-                                               tuple(int(k) for k in keys) if keys is not None else None,
-                                               tuple(int(n) for n in sizes) if sizes is not None else None)
-            st.residual.copy_(saved["residual"])
-            if st.momentum is not None:
-                st.momentum.copy_(saved["momentum"])
-            st.threshold, st.density, st.step = float(saved["threshold"]), float(saved["density"]), int(saved["step"])
-            self._own(st)
+        if "buckets" in state:  # saved by bucket (before state was keyed by parameter): each bucket's keys say whose
+            state = _by_parameter(state["buckets"])
+        self._flat.load_state_dict(state["flat"])
+        self._thresholds = {tuple(int(k) for k in saved["keys"]): _Threshold(
+            float(saved["threshold"]), float(saved["density"]), int(saved["step"])) for saved in state["thresholds"]}
+
+
+def _by_parameter(buckets: dict) -> dict:
+    """A state saved by bucket index, as `TopkCodec.state_dict` keys it now: each parameter's slices, each bucket's
+    threshold under its parameters' keys (a bucket saved without them under its index, as a region)."""
+    params, regions, thresholds = {}, [], []
+    for index, saved in buckets.items():
+        names = [n for n in ("residual", "momentum") if saved.get(n) is not None]
+        keys, sizes = saved.get("keys"), saved.get("sizes")
+        if keys is None:
+            keys = [-1 - int(index)]
+            regions.append({"keys": keys, **{n: saved[n] for n in names}})
+        else:
+            for key, start, size in zip(keys, itertools.accumulate(sizes, initial=0), sizes):
+                params[int(key)] = {n: saved[n][start:start + size] for n in names}
+        thresholds.append({"keys": keys, "threshold": saved["threshold"], "density": saved["density"],
+                           "step": saved["step"]})
+    return {"flat": {"params": params, "regions": regions}, "thresholds": thresholds}
 
 
 class TopkExchange(Exchange):

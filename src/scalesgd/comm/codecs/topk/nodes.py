@@ -25,12 +25,36 @@ class NodeTopkCodec(TopkCodec):
     """`TopkCodec` on this rank's shard of its node's dense sum, exchanged with the same shard's owners on other
     nodes. Every collective runs in the transfer, on the engine's communication thread."""
 
-    needs_topology = True
     encode_in_backward = False  # the selection needs the node sum, a collective
     cross_node_bytes = 0  # what the last bucket's sparse step sent between nodes
 
     def start(self, flat: torch.Tensor, bucket: BucketView, channel: Channel, scratch: Scratch) -> Exchange:
         return NodeTopkExchange(self, flat, bucket, channel)
+
+    def save_bucket(self, bucket: BucketView, flat: torch.Tensor):
+        """This rank's shard of the bucket as the coming step finds it (None: it has none yet)."""
+        keys = shard_keys(bucket)
+        held, st = self._flat.find(keys), self._thresholds.get(keys)
+        if held is None or st is None:
+            return None
+        return {name: t.clone() for name, t in held.tensors.items()}, (st.threshold, st.density, st.step)
+
+    def restore_bucket(self, bucket: BucketView, saved) -> None:
+        keys = shard_keys(bucket)
+        if saved is None:  # the shard's first step: it leaves no state
+            self._flat.drop(keys)
+            self._thresholds.pop(keys, None)
+            return
+        tensors, scalars = saved
+        held, st = self._flat.find(keys), self._thresholds[keys]
+        for name, t in tensors.items():
+            held.tensors[name].copy_(t)
+        st.threshold, st.density, st.step = scalars
+
+
+def shard_keys(bucket: BucketView) -> tuple[int, ...]:
+    """What this rank's shard of a bucket is kept under: the bucket's parameter keys (its index where it has none)."""
+    return tuple(bucket.keys) or (-1 - bucket.index,)
 
 
 class NodeTopkExchange(Exchange):
@@ -52,7 +76,7 @@ class NodeTopkExchange(Exchange):
         if shard.numel() == 0:  # a bucket smaller than the node's ranks: this rank owns none of it
             idx, values, not_finite = shard.new_empty(0, dtype=torch.int32), shard.new_empty(0), False
         else:
-            view = BucketView(self.bucket.index, [], [], shard.numel())
+            view = BucketView(self.bucket.index, [], [], shard.numel(), shard_keys(self.bucket))
             idx, values, not_finite = self.codec.sparsify(shard, view, self.ranks)
         gathered = yield from allgather_sparse_steps(idx, values, groups.cross_group, not_finite, piece.tag,
                                                      self.codec.wire, shard.numel())
@@ -65,7 +89,10 @@ class NodeTopkExchange(Exchange):
             mine.div_(topology.procs_per_node)
         pieces = [torch.empty_like(mine) for _ in range(topology.procs_per_node)]
         yield [dist.all_gather(pieces, mine, group=groups.node_group, async_op=True)]
-        flat.copy_(torch.cat(pieces)[:flat.numel()])
+        if any(piece.numel() and not torch.isfinite(piece[:1]).all() for piece in pieces):
+            flat.fill_(math.nan)  # a shard was flagged (all of it NaN): the whole bucket, as every codec does
+        else:
+            flat.copy_(torch.cat(pieces)[:flat.numel()])
         return gathered.sent + 2 * node_bytes  # the node sum, and the gather of the shards
 
 

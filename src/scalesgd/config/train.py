@@ -1,0 +1,153 @@
+"""`scalesgd train`'s configuration: one object of namespaces — data, model, recipe, exchange, runtime, output — each
+option declared once in its namespace beside its help and accepted values, validated once here.
+
+The command line is generated from the fields (`scalesgd.options`) with flat names (`--batch-size`, `batch_size`),
+the same object is saved as config.json under those names (so a run directory of any version resumes), and every
+bad-input error of a training run comes from `validate`, naming options in backticks (the CLI shows them as
+--flags).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from scalesgd import checks
+from scalesgd.comm.codecs import CodecSettings
+from scalesgd.comm.config import ExchangeConfig
+from scalesgd.comm.engine.exchange import ExchangeSetup
+from scalesgd.config import rules
+from scalesgd.config.output import OutputConfig
+from scalesgd.data import DATASETS, DataRequest
+from scalesgd.data.config import DataConfig
+from scalesgd.errors import UsageError
+from scalesgd.models.config import ModelConfig
+from scalesgd.options import build, check_fields, flat_options, flatten, nested, parse, refuse, runtime_fields
+from scalesgd.recipe.config import RecipeConfig
+from scalesgd.config.runtime import RuntimeConfig
+from scalesgd.trace import Tracer
+
+# options a resumed run may change (with a warning: it is no longer exact); --epochs only to more, --workers
+# with the same global batch (the sampler cuts the same global batches; codec state is averaged over the old ranks)
+RESUME_MAY_CHANGE = ("base_lr", "epochs", "workers")
+TUPLES = ("milestones", "auto_codecs", "betas")  # options whose values config.json holds as lists
+
+
+@dataclass
+class TrainConfig:
+    """Everything `scalesgd train` needs, by namespace; the same object is saved as config.json and in checkpoints."""
+
+    data: DataConfig = nested(DataConfig, "data")
+    model: ModelConfig = nested(ModelConfig, "model")
+    recipe: RecipeConfig = nested(RecipeConfig, "recipe")
+    exchange: ExchangeConfig = nested(ExchangeConfig, "exchange")
+    runtime: RuntimeConfig = nested(RuntimeConfig, "runtime")
+    output: OutputConfig = nested(OutputConfig, "output")
+
+    # ---- what the options imply together --------------------------------------------------------
+    @property
+    def per_worker_batch(self) -> int:
+        """Samples each worker contributes to a step (over all its micro-batches)."""
+        return self.recipe.batch_size // self.runtime.workers
+
+    @property
+    def micro_batch(self) -> int:
+        """Samples of one forward and backward on one worker."""
+        return self.per_worker_batch // self.recipe.accumulate
+
+    def data_request(self) -> DataRequest:
+        """What the run asks of its dataset."""
+        return self.data.request(self.model.sequence_length, self.recipe.seed)
+
+    def train_size(self) -> int:
+        """Training-set size, known without loading the data."""
+        return DATASETS[self.data.dataset].train_size(self.data_request())
+
+    @property
+    def measures_noise(self) -> bool:
+        """Whether the run counts the gradient norms the noise scale needs (asked for, or AdaScale's gain)."""
+        return self.output.noise_scale or self.recipe.lr_scaling == "adascale"
+
+    def compress_after_steps(self, steps_per_epoch: int) -> int:
+        """The dense steps before compression, from STEPS, EPOCHSep or warmup (the end of the rate's warmup)."""
+        return self.exchange.compress_after_steps(steps_per_epoch, self.recipe.warmup_steps(steps_per_epoch))
+
+    def codec_settings(self, steps_per_epoch: int = 1) -> CodecSettings:
+        """What this run's codecs are built with: each family's options and the run's seed, epoch and momentum."""
+        adam = self.recipe.optimizer == "adamw"  # Adam's momentum, where an exchange carries it
+        r = self.recipe
+        return self.exchange.codec_settings(r.seed, steps_per_epoch, r.betas[0] if adam else r.momentum, r.nesterov,
+                                            adam)
+
+    def build_optimizer(self, model: nn.Module, steps_per_epoch: int = 1):
+        """The recipe's optimizer for `model` (the loop's, and auto's trial copies'), for epochs of `steps_per_epoch`
+        steps: the momentum left to the exchange where DGC's correction carries it."""
+        return self.recipe.build_optimizer(
+            model, momentum_in_exchange=self.exchange.codec_options["topk"].momentum_correction,
+            freeze_step=self.compress_after_steps(steps_per_epoch))
+
+    def exchange_setup(self, group=None, topology=None, tracer: Tracer | None = None, plan=None,
+                       steps_per_epoch: int = 1, norms=None) -> ExchangeSetup:
+        """How this run's gradients travel, in the given groups (`plan`: the planner's buckets; `norms`: where
+        the squared gradient norms are counted)."""
+        return self.exchange.setup(self.codec_settings(steps_per_epoch), self.compress_after_steps(steps_per_epoch),
+                                   self.recipe.precision, group, topology, tracer, plan, norms)
+
+    # ---- saving and resuming ---------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        """Every option by its flat name (a codec family's as `fp8_headroom`), lists for tuples: config.json."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in flatten(self).items()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TrainConfig:
+        """The config `to_dict` wrote, or the options the command line gave (by flat name)."""
+        known = {flat.name for flat in flat_options(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise UsageError(f"unknown configuration keys {unknown}; this version accepts {sorted(known)}")
+        d = dict(d)
+        if d.get("milestones") is not None:
+            d["milestones"] = tuple(float(m) for m in d["milestones"])
+        for key in TUPLES[1:]:  # lists in JSON
+            if d.get(key) is not None:
+                d[key] = tuple(d[key])
+        return build(cls, d)
+
+    @classmethod
+    def of(cls, **options) -> TrainConfig:
+        """A config with these options, by flat name (`batch_size`, `codec`, `fp8_headroom`), the rest at their
+        defaults; not validated."""
+        return cls.from_dict(options)
+
+    def replaced(self, **options) -> TrainConfig:
+        """A copy with these options changed, named as `to_dict` names them (`density`, `fp8_headroom`, …)."""
+        return TrainConfig.from_dict({**self.to_dict(), **options})
+
+    @classmethod
+    def from_argv(cls, argv: list[str]) -> TrainConfig:
+        """The validated configuration that `scalesgd train ARGV` would run (UsageError otherwise)."""
+        return cls.from_dict(parse(cls, list(argv), "scalesgd train")).validate()
+
+    def incompatible_with(self, stored: TrainConfig) -> list[str]:
+        """Names of the options that differ from a stored run's and that a resumed run cannot take."""
+        runtime, mine, theirs = runtime_fields(type(self)), flatten(self), flatten(stored)
+        return [name for name in mine if name not in runtime and name not in RESUME_MAY_CHANGE
+                and mine[name] != theirs[name]]
+
+    def inexact_changes(self, stored: TrainConfig) -> list[str]:
+        """Of the options a resumed run may change (`RESUME_MAY_CHANGE`), those that differ from the stored run's:
+        the run continues, but no longer as the uninterrupted one would have."""
+        mine, theirs = flatten(self), flatten(stored)
+        return [name for name in RESUME_MAY_CHANGE if mine[name] != theirs[name]]
+
+    # ---- validation ------------------------------------------------------------------------------
+    def validate(self) -> TrainConfig:
+        """Raise UsageError naming the first bad value (as `field`) and what is accepted: each option's own check,
+        then the rules between options (`scalesgd.config.rules`)."""
+        check_fields(self)
+        refuse("master_port", self.runtime.master_port,
+               checks.master_port(self.runtime.master_addr, self.runtime.master_port))
+        for rule in (rules.exchange, rules.batch, rules.schedule, rules.data):
+            rule(self)
+        return self

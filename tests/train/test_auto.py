@@ -1,0 +1,109 @@
+"""`--exchange auto`: every rank measures, rank 0 decides, every rank uses the same choice."""
+
+import json
+
+import torch
+
+from scalesgd.comm.codecs import CodecSettings, TopkOptions
+from scalesgd.models import build_model
+from scalesgd.comm.codecs import CODECS
+from scalesgd.config import TrainConfig
+from scalesgd.train import auto
+from scalesgd.train.auto import FINALIST_MARGIN, FINALISTS, PLANS, RESOLUTION, Decision, decide, finalists, pick
+from tests.spawn_util import run_workers
+
+
+def _decide(rank, world):
+    torch.manual_seed(0)
+    model = build_model("resnet8", 10, 3)
+    batch = (torch.randn(4, 3, 8, 8), torch.randint(0, 10, (4,)))
+    decision = decide(model, batch, torch.nn.functional.cross_entropy,
+                      ("fp32", "lowrank-acp", "ddp-fp16", "topk-global"), CodecSettings(TopkOptions(density=0.01)),
+                      "ring", None, None, 1, 4)
+    return decision.to_dict()
+
+
+def test_every_rank_gets_rank_zeros_choice_of_the_fastest_candidate():
+    first, second = run_workers(_decide, 2)
+    assert first == second
+    table = first["candidates"]
+    # every plan for our codecs, DDP's own buckets for its fp16 hook, topk-global's own rule (one bucket)
+    assert sorted((r["codec"], r["buckets"]) for r in table) == sorted(
+        [(c, p) for c in ("fp32", "lowrank-acp") for p in PLANS] + [("ddp-fp16", "ddp"), ("topk-global", "single")])
+    fastest = min(r["iteration_s"] for r in table)
+    tied = [r for r in table if r["iteration_s"] <= fastest * (1 + RESOLUTION)]
+    chosen = next(r for r in table if (r["codec"], r["buckets"]) == (first["codec"], first["buckets"]))
+    assert chosen in tied and chosen["buckets_n"] == min(r["buckets_n"] for r in tied)
+    assert first["predicted_s"] == chosen["iteration_s"] and len(first["groups"]) == chosen["buckets_n"]
+    assert sorted(i for g in first["groups"] for i in g) == list(range(len(list(build_model("resnet8", 10, 3)
+                                                                               .parameters()))))
+    assert (first["finalists"][0]["codec"], first["finalists"][0]["buckets"]) == (first["codec"], first["buckets"])
+    assert all(f["predicted_s"] <= first["predicted_s"] * (1 + FINALIST_MARGIN) for f in first["finalists"])
+    json.dumps(first)  # what summary.json and auto.json hold
+
+
+def test_a_tie_goes_to_the_fewest_buckets():
+    table = [{"iteration_s": 1.00, "groups": [[3], [2], [1], [0]]}, {"iteration_s": 1.02, "groups": [[3, 2, 1, 0]]},
+             {"iteration_s": 1.50, "groups": []}]
+    assert pick(table) is table[1]
+    table[1]["iteration_s"] = 1.2  # no longer within the model's resolution
+    assert pick(table) is table[0]
+
+
+def _row(codec, seconds, buckets=1):
+    return {"codec": codec, "buckets": f"size:{buckets}", "iteration_s": seconds, "groups": [[0]] * buckets}
+
+
+def test_finalists_are_the_best_plan_of_each_codec_the_model_cannot_rank_apart():
+    table = [_row("fp32", 1.00, 4), _row("fp16", 0.90), _row("fp16", 0.91, 4), _row("fp8", 1.10), _row("bf16", 1.20),
+             _row("topk", 2.00)]
+    best = pick(table)
+    assert best is table[1]
+    chosen = finalists(table, best)
+    assert [r["codec"] for r in chosen] == ["fp16", "fp32", "fp8"][:FINALISTS]
+    assert chosen[0] is best and all(r["iteration_s"] <= 0.90 * (1 + FINALIST_MARGIN) for r in chosen)
+    assert finalists([_row("fp16", 1.0), _row("fp8", 1.0 * (1 + FINALIST_MARGIN) + 0.01)], _row("fp16", 1.0)) \
+        == [_row("fp16", 1.0)]  # nothing close: the model's choice stands untried
+    close = [_row(c, 0.90 + i / 100) for i, c in enumerate(("fp16", "fp8", "bf16", "lowrank", "lowrank-acp", "ddp"))]
+    assert [r["codec"] for r in finalists(close, close[0])] == ["fp16", "fp8", "bf16", "lowrank", "lowrank-acp",
+                                                                "ddp"][:FINALISTS - 1] + ["ddp"]  # not compressing too
+
+
+def test_a_trial_picks_the_finalist_measured_fastest_and_keeps_every_measurement():
+    rows = [{"codec": c, "buckets": "size:1", "groups": [[i]], "predicted_s": p}
+            for i, (c, p) in enumerate([("fp16", 0.9), ("fp32", 1.0), ("fp8", 1.1)])]
+    decision = Decision("fp16", "size:1", [[0]], 0.9, [], rows)
+    tried = decision.tried([1.3, 1.2, 1.25])
+    assert (tried.codec, tried.groups, tried.predicted_s, tried.measured_s) == ("fp32", [[1]], 1.0, 1.2)
+    assert [f["measured_s"] for f in tried.finalists] == [1.3, 1.2, 1.25]
+    assert Decision.from_dict(json.loads(json.dumps(tried.to_dict()))) == tried
+
+
+def _trial_ddp_and_ours(rank, world):
+    torch.manual_seed(0)
+    model = build_model("resnet8", 10, 3)
+    batches = [(torch.randn(4, 3, 8, 8), torch.randint(0, 10, (4,)))]
+    cfg = TrainConfig.from_dict({"workers": world, "model": "resnet8", "batch_size": 4 * world})
+    engines = []
+    step = auto._step
+
+    def counted(exchange, *args):
+        engines.append(type(exchange).__name__)
+        return step(exchange, *args)
+
+    auto._step = counted
+    finals = [{"codec": "ddp-powersgd", "buckets": "ddp", "groups": [list(range(len(list(model.parameters()))))[::-1]]},
+              {"codec": "lowrank", "buckets": "single", "groups": [list(range(len(list(model.parameters()))))[::-1]]}]
+    before = [p.detach().clone() for p in model.parameters()]
+    times = auto.trial(cfg, model, batches, torch.nn.functional.cross_entropy,
+                       type("Env", (), {"topology_groups": None})(), finals)
+    unchanged = all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    return times, engines.count("DdpExchange"), engines.count("EngineExchange"), unchanged
+
+
+def test_a_trial_runs_ddps_powersgd_past_its_plain_start_beside_ours_and_leaves_the_model_alone():
+    for times, on_ddp, on_ours, unchanged in run_workers(_trial_ddp_and_ours, 2):
+        timed = auto.TRIAL_ROUNDS * auto.TRIAL_PER_ROUND
+        assert len(times) == 2 and all(t > 0 for t in times)
+        assert on_ddp == auto.TRIAL_WARMUP + CODECS["powersgd"].warm_start + timed  # timed only once compressing
+        assert on_ours == auto.TRIAL_WARMUP + timed and unchanged
