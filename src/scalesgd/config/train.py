@@ -1,5 +1,5 @@
-"""`scalesgd train`'s configuration: one object of namespaces — data, model, recipe, exchange, runtime, output — each
-option declared once in its namespace beside its help and accepted values, validated once here.
+"""`scalesgd train`'s configuration: one object of namespaces — data, model, recipe, exchange, runtime, output —
+each option declared once in its namespace beside its help and accepted values, validated once here.
 
 The command line is generated from the fields (`scalesgd.options`) with flat names (`--batch-size`, `batch_size`),
 the same object is saved as config.json under those names (so a run directory of any version resumes), and every
@@ -31,7 +31,7 @@ from scalesgd.trace import Tracer
 # options a resumed run may change (with a warning: it is no longer exact); --epochs only to more, --workers
 # with the same global batch (the sampler cuts the same global batches; codec state is averaged over the old ranks)
 RESUME_MAY_CHANGE = ("base_lr", "epochs", "workers")
-TUPLES = ("milestones", "auto_codecs", "betas")  # options whose values config.json holds as lists
+LISTS = ("auto_codecs", "betas")  # options of words or numbers that config.json holds as lists (and milestones)
 
 
 @dataclass
@@ -109,7 +109,7 @@ class TrainConfig:
         d = dict(d)
         if d.get("milestones") is not None:
             d["milestones"] = tuple(float(m) for m in d["milestones"])
-        for key in TUPLES[1:]:  # lists in JSON
+        for key in LISTS:
             if d.get(key) is not None:
                 d[key] = tuple(d[key])
         return build(cls, d)

@@ -257,3 +257,17 @@ def test_after_the_freeze_it_sends_a_32nd_of_fp32s_bytes(ranks):
     for onebit, fp32 in (rank["bytes"] for rank in ranks):
         assert fp32 == 4 << 20  # the ring: 2 · (W − 1)/W · 4 bytes per element
         assert onebit <= fp32 / 16 and onebit / fp32 < 1 / 31.5, onebit / fp32
+
+
+def test_a_state_saved_before_the_moments_were_kept_flat_loads():
+    """A checkpoint whose m and e_w are listed by parameter at the top: each parameter takes its own back."""
+    old = {"params": {0: {"m": torch.full((20,), 2.0), "error": torch.full((20,), 3.0)},
+                      1: {"m": torch.full((13,), 4.0), "error": torch.zeros(13)}},
+           "server": [{"keys": [0, 1], "ranks": 1, "error": torch.ones(33)}]}
+    codec = OnebitCodec(0.9, 8)
+    codec.load_state_dict(old)
+    params = [torch.zeros(20), torch.zeros(13)]
+    moments = codec.moments(view_of(params), torch.zeros(33))
+    assert torch.equal(moments["m"], torch.cat([torch.full((20,), 2.0), torch.full((13,), 4.0)]))
+    assert torch.equal(moments["error"][:20], torch.full((20,), 3.0))
+    assert torch.equal(codec.server_error(view_of(params), 1, torch.zeros(33), 33), torch.ones(33))

@@ -258,3 +258,20 @@ def test_adams_momentum_in_the_exchange_is_adamw_with_its_variance_frozen():
     carried = run_workers(adam_with_momentum_in_the_exchange, 2, True)[0]
     frozen = run_workers(adam_with_momentum_in_the_exchange, 2, False)[0]
     assert torch.allclose(carried, frozen, atol=1e-5)
+
+
+def test_a_state_saved_by_bucket_index_loads_by_parameter():
+    """A checkpoint from before state was kept by parameter: each bucket's keys say whose residual is whose."""
+    residual, momentum = torch.arange(5.0), -torch.arange(5.0)
+    old = {"buckets": {3: {"residual": residual, "momentum": momentum, "threshold": 0.5, "density": 0.1, "step": 7,
+                           "keys": [4, 2], "sizes": [3, 2]}}}
+    codec = TopkCodec("topk", density=0.1, dgc=DgcOptions(momentum=0.9))
+    codec.load_state_dict(old)
+    state = codec.state_dict()
+    assert torch.equal(state["flat"]["params"][4]["residual"], residual[:3])
+    assert torch.equal(state["flat"]["params"][2]["momentum"], momentum[3:])
+    assert state["thresholds"] == [{"keys": [4, 2], "threshold": 0.5, "density": 0.1, "step": 7}]
+    params = [torch.zeros(3), torch.zeros(2)]
+    view = BucketView(0, params, [0, 3], 5, (4, 2))  # the same parameters, under another index now
+    held, st = codec._bucket(view, torch.zeros(5))
+    assert torch.equal(held.tensors["residual"], residual) and st.step == 7
