@@ -19,6 +19,16 @@ def exchange(codec: Codec, flat: torch.Tensor, view: BucketView, channel: Channe
     return BucketDriver(codec, channel).exchange(flat, view)
 
 
+class Unscaled:
+    """fp16's gradient scaler as the driver sees it, at scale 1: a step whose sum is not finite is skipped."""
+
+    def get_scale(self) -> float:
+        return 1.0
+
+    def is_enabled(self) -> bool:
+        return True
+
+
 def same_state(a, b) -> bool:
     """Nested states equal value by value (tensors bit for bit)."""
     if isinstance(a, torch.Tensor):

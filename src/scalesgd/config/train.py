@@ -75,8 +75,8 @@ class TrainConfig:
 
     def codec_settings(self, steps_per_epoch: int = 1) -> CodecSettings:
         """What this run's codecs are built with: each family's options and the run's seed, epoch and momentum."""
-        adam = self.recipe.optimizer == "adamw"  # Adam's momentum, where an exchange carries it
         r = self.recipe
+        adam = r.optimizer == "adamw"  # Adam's momentum, where an exchange carries it
         return self.exchange.codec_settings(r.seed, steps_per_epoch, r.betas[0] if adam else r.momentum, r.nesterov,
                                             adam)
 

@@ -1,5 +1,5 @@
 """`scalesgd train`'s recipe options: the global batch and its micro-batches, the arithmetic, the rate and how it
-is scaled, warmed up and decayed, the optimizer and its decay, BN's statistics, the seed; and what they build: the
+is scaled, warmed up and decayed, the optimizer and its decay, BN's statistics, the random seed; and what they build: the
 rate schedule and the optimizer."""
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ rank; WIRE the low-rank codec's factor wire, or how a sparse codec's entries tra
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from scalesgd.comm.codecs import CODECS, CodecOptions
@@ -39,9 +40,10 @@ class Mode:
         """The training options this mode sets beyond its codec, by flat name: its amount and wire."""
         return dict(self.given)
 
-    @property
+    @cached_property
     def options(self) -> CodecOptions:
-        """Every codec option this mode runs with: what the simulator costs it by."""
+        """Every codec option this mode runs with: what the simulator costs it by (built once: every bucket's
+        prediction reads it)."""
         if not self.given and self.base is not None:
             return self.base
         return options_from_flat({**(flat_codec_options(self.base) if self.base is not None else {}),

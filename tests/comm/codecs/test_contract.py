@@ -12,21 +12,11 @@ from scalesgd.comm.codecs import CODECS, Channel, make_codec
 from scalesgd.comm.codecs.registry import needs_topology
 from scalesgd.comm.engine.driver import BucketDriver
 from scalesgd.comm.wire.topology import Topology
-from tests.comm.exchanging import same_state, view_of
+from tests.comm.exchanging import Unscaled, same_state, view_of
 from tests.spawn_util import run_workers
 
 SHAPES = [(32, 24), (24,), (16, 12)]  # a matrix lowrank factors, a bias, one too small to factor
 BUILT = [name for name, entry in CODECS.items() if entry.build is not None]
-
-
-class Unscaled:
-    """fp16's gradient scaler as the driver sees it, at scale 1: a step whose sum is not finite is skipped."""
-
-    def get_scale(self) -> float:
-        return 1.0
-
-    def is_enabled(self) -> bool:
-        return True
 
 
 def gradient(rank: int, step: int) -> torch.Tensor:

@@ -158,7 +158,7 @@ def needs_topology(codec: Codec) -> bool:
 
 
 @dataclass
-class _Held:
+class _AllFamilies:
     """Every family's options as one config, so flat names (`density`, `fp8_headroom`) build and check them."""
 
     options: CodecOptions = expanded(CODEC_OPTIONS.items, CodecOptions, lambda held, family: held[family])
@@ -167,19 +167,19 @@ class _Held:
 def options_from_flat(values: dict) -> CodecOptions:
     """Codec options from values by flat name (`density`, `lowrank_min_rate`), the others at their defaults, each
     family's checks run (UsageError naming the option by its flat name)."""
-    held = build(_Held, values)
+    held = build(_AllFamilies, values)
     check_fields(held)
     return held.options
 
 
 def flat_codec_options(options: CodecOptions) -> dict:
     """Codec options by flat name: what `options_from_flat` reads back."""
-    return flatten(_Held(options))
+    return flatten(_AllFamilies(options))
 
 
 def codec_option(name: str) -> Flat:
     """A codec option by its flat name (KeyError where none has it)."""
-    return {flat.name: flat for flat in flat_options(_Held)}[name]
+    return {flat.name: flat for flat in flat_options(_AllFamilies)}[name]
 
 
 # ---- the schedule a codec starts with, in steps ------------------------------------------------------------------

@@ -30,13 +30,15 @@ class Held:
     new: bool = True
 
 
-def layout(bucket: BucketView) -> tuple[tuple[int, ...], list[tuple[int, int, int]]]:
-    """The keys a bucket's state is held under and (key, offset, size) of each parameter in it; a view without
-    parameters is one region, keyed by its keys (or its index), cut into no parameters."""
-    if bucket.params:
-        return tuple(bucket.keys), [(key, start, p.numel())
-                                    for key, start, p in zip(bucket.keys, bucket.offsets, bucket.params)]
-    return (tuple(bucket.keys) or (-1 - bucket.index,)), []
+def keys_of(bucket: BucketView) -> tuple[int, ...]:
+    """The keys a bucket's state is held under: its parameters' (a view without parameters, a region, is held
+    under its bucket's, or its index where it has none)."""
+    return tuple(bucket.keys) or (-1 - bucket.index,)
+
+
+def parameters_of(bucket: BucketView) -> list[tuple[int, int, int]]:
+    """(key, offset, size) of each parameter in a bucket; none for a region."""
+    return [(key, start, p.numel()) for key, start, p in zip(bucket.keys, bucket.offsets, bucket.params)]
 
 
 class FlatState:
@@ -52,11 +54,12 @@ class FlatState:
     def of(self, bucket: BucketView, like: torch.Tensor) -> Held:
         """The bucket's state; made now (zeros, or each parameter's kept and loaded slices carried over) when the
         bucket holds other parameters than any before."""
-        keys, params = layout(bucket)
+        keys = keys_of(bucket)
         held = self._held.get(keys)
         if held is not None and all(t.numel() == like.numel() for t in held.tensors.values()):
             held.new = False
             return held
+        params = parameters_of(bucket)  # only where the layout is made: the step's path is the lookup above
         dtype = like.dtype if self.dtype is None else torch.promote_types(like.dtype, self.dtype)
         held = Held(keys, {name: torch.zeros(like.numel(), dtype=dtype, device=like.device) for name in self.names})
         loaded = self._loaded.pop(keys, None) if not params else None  # a region comes back whole

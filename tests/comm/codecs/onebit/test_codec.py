@@ -21,7 +21,7 @@ from scalesgd.comm.wire.bits import pack, unpack
 from scalesgd.comm.wire.collectives import chunk_bounds
 from scalesgd.errors import UsageError
 from scalesgd.optim.onebit_adam import OneBitAdam
-from tests.comm.exchanging import exchange, same_state, view_of
+from tests.comm.exchanging import Unscaled, exchange, same_state, view_of
 from tests.spawn_util import run_workers
 
 D, N, STEPS, CHUNK = 37, 4, 10, 8  # 37 weights: parts of 19 and 18, chunks of 8, 8 and a short one
@@ -133,16 +133,6 @@ def ddp_run(rank):
         trace.append(weights(model))
     state.close()
     return trace
-
-
-class Unscaled:
-    """fp16's gradient scaler as the engine sees it, at scale 1: a step whose sum is not finite is skipped."""
-
-    def get_scale(self) -> float:
-        return 1.0
-
-    def is_enabled(self) -> bool:
-        return True
 
 
 def not_finite(rank):

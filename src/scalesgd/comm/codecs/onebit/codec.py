@@ -38,7 +38,7 @@ import torch.distributed as dist
 from scalesgd import checks
 from scalesgd.comm.codecs.base import BucketView, Channel, Codec, Exchange, Piece, Scratch
 from scalesgd.comm.codecs.onebit.signs import Message
-from scalesgd.comm.codecs.state import FlatState, layout
+from scalesgd.comm.codecs.state import FlatState, keys_of
 from scalesgd.comm.wire.collectives import chunk_bounds, post
 from scalesgd.comm.wire.pipeline import Steps
 from scalesgd.options import option
@@ -92,7 +92,7 @@ class OnebitCodec(Codec):
     def server_error(self, bucket: BucketView, ranks: int, like: torch.Tensor, length: int) -> torch.Tensor:
         """This rank's e_s of the bucket's part it serves (`length` elements), kept under the bucket's parameter keys
         and the number of ranks: zeros for a bucket or a group it has not served."""
-        key = (self._moments.of(bucket, like).keys, ranks)
+        key = (keys_of(bucket), ranks)
         error = self._server.get(key)
         if error is None or error.numel() != length:
             dtype = torch.promote_types(like.dtype, torch.float32)
@@ -104,7 +104,7 @@ class OnebitCodec(Codec):
     def save_bucket(self, bucket: BucketView, flat: torch.Tensor):
         """The bucket's m and e_w as the coming step finds them (its layout made first), and every e_s of the buckets
         its parameters were in."""
-        keys = set(layout(bucket)[0])
+        keys = set(keys_of(bucket))
         server = {k: e.clone() for k, e in self._server.items() if set(k[0]) & keys}
         return {name: t.clone() for name, t in self.moments(bucket, flat).items()}, server
 
@@ -113,7 +113,7 @@ class OnebitCodec(Codec):
         held = self.moments(bucket, next(iter(moments.values())))
         for name, t in moments.items():
             held[name].copy_(t)
-        keys = set(layout(bucket)[0])
+        keys = set(keys_of(bucket))
         self._server = {k: e for k, e in self._server.items() if not set(k[0]) & keys} | server
 
     def state_dict(self) -> dict:

@@ -26,7 +26,7 @@ import torch
 
 from scalesgd import checks
 from scalesgd.comm.codecs.base import BucketView, Channel, Codec, Exchange, Piece, Scratch
-from scalesgd.comm.codecs.state import FlatState, Held, layout
+from scalesgd.comm.codecs.state import FlatState, Held, keys_of
 from scalesgd.comm.wire.compact import COMPACT, FP16_MAX, PLAIN, SPARSE_WIRES, SparseWire
 from scalesgd.comm.wire.pipeline import Steps
 from scalesgd.comm.wire.sparse import Gathered, allgather_sparse_steps, mean_of_sparse
@@ -190,20 +190,28 @@ class TopkCodec(Codec):
             out.copy_(momentum.mul_(self.dgc.momentum).add_(out))
 
     def save_bucket(self, bucket: BucketView, flat: torch.Tensor):
-        """The bucket's residual and velocity as the coming step finds them (its layout made first), and the
+        """The bucket's residual and velocity as the coming step finds them (None: it has none yet), and the
         thresholds of the buckets its parameters were in."""
-        keys = set(layout(bucket)[0])
+        keys = set(keys_of(bucket))
         before = {k: (st.threshold, st.density, st.step) for k, st in self._thresholds.items() if set(k) & keys}
-        held, _ = self._bucket(bucket, flat)
-        return {name: t.clone() for name, t in held.tensors.items()}, before
+        held = self._held_before(bucket, flat)
+        return (None if held is None else {name: t.clone() for name, t in held.tensors.items()}), before
+
+    def _held_before(self, bucket: BucketView, flat: torch.Tensor) -> Held | None:
+        """The bucket's state its coming step starts from: laid out now where the bucket is new, with each
+        parameter's residual carried over, so that a step undone leaves it as a retry would find it."""
+        return self._bucket(bucket, flat)[0]
 
     def restore_bucket(self, bucket: BucketView, saved) -> None:
         tensors, before = saved
-        held = self._flat.of(bucket, next(iter(tensors.values())))
-        for name, t in tensors.items():
-            held.tensors[name].copy_(t)
-        for keys in [k for k in self._thresholds if set(k) & set(held.keys)]:
-            del self._thresholds[keys]
+        keys = keys_of(bucket)
+        if tensors is None:  # its first step: it leaves no state
+            self._flat.drop(keys)
+        else:
+            for name, t in tensors.items():
+                self._flat.find(keys).tensors[name].copy_(t)
+        for overlapping in [k for k in self._thresholds if set(k) & set(keys)]:
+            del self._thresholds[overlapping]
         self._thresholds.update({k: _Threshold(*values) for k, values in before.items()})
 
     def _bucket(self, bucket: BucketView, like: torch.Tensor) -> tuple[Held, _Threshold]:

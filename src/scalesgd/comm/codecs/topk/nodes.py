@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from scalesgd.comm.codecs.base import BucketView, Channel, Exchange, Piece, Scratch
+from scalesgd.comm.codecs.state import Held, keys_of
 from scalesgd.comm.codecs.topk.codec import TopkCodec
 from scalesgd.comm.wire.pipeline import Steps
 from scalesgd.comm.wire.sparse import allgather_sparse_steps, mean_of_sparse
@@ -31,30 +32,10 @@ class NodeTopkCodec(TopkCodec):
     def start(self, flat: torch.Tensor, bucket: BucketView, channel: Channel, scratch: Scratch) -> Exchange:
         return NodeTopkExchange(self, flat, bucket, channel)
 
-    def save_bucket(self, bucket: BucketView, flat: torch.Tensor):
-        """This rank's shard of the bucket as the coming step finds it (None: it has none yet)."""
-        keys = shard_keys(bucket)
-        held, st = self._flat.find(keys), self._thresholds.get(keys)
-        if held is None or st is None:
-            return None
-        return {name: t.clone() for name, t in held.tensors.items()}, (st.threshold, st.density, st.step)
-
-    def restore_bucket(self, bucket: BucketView, saved) -> None:
-        keys = shard_keys(bucket)
-        if saved is None:  # the shard's first step: it leaves no state
-            self._flat.drop(keys)
-            self._thresholds.pop(keys, None)
-            return
-        tensors, scalars = saved
-        held, st = self._flat.find(keys), self._thresholds[keys]
-        for name, t in tensors.items():
-            held.tensors[name].copy_(t)
-        st.threshold, st.density, st.step = scalars
-
-
-def shard_keys(bucket: BucketView) -> tuple[int, ...]:
-    """What this rank's shard of a bucket is kept under: the bucket's parameter keys (its index where it has none)."""
-    return tuple(bucket.keys) or (-1 - bucket.index,)
+    def _held_before(self, bucket: BucketView, flat: torch.Tensor) -> Held | None:
+        """This rank's shard of the bucket, kept under the bucket's keys (None before its first step: its size comes
+        with the node groups, in the transfer)."""
+        return self._flat.find(keys_of(bucket))
 
 
 class NodeTopkExchange(Exchange):
@@ -76,7 +57,7 @@ class NodeTopkExchange(Exchange):
         if shard.numel() == 0:  # a bucket smaller than the node's ranks: this rank owns none of it
             idx, values, not_finite = shard.new_empty(0, dtype=torch.int32), shard.new_empty(0), False
         else:
-            view = BucketView(self.bucket.index, [], [], shard.numel(), shard_keys(self.bucket))
+            view = BucketView(self.bucket.index, [], [], shard.numel(), keys_of(self.bucket))
             idx, values, not_finite = self.codec.sparsify(shard, view, self.ranks)
         gathered = yield from allgather_sparse_steps(idx, values, groups.cross_group, not_finite, piece.tag,
                                                      self.codec.wire, shard.numel())
