@@ -155,13 +155,29 @@ REFUSED = [
     ((*TRAIN, "--codec", "onebit", "--optimizer", "onebit-adam", "--compress-after", "0"),
      "--compress-after 0 leaves --codec onebit no dense warm-up"),
     ((*TRAIN, "--betas", "0.9,1"), "--betas 0.9,1.0: give two decay rates"),
+    ((*TRAIN, "--betas", "a,b"), "--betas: 'a,b' is not a comma-separated list of decay rates β1,β2, each in [0, 1)"),
+    ((*TRAIN, "--accumulate", "1000000000"), "--accumulate 1000000000 is more micro-batches than the 64 sample(s) "
+                                             "each worker has a step (--batch-size 128 over --workers 2); use 1..64"),
+    # --exchange auto once ran what manual mode refuses, exit 0: 1-bit Adam without its codec, momentum correction
+    # with no exchange carrying the momentum, and an explicit --codec dropped without a word
+    ((*TRAIN, "--exchange", "auto", "--engine", "scalesgd", "--codec", "onebit", "--optimizer", "onebit-adam",
+      "--compress-after", "2"), "--codec onebit with --exchange auto: auto chooses the codec and buckets among "),
+    ((*TRAIN, "--exchange", "auto", "--codec", "topk", "--momentum-correction"),
+     "--codec topk with --exchange auto: auto chooses the codec and buckets among --auto-codecs (e.g. --auto-codecs "
+     "topk,fp8); drop --codec, or drop --exchange auto to run it as given"),
+    ((*TRAIN, "--exchange", "auto", "--optimizer", "onebit-adam"),
+     "no exchange in --auto-codecs (fp32, fp16, bf16, fp8, ddp, ddp-fp16) fits this run as manual mode would run it; "
+     "fp32: --optimizer onebit-adam and --codec onebit go together"),
+    ((*TRAIN, "--exchange", "auto", "--optimizer", "adamw", "--momentum-correction"),
+     "--momentum-correction applies to the topk codecs, and --auto-codecs lists none of them"),
     ((*TRAIN, "--freeze-variance"), "--freeze-variance freezes AdamW's variance where compression starts"),
     *([((*TRAIN, "--engine", "ddp", "--codec", "bf16"), "--codec bf16 with --engine ddp is PyTorch's own hook, "
                                                         "which runs only on CUDA with NCCL (this machine has no GPU)")]
       if not torch.cuda.is_available() else []),
     ((*TRAIN, "--precision", "fp8"), "--precision 'fp8' is not known; choose from fp32, bf16, fp16"),
     ((*TRAIN, "--dataset", "imagefolder"), "--dataset imagefolder needs --data-dir: the folder holding train/<class>"),
-    ((*TRAIN, "--dataset", "imagefolder", "--data-dir", "f"), "image folder not found: f (expected a directory with "),
+    ((*TRAIN, "--dataset", "imagefolder", "--data-dir", "f"),
+     "image folder f is a file, not a folder (expected a directory with "),
     ((*TRAIN, "--dataset", "imagefolder", "--data-dir", "prof-empty"), "prof-empty has no train/ or val/ folder"),
     ((*TRAIN, "--skip-bad-images"), "--skip-bad-images is for images streamed from a folder: it needs --dataset "),
     ((*TRAIN, "--loader-workers", "-1"), "--loader-workers -1: must be >= 0"),
@@ -235,3 +251,67 @@ def test_what_a_new_user_tried_is_one_line_and_exit_2_before_any_worker_starts(t
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr == f"scalesgd: error: {expected}\n" or expected in proc.stderr, proc.stderr
     assert list(tmp_path.iterdir()) == []  # no run directory, no worker
+
+
+# ---- the trial's 33 cases, each with the test that holds it ----------------------------------------------------
+
+REFUSED_HERE = "tests.test_bad_input::test_bad_input_is_one_line_exit_2_before_anything_runs_or_is_written"
+DATA = "tests.data.test_bad_data_input::"
+AGREE = "tests.comm.engine.test_agreement::"
+FUZZ = "tests.test_fuzz_options::"
+TRIAL = {  # what a new user ran against ef7adf9 that ended silent, in a traceback, a hang or a confusing line
+    "auto ran 1-bit Adam without its codec": REFUSED_HERE,
+    "auto ran --momentum-correction with no exchange carrying the momentum": REFUSED_HERE,
+    "auto dropped an explicit --codec": REFUSED_HERE,
+    "data fake stopped by Ctrl-C: a traceback and files left":
+        DATA + "test_ctrl_c_during_data_fake_says_one_line_exits_130_and_leaves_nothing",
+    "an image folder cut short was trained on": DATA + "test_a_tree_whose_writing_was_cut_short_is_not_trained_on",
+    "bench train --modes scalesgd-lowrank@ and …@4/":
+        FUZZ + "test_an_empty_rank_or_wire_is_refused_not_taken_for_the_default",
+    "an image over Pillow's pixel limit": DATA + "test_an_image_over_twice_pils_pixel_limit_is_skipped_or_named",
+    "a class folder that is a symlink to itself": DATA + "test_a_class_folder_linked_to_itself_is_one_line_naming_it",
+    "an image that is a symlink to itself": DATA + "test_an_image_linked_to_itself_is_named_or_skipped",
+    "--image-size 100000": DATA + "test_an_image_size_past_4096_is_refused_with_its_reason",
+    "data fake/export --out /proc/x and /sys/kernel/x":
+        DATA + "test_a_tree_in_proc_or_sys_is_refused_naming_the_folder_and_why",
+    "--gpt-block 100000 hung": "tests.models.test_gpt::test_gpt_block_100000_is_one_line_not_a_silent_hang",
+    "hooks of different codecs on two ranks hung":
+        AGREE + "test_hooks_with_different_codecs_raise_on_both_ranks_naming_both",
+    "engines of different codecs on two ranks hung":
+        AGREE + "test_engines_with_different_codecs_raise_on_both_ranks_naming_both",
+    "the hook's group ignored the caller's timeout": AGREE + "test_the_engines_groups_time_out_when_the_caller_said",
+    "a relative --data-file could not be resumed elsewhere":
+        DATA + "test_a_runs_relative_data_file_is_stored_absolute_and_resumes_from_anywhere",
+    "a short text named sequence_length":
+        DATA + "test_a_too_short_text_names_gpt_block_and_the_file_and_the_bytes_needed",
+    "--accumulate 1000000000": REFUSED_HERE,
+    "--betas a,b": REFUSED_HERE,
+    "--data-dir naming a file": DATA + "test_a_data_dir_naming_a_file_says_it_is_a_file_not_a_folder",
+    "no image files, without the extensions": DATA + "test_a_class_folder_with_no_images_says_which_files_count",
+    "data export --out d bogus": DATA + "test_data_export_names_an_unknown_dataset_as_the_positional_it_is",
+    "--modes auto-bogus+fp32": FUZZ + "test_an_auto_mode_naming_no_known_exchange_lists_those_accepted",
+    "Pillow's DecompressionBombWarning printed raw":
+        DATA + "test_an_image_over_pils_pixel_limit_is_a_warning_naming_it_once",
+    "CodecHookState('topk', settings={'density': 0.5})":
+        AGREE + "test_settings_given_as_a_dict_are_refused_saying_how_to_build_them",
+    "CodecHookState(42)":
+        AGREE + "test_a_codec_that_is_neither_a_name_nor_a_codec_is_refused_naming_what_is_accepted",
+    "the README's GPT line ran AdamW at SGD's rate":
+        "tests.recipe.test_defaults::"
+        "test_the_readme_transformer_line_runs_adamw_at_adams_rate_with_the_gpts_own_length",
+    "bf16 on a CPU without native bf16, 10× slower without a word":
+        "tests.config.test_rules::test_bf16_on_a_cpu_without_native_bf16_warns_with_the_measured_slowdown",
+    "a variance frozen before Adam's horizon, without a word":
+        "tests.config.test_rules::test_a_freeze_given_before_adams_horizon_warns_and_the_default_waits_for_it",
+    "the hook's freeze set to a 20-step warm-up with β2 0.99":
+        "tests.optim.test_onebit_adam::test_the_freeze_defaults_to_adams_averaging_horizon_one_over_one_minus_beta2",
+    "the hook's dense start and the optimizer's freeze apart": "tests.comm.engine.test_ddp_hook::"
+        "test_a_hook_given_an_optimizer_that_freezes_adams_variance_starts_compressing_at_its_freeze",
+}
+
+
+def test_every_case_the_trial_found_has_a_test_that_exists():
+    import importlib
+    for case, where in TRIAL.items():
+        module, name = where.split("::")
+        assert hasattr(importlib.import_module(module), name), (case, where)

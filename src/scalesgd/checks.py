@@ -10,6 +10,7 @@ import errno
 import ipaddress
 import math
 import os
+import re
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +28,11 @@ MAX_LOCAL_WORKERS = 256  # processes one local launch starts; more belong to tor
 WORKER_BYTES = 512 << 20  # what one local worker takes at least: the interpreter, torch, a model and a batch
 # the variables torchrun (and our launcher) give every worker (runtime.process_group.launched_by_torchrun)
 LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+MOUNTS = "/proc/self/mounts"
+# file systems the kernel shows its own state in: they take no folders of files
+KERNEL_FILESYSTEMS = frozenset({"proc", "sysfs", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs", "configfs",
+                                "pstore", "bpf", "devpts", "mqueue", "fusectl", "binfmt_misc", "efivarfs"})
 
 
 def positive(value) -> str | None:
@@ -194,7 +200,42 @@ def output_dir(value: str) -> str | None:
                 return f"{what} and is not a directory; give a new or existing directory"
     except OSError as err:
         return f"cannot be used ({err.strerror})"
+    return writable_dir(value)
+
+
+def writable_dir(value: str) -> str | None:
+    """Why the folder `value` cannot be made or written in, told before any file is: the kernel's own file systems
+    (/proc, /sys) take no files, and the nearest folder that exists must be writable."""
+    place = _nearest_existing(Path(os.path.abspath(value)))
+    kernel = kernel_filesystem(place)
+    if kernel is not None:
+        mount, kind = kernel
+        return f"cannot be created: {mount} is the kernel's {kind} file system, not a place files can be written"
+    if not os.access(place, os.W_OK | os.X_OK):
+        return f"cannot be created: permission denied ({place} is not writable)"
     return None
+
+
+def _nearest_existing(path: Path) -> Path:
+    """`path`, or the nearest of its parents that exists."""
+    return next(part for part in (path, *path.parents) if part.exists())
+
+
+def kernel_filesystem(path: Path) -> tuple[str, str] | None:
+    """(mount point, type) of the kernel file system `path` lies on, or None (another, or no mount table)."""
+    real, best = os.path.realpath(path), ("", "")
+    try:
+        with open(MOUNTS, encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                mount = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields[1])  # \040 is a space
+                if (real == mount or real.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best[0]):
+                    best = (mount, fields[2])
+    except OSError:
+        return None
+    return best if best[1] in KERNEL_FILESYSTEMS else None
 
 
 def output_file(value: str) -> str | None:

@@ -8,6 +8,7 @@ name options in backticks, and this is the one place that shows them as --flags.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from scalesgd.commands import COMMANDS, GROUPS
@@ -59,8 +60,18 @@ def _run(argv: list[str] | None) -> int:
             options.pop(name, None)
         return command.run(command.configure(options), argv)
     except UsageError as err:
-        print(f"scalesgd: error: {as_flags(str(err))}", file=sys.stderr)
+        print(error_line(err), file=sys.stderr)
         return EXIT_USAGE
+
+
+def error_line(err: UsageError) -> str:
+    """The one line bad input ends with: options as --flags, and any line break or control character the input
+    brought into the message (a value typed as $'a\\nb') escaped, so it cannot start a line of its own."""
+    return "scalesgd: error: " + _UNPRINTABLE.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"),
+                                                   as_flags(str(err)))
+
+
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")  # control characters, and Unicode's line breaks
 
 
 if __name__ == "__main__":

@@ -27,6 +27,15 @@ class OptionParser(argparse.ArgumentParser):
     def error(self, message: str):
         raise UsageError(f"{self.prog}: {message}")
 
+    def parse_known_args(self, args=None, namespace=None):
+        """argparse's, refusing `--flag=--`: argparse drops the `--` and leaves an option of one value an empty
+        list, which no check expects."""
+        namespace, extras = super().parse_known_args(args, namespace)
+        for action in self._actions:
+            if action.nargs is None and isinstance(getattr(namespace, action.dest, None), list):
+                self.error(f"argument {'/'.join(action.option_strings) or action.dest}: expected one argument")
+        return namespace, extras
+
 
 def parse(cls, argv: list[str], prog: str) -> dict:
     """The options of `cls` given in `argv`, by flat name (UsageError on an unknown or malformed one)."""
@@ -45,7 +54,8 @@ def option(default: Any, help: str = "", *, choices: Iterable[str] | Callable[[]
     them), a check, how to parse it.
 
     `parse` defaults to the default's type; `flag` to --field-name (--prefix-field-name in an expanded holder; a
-    bool defaulting to True needs its --no-… flag); `shown_default` replaces the default in the help; `runtime`
+    bool defaulting to True needs its --no-… flag); `shown_default` replaces the default in the help (a function:
+    given the default's text, what the help shows); `runtime`
     marks an option that says where and how a run executes, not what it computes; `remainder` takes everything
     after `--`; `positional` makes it an argument without a flag, taking that many values (argparse's nargs:
     None for one, "+" for one or more); `check_choices` False leaves the choices to a check that knows more (the
@@ -181,8 +191,10 @@ def add_options(parser: argparse.ArgumentParser, cls) -> None:
         if meta["remainder"]:
             target.add_argument(flat.name, nargs=argparse.REMAINDER, default=argparse.SUPPRESS, help=help_of(f))
         elif meta["positional"] is not None:
-            target.add_argument(flat.name, nargs=None if meta["positional"] == "1" else meta["positional"],
-                                metavar=flat.name.upper(), type=meta["parse"] or _type_of(f), help=help_of(f))
+            one = "?" if f.default not in (None, "", ()) else None  # one value, which a default may stand in for
+            target.add_argument(flat.name, nargs=one if meta["positional"] == "1" else meta["positional"],
+                                metavar=flat.name.upper(), type=meta["parse"] or _type_of(f), help=help_of(f),
+                                **({"default": argparse.SUPPRESS} if one else {}))
         elif isinstance(f.default, bool):
             if f.default and not flat.flag.startswith("--no-"):
                 raise ValueError(f"option {flat.name} defaults to True: its flag must be --no-…, got {flat.flag}")
@@ -219,9 +231,10 @@ def describe(f: dataclasses.Field) -> str:
 def default_text(f: dataclasses.Field) -> str:
     """An option's default as the help shows it ("" where there is nothing to show: off, empty)."""
     shown = f.metadata["shown_default"]
-    if shown is None and not isinstance(f.default, bool) and f.default not in (None, "", ()):
+    by_choice = shown if callable(shown) else None  # the default's text, then what a choice brings instead
+    if (shown is None or by_choice) and not isinstance(f.default, bool) and f.default not in (None, "", ()):
         shown = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else number(f.default)
-    return shown or ""
+    return by_choice(shown if shown is not by_choice else "") if by_choice else shown or ""
 
 
 def given(namespace: argparse.Namespace, *leave_out: str) -> dict:

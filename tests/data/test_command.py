@@ -18,3 +18,8 @@ def test_data_export_writes_the_digits_tree_and_refuses_to_overwrite_it(tmp_path
     assert "wrote 1,437 training and 360 validation images of 10 classes" in capsys.readouterr().out
     assert main(["data", "export", "digits", "--out", str(tmp_path / "d")]) == 2
     assert "already holds files; give a new or empty folder" in capsys.readouterr().err
+
+
+def test_data_export_without_a_dataset_exports_its_default_as_the_help_says(tmp_path, capsys):
+    assert main(["data", "export", "--out", str(tmp_path / "d")]) == 0
+    assert "wrote 1,437 training and 360 validation images of 10 classes" in capsys.readouterr().out

@@ -130,7 +130,7 @@ def test_sample_cap(tmp_path):
     [
         (lambda d: d / "missing.txt", "not found"),
         (lambda d: written(d / "empty.txt", b""), "empty text file"),
-        (lambda d: written(d / "short.txt", b"x" * 169), r"has 169 bytes.*needs at least 10·\(T\+1\) = 170"),
+        (lambda d: written(d / "short.txt", b"x" * 169), "has 169 bytes; `gpt_block` 16 needs at least 170, as "),
         (lambda d: d, "is a directory"),
     ],
 )
@@ -157,7 +157,7 @@ def text_split(n: int = 3, t: int = 4, high: int = 256) -> Split:
 
 
 def text_bundle(train: Split | None = None, test: Split | None = None, **overrides) -> DataBundle:
-    fields = dict(num_classes=256, in_channels=0, image_size=0, augment=False, sequence_length=4)
+    fields = {"num_classes": 256, "in_channels": 0, "image_size": 0, "augment": False, "sequence_length": 4}
     fields.update(overrides)
     return DataBundle(train=train or text_split(), test=test or text_split(1), **fields)
 
@@ -188,17 +188,17 @@ def test_text_split_rejects_malformed_tensors(x, y, fragment):
 @pytest.mark.parametrize(
     ("kwargs", "fragment"),
     [
-        (dict(train=text_split(n=80, high=300)), r"train.x has tokens in \[0, 299\], expected tokens in \[0, 255\]"),
-        (dict(num_classes=10), r"train.x has tokens in \[0, 11\], expected tokens in \[0, 9\]"),
-        (dict(test=Split(x=-torch.ones(1, 4, dtype=torch.int64), y=torch.zeros(1, 4, dtype=torch.int64))),
+        ({"train": text_split(n=80, high=300)}, r"train.x has tokens in \[0, 299\], expected tokens in \[0, 255\]"),
+        ({"num_classes": 10}, r"train.x has tokens in \[0, 11\], expected tokens in \[0, 9\]"),
+        ({"test": Split(x=-torch.ones(1, 4, dtype=torch.int64), y=torch.zeros(1, 4, dtype=torch.int64))},
          "test.x has tokens"),
-        (dict(test=Split(x=torch.zeros(1, 4, dtype=torch.int64), y=torch.full((1, 4), 256))), "test.y has tokens"),
-        (dict(sequence_length=5), r"expected an int64 tensor of shape \(N, 5\)"),
-        (dict(test=Split(x=torch.zeros(1, 1, 2, 2), y=torch.zeros(1, dtype=torch.int64))), "test.x is"),
-        (dict(image_size=32), "image_size=0"),
-        (dict(augment=True), "augment=False"),
-        (dict(sequence_length=-1), "sequence_length must be >= 0"),
-        (dict(sequence_length=0, in_channels=1, image_size=2), "set sequence_length"),
+        ({"test": Split(x=torch.zeros(1, 4, dtype=torch.int64), y=torch.full((1, 4), 256))}, "test.y has tokens"),
+        ({"sequence_length": 5}, r"expected an int64 tensor of shape \(N, 5\)"),
+        ({"test": Split(x=torch.zeros(1, 1, 2, 2), y=torch.zeros(1, dtype=torch.int64))}, "test.x is"),
+        ({"image_size": 32}, "image_size=0"),
+        ({"augment": True}, "augment=False"),
+        ({"sequence_length": -1}, "sequence_length must be >= 0"),
+        ({"sequence_length": 0, "in_channels": 1, "image_size": 2}, "set sequence_length"),
     ],
 )
 def test_text_bundle_validation(kwargs, fragment):

@@ -94,6 +94,25 @@ def test_check_fields_refuses_zero_layers_naming_the_prefixed_option():
     check_fields(GptOptions(), prefix="gpt")
 
 
+@pytest.mark.parametrize("field,value,bound", [("block", 100_000, 4096), ("width", 10**6, 12288), ("layers", 1000, 96)])
+def test_a_gpt_size_past_its_bound_is_refused_at_once_with_the_reason(field, value, bound):
+    with pytest.raises(UsageError, match=rf"`gpt_{field}` {value}: must be in \[1, {bound}\] \(") as err:
+        check_fields(GptOptions(**{field: value}), prefix="gpt")
+    assert "GPT-" in str(err.value)  # the reason: the sizes of the models the bound is taken from
+    check_fields(GptOptions(**{field: bound}), prefix="gpt")
+
+
+def test_gpt_block_100000_is_one_line_not_a_silent_hang(tmp_path, capsys):
+    from scalesgd.cli import main
+
+    assert main(["train", "--run-dir", str(tmp_path / "run"), "--dataset", "text", "--model", "gpt", "--gpt-block",
+                 "100000", "--batch-size", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("scalesgd: error: --gpt-block 100000: must be in [1, 4096] (tokens; attention's time and memory "
+                   "grow with its square: GPT-2 takes 1024, GPT-3 2048)\n")
+    assert not (tmp_path / "run").exists()
+
+
 def test_flops_per_token_is_twice_the_non_embedding_parameters_plus_the_attention_term():
     model = gpt(10, GptOptions(layers=2, heads=2, width=8, block=4))
     w = 8

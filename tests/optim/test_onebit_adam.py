@@ -2,14 +2,17 @@
 variance frozen, as a float64 computation of the same formula; its state round-trips; bad arguments refused."""
 
 import copy
+import warnings
 
 import pytest
 import torch
 
-from scalesgd.optim.onebit_adam import OneBitAdam
+from scalesgd.optim.onebit_adam import EarlyFreezeWarning, OneBitAdam, variance_horizon
 
 SHAPES = [(7, 5), (5,), (3, 2, 2)]
 HYPER = {"lr": 0.01, "betas": (0.8, 0.99), "eps": 1e-6, "weight_decay": 0.1}
+# these short runs freeze Adam's variance early on purpose
+pytestmark = pytest.mark.filterwarnings("ignore::scalesgd.optim.EarlyFreezeWarning")
 
 
 def params(seed=0):
@@ -93,3 +96,18 @@ def test_state_dict_round_trips_and_a_resumed_run_is_bit_identical():
 def test_meaningless_arguments_are_refused(bad):
     with pytest.raises(ValueError, match=next(iter(bad)).replace("betas", "beta1")):
         OneBitAdam(params(), **{**HYPER, "freeze_step": 1, **bad})
+
+
+def test_the_freeze_defaults_to_adams_averaging_horizon_one_over_one_minus_beta2():
+    assert [variance_horizon(b) for b in (0.9, 0.95, 0.99, 0.999)] == [10, 20, 100, 1000]
+    assert OneBitAdam(params(), lr=0.01, betas=(0.9, 0.99)).freeze_step == 100
+    assert OneBitAdam(params(), lr=0.01).freeze_step == 1000  # torch's β2 0.999
+
+
+def test_a_freeze_before_the_horizon_warns_once_it_is_given_and_not_at_or_after_it():
+    with pytest.warns(EarlyFreezeWarning, match=r"after 20 steps, before its averaging horizon 1/\(1 − β2\) = 100"):
+        OneBitAdam(params(), lr=0.01, betas=(0.9, 0.99), freeze_step=20)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        OneBitAdam(params(), lr=0.01, betas=(0.9, 0.99), freeze_step=100)
+        OneBitAdam(params(), lr=0.01, betas=(0.9, 0.99))

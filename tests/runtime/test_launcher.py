@@ -6,6 +6,7 @@ import sys
 import time
 
 from scalesgd.errors import EXIT_NON_FINITE, EXIT_PEER_LOST, EXIT_USAGE
+from scalesgd.runtime.heartbeat import HEARTBEAT_FILE, Heartbeats
 from scalesgd.runtime.launcher import supervise, worker_env
 
 
@@ -53,3 +54,41 @@ def test_worker_environment_matches_torchrun_and_binds_loopback():
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == ("1", "4", "1", "4")
     assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("127.0.0.1", "29500")
     assert env["GLOO_SOCKET_IFNAME"] == "lo"
+
+
+def noting(beats: Heartbeats, rank: int, line: str, code: int, wait_fd: int | None = None) -> str:
+    """A fake worker that beats as ours do, leaves `line` for the launcher and exits with `code` (after `wait_fd`
+    reads end-of-file: its peer is gone)."""
+    wait = f"os.read({wait_fd}, 1); " if wait_fd is not None else ""
+    return (f"import os; from scalesgd.runtime import heartbeat; {wait}"
+            f"heartbeat.beat_in_background({{{HEARTBEAT_FILE!r}: {str(beats.files[rank])!r}}}); "
+            f"heartbeat.leave_note({line!r}); raise SystemExit({code})")
+
+
+def test_a_cause_several_workers_met_is_said_once_with_their_status(capsys):
+    beats = Heartbeats(2)
+    try:
+        procs = fake_workers(*(noting(beats, r, "/data is gone (removed or renamed while the run read it)",
+                                      EXIT_USAGE) for r in (0, 1)))
+        assert supervise(procs, timeout_s=5, heartbeats=beats) == EXIT_USAGE
+    finally:
+        beats.close()
+    assert capsys.readouterr().err == ("scalesgd: error: /data is gone (removed or renamed while the run read it); "
+                                       "the other workers were stopped\n")
+
+
+def test_the_rank_that_named_its_cause_is_reported_not_the_first_to_lose_its_peer(capsys):
+    beats = Heartbeats(2)
+    read, write = os.pipe()  # rank 0 holds the only write end: rank 1 leaves its line once rank 0 has failed
+    try:
+        lost = subprocess.Popen([sys.executable, "-c", f"raise SystemExit({EXIT_PEER_LOST})"], pass_fds=[write])
+        cut_off = subprocess.Popen([sys.executable, "-c", noting(beats, 1, "worker rank 1 is unreachable: its "
+                                                                 "network link eth0 is down", EXIT_PEER_LOST, read)],
+                                   pass_fds=[read])
+        os.close(read)
+        os.close(write)
+        assert supervise([lost, cut_off], timeout_s=10, heartbeats=beats) == EXIT_PEER_LOST
+    finally:
+        beats.close()
+    assert capsys.readouterr().err == ("scalesgd: error: worker rank 1 is unreachable: its network link eth0 is "
+                                       "down; the other workers were stopped\n")

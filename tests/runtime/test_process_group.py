@@ -4,8 +4,16 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from scalesgd.errors import PeerLost
-from scalesgd.runtime.process_group import PEER_FAILURE_PATTERNS, is_peer_failure, launched_by_torchrun
+from scalesgd.errors import EXIT_PEER_LOST, PeerLost
+from scalesgd.runtime import process_group
+from scalesgd.runtime.launcher import LAUNCHED_MARK
+from scalesgd.runtime.process_group import (
+    PEER_FAILURE_PATTERNS,
+    is_peer_failure,
+    launched_by_torchrun,
+    link_down,
+    peer_lost,
+)
 
 # One message as a collective really words it for each pattern (gloo's from a killed and a stopped peer)
 SEEN = {
@@ -50,3 +58,30 @@ def test_an_error_of_this_rank_is_never_a_lost_peer():
 def test_a_launch_is_recognised_by_its_environment():
     assert launched_by_torchrun({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"})
     assert not launched_by_torchrun({"RANK": "0", "WORLD_SIZE": "2"})
+
+
+@pytest.mark.parametrize("state", ["down", "lowerlayerdown"])
+def test_a_link_down_or_without_carrier_is_named(tmp_path, state):
+    (tmp_path / "eth0").mkdir()
+    (tmp_path / "eth0" / "operstate").write_text(f"{state}\n")
+    assert link_down({"GLOO_SOCKET_IFNAME": "eth0"}, tmp_path) == "eth0"
+
+
+def test_a_link_up_unknown_or_unnamed_is_not(tmp_path):
+    (tmp_path / "eth0").mkdir()
+    (tmp_path / "eth0" / "operstate").write_text("up\n")
+    (tmp_path / "lo").mkdir()
+    (tmp_path / "lo" / "operstate").write_text("unknown\n")  # loopback never reports up
+    assert link_down({"GLOO_SOCKET_IFNAME": "eth0"}, tmp_path) is None
+    assert link_down({"GLOO_SOCKET_IFNAME": "lo"}, tmp_path) is None
+    assert link_down({"GLOO_SOCKET_IFNAME": "ib9"}, tmp_path) is None  # no such interface here
+    assert link_down({}, tmp_path) is None
+
+
+def test_a_rank_whose_link_is_down_says_it_is_the_one_cut_off(monkeypatch, capsys):
+    monkeypatch.setattr(process_group, "link_down", lambda: "eth0")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.delenv(LAUNCHED_MARK, raising=False)  # torchrun's: no launcher of ours to leave the line to
+    assert peer_lost(RuntimeError("Timed out waiting 10000ms for recv operation to complete")) == EXIT_PEER_LOST
+    assert capsys.readouterr().err == ("scalesgd: error: worker rank 1 is unreachable: its network link eth0 is "
+                                       "down\n")

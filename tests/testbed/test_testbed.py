@@ -4,21 +4,24 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from scalesgd.testbed import TestbedSpec as Spec
+from scalesgd.testbed import netns
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root (CI runs as root)")
 PREFIX = f"t{os.getpid() % 100000}"
 
 
 def scalesgd(*argv, timeout=300):
-    return subprocess.run([sys.executable, "-m", "scalesgd", *argv], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "scalesgd", *argv], capture_output=True, text=True, timeout=timeout,
+                          check=False)
 
 
 def leftovers() -> list[str]:
-    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout.split()
     return [n for n in names if n.startswith(f"{PREFIX}-")]
 
 
@@ -32,6 +35,7 @@ def testbed():
     finally:
         scalesgd("testbed", "down", "--prefix", PREFIX)
         assert leftovers() == []
+        assert list(Path("/etc/netns").glob(f"{PREFIX}-*")) == []  # the nodes' hosts files too
 
 
 def test_up_is_idempotent_and_status_shows_shaped_nodes(testbed):
@@ -84,7 +88,7 @@ def test_down_and_up_touch_only_what_the_testbed_made():
         assert sorted(leftovers()) == sorted(foreign)  # refused, and nothing of theirs removed
     finally:
         for ns in foreign:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
     assert leftovers() == []
 
 
@@ -133,3 +137,26 @@ def test_bench_train_sweeps_link_rates_and_puts_the_rate_back(testbed, tmp_path)
     assert (tmp_path / "train.png").read_bytes()[:4] == b"\x89PNG"
     status = json.loads(scalesgd("testbed", "status", "--prefix", testbed).stdout)
     assert status["spec"]["bandwidth"] == "500mbit" and all("500Mbit" in n["qdisc"] for n in status["nodes"])
+
+
+def in_node(node: str, *argv: str) -> str:
+    return subprocess.run(["ip", "netns", "exec", node, *argv], capture_output=True, text=True, timeout=120,
+                          check=True).stdout
+
+
+def test_every_node_resolves_every_other_by_its_hosts_file(testbed):
+    # an IPv6 socket sees a peer as ::ffff:10.213.0.2, and the rendezvous looks that up too
+    for address in ("10.213.0.2", "::ffff:10.213.0.2"):
+        assert in_node(f"{testbed}-n0", "getent", "hosts", address).split() == [address, f"{testbed}-n1"]
+
+
+def test_a_link_taken_down_at_the_switch_is_seen_down_by_its_node_alone_and_comes_back(testbed):
+    spec = netns.read_state(testbed)
+    check = "from scalesgd.runtime.process_group import link_down; print(link_down({'GLOO_SOCKET_IFNAME': 'eth0'}))"
+    netns.set_link(spec, 1, up=False)
+    try:
+        assert in_node(f"{testbed}-n1", sys.executable, "-c", check).strip() == "eth0"
+        assert in_node(f"{testbed}-n0", sys.executable, "-c", check).strip() == "None"
+    finally:
+        netns.set_link(spec, 1, up=True)
+    assert in_node(f"{testbed}-n1", "cat", "/sys/class/net/eth0/operstate").strip() == "up"

@@ -1,7 +1,9 @@
 """Checkpoints: an interrupted run resumes to exactly the parameters of an uninterrupted one; nothing is lost."""
 
+import errno
 import json
 import os
+import pickle
 import shutil
 import signal
 import subprocess
@@ -12,7 +14,8 @@ import torch
 
 from scalesgd.config import TrainConfig
 from scalesgd.errors import UsageError
-from scalesgd.train.checkpoint import finished, save_atomic
+from scalesgd.train import checkpoint
+from scalesgd.train.checkpoint import NoSpace, finished, load_latest, save_atomic
 from scalesgd.train.metrics import read
 from tests.train.cli import load_ckpt, scalesgd, wait_for_checkpoint
 
@@ -98,7 +101,7 @@ def test_interrupted_and_resumed_run_ends_with_the_same_parameters(tmp_path, eng
 def test_save_is_atomic_and_leaves_nothing_behind_when_writing_fails(tmp_path):
     path = tmp_path / "checkpoint.pt"
     save_atomic({"epoch": 1}, path)
-    with pytest.raises(Exception):
+    with pytest.raises((AttributeError, pickle.PicklingError)):  # by where the lambda is defined
         save_atomic({"epoch": 2, "bad": lambda: None}, path)  # cannot be pickled: the write fails midway
     assert torch.load(path, weights_only=True) == {"epoch": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
@@ -173,3 +176,63 @@ def _saved(state):
     torch.save(state, buffer)
     buffer.seek(0)
     return buffer
+
+
+def full_disk_save(state, f):
+    """torch.save on a full disk: part written, then torch's own error raised while handling the OSError."""
+    f.write(b"PK\x03\x04 part of a checkpoint")
+    try:
+        raise OSError(errno.ENOSPC, "No space left on device")
+    except OSError:
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598") from None
+
+
+def test_a_full_disk_while_a_checkpoint_is_written_keeps_the_one_before_and_says_so(tmp_path, monkeypatch):
+    path, previous = tmp_path / "checkpoint.pt", tmp_path / "checkpoint.prev.pt"
+    save_atomic({"epoch": 1}, path, keep_previous=previous)
+    monkeypatch.setattr(checkpoint.torch, "save", full_disk_save)
+    with pytest.raises(NoSpace) as err:
+        save_atomic({"epoch": 2}, path, keep_previous=previous)
+    assert str(err.value) == f"no space left writing checkpoint {path} (previous checkpoint kept)"
+    assert torch.load(path, weights_only=True) == {"epoch": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]  # the temporary file is gone
+
+
+def test_a_full_disk_at_the_first_checkpoint_says_there_is_none_yet(tmp_path, monkeypatch):
+    monkeypatch.setattr(checkpoint.torch, "save", full_disk_save)
+    with pytest.raises(NoSpace, match=r"\(no checkpoint had been written yet\)"):
+        save_atomic({"epoch": 1}, tmp_path / "checkpoint.pt")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+def test_a_checkpoint_too_big_for_a_real_tmpfs_keeps_the_one_before(tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], check=True)
+    try:
+        path = disk / "checkpoint.pt"
+        save_atomic({"epoch": 1, "w": torch.zeros(64_000)}, path, keep_previous=disk / "checkpoint.prev.pt")
+        with pytest.raises(NoSpace, match=r"\(previous checkpoint kept\)"):
+            save_atomic({"epoch": 2, "w": torch.zeros(256_000)}, path, keep_previous=disk / "checkpoint.prev.pt")
+        assert torch.load(path, weights_only=True)["epoch"] == 1
+        assert [p.name for p in disk.iterdir()] == ["checkpoint.pt"]
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_both_checkpoints_torn_is_one_line_naming_each_and_why(tmp_path):
+    (tmp_path / "checkpoint.pt").write_bytes(b"PK\x03\x04 torn")
+    (tmp_path / "checkpoint.prev.pt").write_bytes(b"")
+    with pytest.raises(UsageError) as err:
+        load_latest(tmp_path, say=True)
+    line = str(err.value)
+    assert "\n" not in line and line.startswith(f"neither checkpoint of {tmp_path} can be read: checkpoint.pt (")
+    assert "nor the one before, checkpoint.prev.pt (an empty file); the run cannot be resumed" in line
+    assert "PytorchStreamReader failed reading zip archive" in line  # the latest's own reason
+
+
+def test_a_lone_torn_checkpoint_is_named_as_before(tmp_path):
+    (tmp_path / "checkpoint.pt").write_bytes(b"")
+    with pytest.raises(UsageError, match=r"checkpoint.pt is not a readable scalesgd checkpoint \(an empty file\)"):
+        load_latest(tmp_path)

@@ -21,6 +21,7 @@ import torch
 
 from scalesgd import checks, output
 from scalesgd.data import DataError, GlobalBatchSampler, LoaderSettings, check_image_folder, load_image_folder
+from scalesgd.data.config import image_side
 from scalesgd.data.pipeline import PREFETCH, loader
 from scalesgd.errors import UsageError
 from scalesgd.models import MODELS, build_model
@@ -39,7 +40,7 @@ class DataBenchConfig(Options):
 
     data_dir: str = option("", "an image folder (DIR/train/<class>/*): `scalesgd data fake` writes one",
                            required=True)
-    image_size: int = option(224, "the side images are cropped to", check=checks.positive)
+    image_size: int = option(224, "the side images are cropped to", check=image_side)
     augment: str = option("standard", "standard: random-resized crop and flip (training's); none: resize and "
                           "centre crop", choices=("standard", "none"))
     loader_workers: tuple[int, ...] = option((0, 1, 2), "loader processes to measure, each in turn (0: decoding in "

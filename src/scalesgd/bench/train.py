@@ -25,6 +25,7 @@ from scalesgd.bench import train_report
 from scalesgd.bench.launch import BenchLaunch
 from scalesgd.comm.cost import link, planner, profile
 from scalesgd.comm.codecs import CODECS
+from scalesgd.comm.wire.groups import own_group
 from scalesgd.comm.engine.exchange import GradientExchange, build_exchange
 from scalesgd.config import AUTO_CODECS, NO_PLANNER, TrainConfig
 from scalesgd.data.text import VOCAB_SIZE
@@ -117,12 +118,13 @@ def describe(mode: Mode, bench: TrainBenchConfig, world: int) -> TrainConfig:
     sizes = {name: value for name, value in flatten(bench).items() if name in sized}
     data = {"dataset": "text"} if bench.text else {"dataset": "synthetic", "image_size": bench.image_size,
                                                    "classes": bench.classes}
+    chosen = {} if auto else dict(engine=mode.engine, codec=mode.codec,  # auto chooses them
+                                  buckets="size:1" if mode.planner != NO_PLANNER else mode.buckets)
     return TrainConfig.from_dict(dict(
         workers=world, **data, samples=BATCHES * bench.batch_size, **sizes,
-        model=bench.model, batch_size=bench.batch_size, base_batch=bench.batch_size,
-        engine="scalesgd" if auto else mode.engine, codec="fp32" if auto else mode.codec,
+        model=bench.model, batch_size=bench.batch_size, base_batch=bench.batch_size, **chosen,
         exchange="auto" if auto else "manual", auto_codecs=mode.auto_codecs or AUTO_CODECS, algorithm=mode.algorithm,
-        buckets="size:1" if mode.planner != NO_PLANNER else mode.buckets, **mode.codec_options(),
+        **mode.codec_options(),
         planner=mode.planner, procs_per_node=bench.procs_per_node,
         compress_after="0", density_warmup=0))  # timed compressed from its first step
 
@@ -270,7 +272,7 @@ def build_runner(cfg: TrainBenchConfig, mode: Mode, env, batches: list) -> Runne
     if mode.engine == "none":
         return Runner(mode, None, model, optimizer, [], [], [], loss=loss)
     train_cfg = describe(mode, cfg, env.world_size)
-    group = dist.new_group() if train_cfg.exchange.own_group else None  # each mode exchanges in a group of its own
+    group = own_group() if train_cfg.exchange.own_group else None  # each mode exchanges in a group of its own
     env_for_mode = replace(env, exchange_group=group)
     plan, planned, auto = None, None, None
     if mode.engine == "auto":  # decided on the link as it is now: rebuilt at each rate

@@ -19,6 +19,7 @@ from scalesgd.options import expanded, option, words
 from scalesgd.trace import Tracer
 
 EXCHANGES = ("manual", "auto")
+MAX_DENSE = 1_000_000_000  # dense steps or epochs before compression: past any run, and an int64 once multiplied
 # what --exchange auto weighs unless told: the exchanges that keep fp32's accuracy, ours and PyTorch's DDP's (ddp-bf16
 # where CUDA runs it). The low-rank and sparse ones change what is learned (PyTorch's PowerSGD hook: +6.9 % validation
 # loss on the language model under AdamW, top-k ρ 0.01 +8.3 %, docs/results.md#language-model), so auto weighs them
@@ -38,7 +39,9 @@ def _steps_or_epochs(text: str) -> str | None:
         value = float(text[:-2]) if text.endswith("ep") else int(text) if text != "warmup" else 0
     except ValueError:
         return "give STEPS, EPOCHSep (e.g. 2ep) or warmup"
-    return None if value >= 0 and math.isfinite(value) else "must be >= 0 and finite"
+    if not (value >= 0 and math.isfinite(value)):
+        return "must be >= 0 and finite"
+    return None if value <= MAX_DENSE else f"must be at most {MAX_DENSE:,} (steps or epochs)"
 
 
 @dataclass
@@ -54,7 +57,9 @@ class ExchangeConfig:
     procs_per_node: int = option(0, "processes per node for hierarchical exchange", shown_default="LOCAL_WORLD_SIZE",
                                  check=checks.at_least(0, "0 reads LOCAL_WORLD_SIZE"))
     compress_after: str = option("warmup", "a lossy codec compresses after this many dense (fp32) steps: STEPS, "
-                                 "EPOCHSep, or warmup (the end of the LR warmup)", check=_steps_or_epochs)
+                                 "EPOCHSep, or warmup: the end of the LR warmup, and where Adam's variance is frozen "
+                                 "there (1-bit Adam, --freeze-variance, --momentum-correction), no earlier than its "
+                                 "averaging horizon 1/(1 − β2) steps", check=_steps_or_epochs)
     mode: str = option("manual", "auto: at start-up measure the compute, the link and each exchange of "
                        "--auto-codecs on this process group, simulate each with every bucket plan, try the closest "
                        "for real, and use the fastest (engine and codec: ours or DDP's); manual: --engine, --codec "
@@ -94,6 +99,12 @@ class ExchangeConfig:
         codecs = [parse_exchange(c)[1] for c in self.auto_candidates] if self.auto else (self.codec,)
         return (ALGORITHMS[self.algorithm].needs_topology and self.engine == "scalesgd"
                 or any(CODECS[c].needs_topology for c in codecs))
+
+    @property
+    def momentum_in_exchange(self) -> bool:
+        """Whether the exchange carries the optimizer's momentum (DGC's momentum correction): the optimizer leaves it
+        out, so only an exchange that carries it may run."""
+        return self.codec_options["topk"].momentum_correction
 
     @property
     def own_group(self) -> bool:

@@ -4,6 +4,9 @@ a batch, a schedule and a dataset need of the others. Each reads a `TrainConfig`
 
 from __future__ import annotations
 
+from dataclasses import fields
+from pathlib import Path
+
 import torch
 
 from scalesgd import checks
@@ -13,12 +16,15 @@ from scalesgd.comm.engine.exchange import exchange_names, parse_exchange
 from scalesgd.data import DATASETS, DataError, check_text_file
 from scalesgd.errors import UsageError
 from scalesgd.models import IMAGE, MODELS, TEXT
+from scalesgd.optim import early_freeze, variance_horizon
 from scalesgd.options import flat_options, flatten, refuse, require_choice
 from scalesgd.recipe.scaling import scaled_lr
 
 MIN_PER_WORKER = 2  # BatchNorm needs more than one sample per worker
 # top-k ρ 0.01 under AdamW on the language model against fp32, median of 3 seeds (docs/results.md#language-model)
 SPARSE_ADAM_LOSS, SPARSE_ADAM_CORRECTED = "+8.3 %", "+2.1 %"
+# the default GPT, batch 64, 2 workers, AdamW, on an AMD EPYC with AVX2 alone: 3.39 s a step against 0.33 s (2026-11-26)
+EMULATED_BF16_SLOWDOWN = "10.3×"
 
 
 def dense_start(cfg) -> bool:
@@ -40,15 +46,88 @@ def auto_problem(name: str) -> str | None:
 
 
 def exchange(cfg) -> None:
-    """`exchange` auto, the codec on its engine, the planner, a codec family's own options."""
-    r, x, rt = cfg.recipe, cfg.exchange, cfg.runtime
-    if x.mode == "auto":
-        if x.planner != NO_PLANNER:
-            raise UsageError(f"`planner` {x.planner}: with `exchange` auto the buckets are auto's choice")
-        for name in x.auto_candidates:
-            problem = auto_problem(name)
-            if problem:
-                raise UsageError(f"`auto_codecs` {name}: {problem}")
+    """`exchange` auto and its candidates, or the codec on its engine; the processes per node."""
+    x, rt = cfg.exchange, cfg.runtime
+    if x.auto:
+        auto(cfg)
+    else:
+        manual(cfg)
+    if x.procs_per_node and rt.workers % x.procs_per_node:
+        raise UsageError(f"`procs_per_node` {x.procs_per_node} does not divide `workers` {rt.workers}")
+
+
+def auto(cfg) -> None:
+    """`exchange` auto: no codec or buckets of the user's (auto picks them), candidates it can weigh, and at
+    least one that fits the rest of the configuration as manual mode would run it."""
+    x = cfg.exchange
+    if x.planner != NO_PLANNER:
+        raise UsageError(f"`planner` {x.planner}: with `exchange` auto the buckets are auto's choice")
+    for name in ("codec", "buckets"):  # `engine` too is auto's choice: each candidate names its own
+        value, default = getattr(x, name), _default(type(x), name)
+        if value != default:
+            raise UsageError(f"`{name}` {value} with `exchange` auto: auto chooses the codec and buckets among "
+                             f"`auto_codecs` (e.g. `auto_codecs` {x.codec},fp8); drop `{name}`, or drop `exchange` "
+                             "auto to run it as given")
+    for name in x.auto_candidates:
+        problem = auto_problem(name)
+        if problem:
+            raise UsageError(f"`auto_codecs` {name}: {problem}")
+    values, families = flatten(cfg), {CODECS[parse_exchange(name)[1]].family for name in x.auto_candidates}
+    for flat in flat_options(type(cfg)):  # a family's own option needs one of its codecs among the candidates
+        if _set_own(flat, values) and flat.prefix not in families:
+            raise UsageError(f"`{flat.name}` applies to the {flat.prefix} codecs, and `auto_codecs` lists none of them")
+    fitting, dropped = auto_fitting(cfg)
+    if not fitting:
+        name, why = next(iter(dropped.items()))
+        raise UsageError(f"no exchange in `auto_codecs` ({', '.join(dropped)}) fits this run as manual mode would run "
+                         f"it; {name}: {why}")
+
+
+def auto_fitting(cfg) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The exchanges `exchange` auto may choose — those of `auto_candidates` that manual mode would run with the rest
+    of this configuration — and why each other one is left out."""
+    fitting, dropped = [], {}
+    for name in cfg.exchange.auto_candidates:
+        problem = _candidate_problem(cfg, name)
+        if problem:
+            dropped[name] = problem
+        else:
+            fitting.append(name)
+    return tuple(fitting), dropped
+
+
+def _candidate_problem(cfg, name: str) -> str | None:
+    """Why manual mode would refuse the exchange `name` with the rest of this configuration (other codec families'
+    options at their defaults), or None."""
+    engine, codec = parse_exchange(name)
+    family, values = CODECS[codec].family, flatten(cfg)
+    others = {flat.name: flat.field.default for flat in flat_options(type(cfg))
+              if _set_own(flat, values) and flat.prefix != family}
+    trial = cfg.replaced(exchange="manual", engine=engine, codec=codec, **others)
+    if trial.exchange.momentum_in_exchange != cfg.exchange.momentum_in_exchange:
+        return (f"the optimizer leaves its momentum to the exchange (`momentum_correction`), which {codec} does not "
+                "carry")
+    try:
+        manual(trial)
+    except UsageError as err:
+        return str(err)
+    return None
+
+
+def _set_own(flat, values: dict) -> bool:
+    """Whether a codec family's own option is on and not at its default."""
+    value = values[flat.name]
+    return bool(flat.field.metadata["own"] and value and value != flat.field.default)
+
+
+def _default(cls, name: str):
+    return next(f.default for f in fields(cls) if f.name == name)
+
+
+def manual(cfg) -> None:
+    """The codec on its engine, the planner, a codec family's own options, and what the codec needs of the
+    optimizer and of the dense start."""
+    r, x = cfg.recipe, cfg.exchange
     runs_here = [name for name, entry in CODECS.items() if entry.runs_on(x.engine)]
     require_choice("codec", x.codec, runs_here, f" (with `engine` {x.engine})")
     if x.engine == "ddp" and x.codec_entry.torch_hook_needs_cuda and not torch.cuda.is_available():
@@ -60,9 +139,7 @@ def exchange(cfg) -> None:
                          f"scalesgd); got `codec` {x.codec}")
     values = flatten(cfg)
     for flat in flat_options(type(cfg)):  # a family's own option, on and not as by default, needs its codec
-        value = values[flat.name]
-        if flat.field.metadata["own"] and value and value != flat.field.default \
-                and x.codec_entry.family != flat.prefix:
+        if _set_own(flat, values) and x.codec_entry.family != flat.prefix:
             family = ", ".join(name for name, entry in CODECS.items() if entry.family == flat.prefix)
             raise UsageError(f"`{flat.name}` applies to the {flat.prefix} codecs ({family}); "
                              f"got `codec` {x.codec}")
@@ -93,8 +170,6 @@ def exchange(cfg) -> None:
                          f"`compress_after` {x.compress_after}")
     if x.codec_options["topk"].momentum_correction and r.optimizer == "adamw" and r.nesterov:
         raise UsageError("`nesterov` is momentum SGD's (sgd, lars); adamw takes Adam's moments")
-    if x.procs_per_node and rt.workers % x.procs_per_node:
-        raise UsageError(f"`procs_per_node` {x.procs_per_node} does not divide `workers` {rt.workers}")
 
 
 def batch(cfg) -> None:
@@ -106,6 +181,10 @@ def batch(cfg) -> None:
             raise UsageError(f"`{name}`{value} compares each worker's gradient with the mean over workers: it "
                              f"needs `workers` 2 or more, got {rt.workers}")
     parts = rt.workers * r.accumulate
+    if 0 < cfg.per_worker_batch < r.accumulate:
+        raise UsageError(f"`accumulate` {r.accumulate} is more micro-batches than the {cfg.per_worker_batch} "
+                         f"sample(s) each worker has a step (`batch_size` {r.batch_size} over `workers` "
+                         f"{rt.workers}); use 1..{cfg.per_worker_batch}, dividing it")
     if r.batch_size % parts:
         split = f"`workers` {rt.workers}" + (f" × `accumulate` {r.accumulate}" if r.accumulate > 1 else "")
         raise UsageError(f"`batch_size` {r.batch_size} does not divide evenly by {split}; use a multiple of {parts}")
@@ -185,10 +264,34 @@ def data(cfg) -> None:
                "smaller `image_size` or fewer `workers`")
 
 
+def variance_freeze(cfg) -> int | None:
+    """The step where this run freezes Adam's variance (1-bit Adam, `freeze_variance`, Adam's momentum in the
+    exchange), counted in the epochs the training set gives; None where it freezes none."""
+    return cfg.compress_after_steps(max(cfg.train_size() // cfg.recipe.batch_size, 1)) if cfg.freezes_variance \
+        else None
+
+
+def native_bf16() -> bool:
+    """Whether this CPU computes in bf16 natively (AVX512-BF16 or AMX); True where its flags cannot be read."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return True
+    return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
+
+
 def advice(cfg) -> list[str]:
     """What a valid configuration is known to lose, and what to add instead (warnings, naming options)."""
     r, x = cfg.recipe, cfg.exchange
-    found = []
+    found = [f"`exchange` auto leaves out {name}: {why}" for name, why in auto_fitting(cfg)[1].items()] if x.auto \
+        else []
+    freeze = variance_freeze(cfg)
+    if freeze is not None and early_freeze(freeze, r.betas[1]):
+        found.append(f"`compress_after` {x.compress_after} ({freeze} steps): {early_freeze(freeze, r.betas[1])} "
+                     f"(`compress_after` {variance_horizon(r.betas[1])})")
+    if r.precision == "bf16" and not torch.cuda.is_available() and not native_bf16():
+        found.append(f"`precision` bf16 on this CPU, which has no native bf16 (AVX512-BF16 or AMX), is emulated: "
+                     f"measured {EMULATED_BF16_SLOWDOWN} slower a step than fp32; train in fp32 here, in bf16 on a GPU")
     if r.optimizer == "adamw" and x.codec_entry.sparse and not x.codec_options["topk"].momentum_correction:
         found.append(f"`codec` {x.codec} under `optimizer` adamw sends the gradient in rare spikes that inflate "
                      f"Adam's variance (measured: validation loss {SPARSE_ADAM_LOSS}); `momentum_correction` carries "

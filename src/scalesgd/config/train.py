@@ -19,13 +19,15 @@ from scalesgd.comm.config import ExchangeConfig
 from scalesgd.comm.engine.exchange import ExchangeSetup
 from scalesgd.config import rules
 from scalesgd.config.output import OutputConfig
+from scalesgd.config.runtime import RuntimeConfig
 from scalesgd.data import DATASETS, DataRequest
 from scalesgd.data.config import DataConfig
 from scalesgd.errors import UsageError
 from scalesgd.models.config import ModelConfig
+from scalesgd.optim import OPTIMIZERS, variance_horizon
 from scalesgd.options import build, check_fields, flat_options, flatten, nested, parse, refuse, runtime_fields
 from scalesgd.recipe.config import RecipeConfig
-from scalesgd.config.runtime import RuntimeConfig
+from scalesgd.recipe.defaults import brought
 from scalesgd.trace import Tracer
 
 # options a resumed run may change (with a warning: it is no longer exact); --epochs only to more, --workers
@@ -69,9 +71,21 @@ class TrainConfig:
         """Whether the run counts the gradient norms the noise scale needs (asked for, or AdaScale's gain)."""
         return self.output.noise_scale or self.recipe.lr_scaling == "adascale"
 
+    @property
+    def freezes_variance(self) -> bool:
+        """Whether Adam's variance is frozen where compression starts (1-bit Adam, `freeze_variance`, Adam's momentum
+        in the exchange)."""
+        r = self.recipe
+        return OPTIMIZERS[r.optimizer].freezes_variance or r.optimizer == "adamw" and (
+            r.freeze_variance or self.exchange.momentum_in_exchange)
+
     def compress_after_steps(self, steps_per_epoch: int) -> int:
-        """The dense steps before compression, from STEPS, EPOCHSep or warmup (the end of the rate's warmup)."""
-        return self.exchange.compress_after_steps(steps_per_epoch, self.recipe.warmup_steps(steps_per_epoch))
+        """The dense steps before compression, from STEPS, EPOCHSep or warmup: the end of the rate's warmup, and where
+        Adam's variance is frozen there, no earlier than its averaging horizon 1/(1 − β2)."""
+        steps = self.exchange.compress_after_steps(steps_per_epoch, self.recipe.warmup_steps(steps_per_epoch))
+        if self.exchange.compress_after == "warmup" and self.freezes_variance:
+            return max(steps, variance_horizon(self.recipe.betas[1]))
+        return steps
 
     def codec_settings(self, steps_per_epoch: int = 1) -> CodecSettings:
         """What this run's codecs are built with: each family's options and the run's seed, epoch and momentum."""
@@ -84,7 +98,7 @@ class TrainConfig:
         """The recipe's optimizer for `model` (the loop's, and auto's trial copies'), for epochs of `steps_per_epoch`
         steps: the momentum left to the exchange where DGC's correction carries it."""
         return self.recipe.build_optimizer(
-            model, momentum_in_exchange=self.exchange.codec_options["topk"].momentum_correction,
+            model, momentum_in_exchange=self.exchange.momentum_in_exchange,
             freeze_step=self.compress_after_steps(steps_per_epoch))
 
     def exchange_setup(self, group=None, topology=None, tracer: Tracer | None = None, plan=None,
@@ -101,12 +115,13 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
-        """The config `to_dict` wrote, or the options the command line gave (by flat name)."""
+        """The config `to_dict` wrote, or the options the command line gave (by flat name), the rest at what the
+        chosen model and optimizer bring (`scalesgd.recipe.defaults`), else at their defaults."""
         known = {flat.name for flat in flat_options(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
             raise UsageError(f"unknown configuration keys {unknown}; this version accepts {sorted(known)}")
-        d = dict(d)
+        d = {**brought(d, ModelConfig().name, RecipeConfig().optimizer), **d}
         if d.get("milestones") is not None:
             d["milestones"] = tuple(float(m) for m in d["milestones"])
         for key in LISTS:

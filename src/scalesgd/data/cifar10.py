@@ -16,7 +16,7 @@ try:  # numpy's array reconstruction, which CIFAR-10's pickles name, moved to nu
 except ImportError:  # pragma: no cover - numpy 1.x
     from numpy.core import multiarray, numeric  # type: ignore[no-redef]
 
-from scalesgd.data.dataset import DataBundle, DataError, Split
+from scalesgd.data.dataset import DataBundle, DataError, Split, not_a_folder
 
 FOLDER_NAME = "cifar-10-batches-py"
 TRAIN_FILES = tuple(f"data_batch_{i}" for i in range(1, 6))
@@ -36,9 +36,7 @@ def check_cifar10_dir(data_dir: str | Path) -> Path:
     root = Path(data_dir).expanduser()
     folder = root / FOLDER_NAME if (root / FOLDER_NAME).is_dir() else root
     if not folder.is_dir():
-        raise DataError(
-            f"CIFAR-10 folder not found: {folder} (expected a directory that is, or contains, {FOLDER_NAME}/)"
-        )
+        raise not_a_folder(folder, "CIFAR-10 folder", f"a directory that is, or contains, {FOLDER_NAME}/")
     for name in ALL_FILES:
         path = folder / name
         if not path.is_file():

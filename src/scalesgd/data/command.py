@@ -3,16 +3,22 @@ folder pipeline without ImageNet and for checking it against the in-memory datas
 
 from __future__ import annotations
 
+import errno
 import re
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from scalesgd import checks, output
 from scalesgd.data.imagefolder.trees import export_digits, write_fake_tree
+from scalesgd.errors import UsageError
 from scalesgd.options import Options, option
 
 SIZE = re.compile(r"^(\d+)x(\d+)$")
 EXPORTABLE = ("digits",)
+EXIT_INTERRUPTED = 130  # what a shell reports for a command ended by Ctrl-C (128 + SIGINT)
+
 
 
 def _size(text: str) -> str | None:
@@ -24,12 +30,18 @@ def _size(text: str) -> str | None:
 
 
 def _empty_or_new(value: str) -> str | None:
-    """A tree is written only where no train/ or val/ holds files already: a user's data is never overwritten."""
+    """A tree is written only where no train/ or val/ holds files already (a user's data is never overwritten), and
+    only where a folder can be made."""
     for split in ("train", "val"):
         folder = Path(value) / split
         if folder.is_dir() and any(folder.iterdir()):
             return f"{folder} already holds files; give a new or empty folder"
     return checks.output_dir(value)
+
+
+def _exportable(value: str) -> str | None:
+    """A dataset `scalesgd data export` can write."""
+    return None if value in EXPORTABLE else f"is not one that can be exported; choose from {', '.join(EXPORTABLE)}"
 
 
 @dataclass
@@ -53,19 +65,48 @@ class ExportTree(Options):
 
     dataset: str = option("digits", "the dataset to write (digits: scikit-learn's 8×8 digits as greyscale PNGs, with "
                           "the in-memory dataset's train/test split as train/ and val/)", choices=EXPORTABLE,
-                          positional="1")
+                          positional="1", check_choices=False)
     out: str = option("", "the folder to write train/ and val/ into", required=True, check=_empty_or_new)
+
+    def validate(self) -> ExportTree:
+        """The positional DATASET named as typed (no --flag), before the options' own checks."""
+        problem = _exportable(self.dataset)
+        if problem:
+            raise UsageError(f"DATASET {self.dataset!r} {problem}")
+        return super().validate()
 
 
 def fake(cfg: FakeTree, argv: list[str]) -> int:
     width, height = (int(v) for v in SIZE.match(cfg.size).groups())
-    written = write_fake_tree(Path(cfg.out), cfg.classes, cfg.per_class, (width, height),
-                              cfg.val_per_class or None, cfg.seed, cfg.quality)
-    return _said(cfg.out, written)
+    return _write(cfg.out, lambda out: write_fake_tree(out, cfg.classes, cfg.per_class, (width, height),
+                                                       cfg.val_per_class or None, cfg.seed, cfg.quality))
 
 
 def export(cfg: ExportTree, argv: list[str]) -> int:
-    return _said(cfg.out, export_digits(Path(cfg.out)))
+    return _write(cfg.out, export_digits)
+
+
+def _write(out: str, writer: Callable[[Path], dict]) -> int:
+    """Write a tree into `out` (the writer moves it into place whole, or removes what it wrote): Ctrl-C ends it with
+    one line and exit status 130, a folder that cannot be written is bad input naming it."""
+    try:
+        written = writer(Path(out))
+    except KeyboardInterrupt:
+        print(f"scalesgd: error: interrupted; nothing written to {out}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except OSError as err:
+        raise UsageError(f"`out` {out}: {_cannot_write(err)}; nothing written") from None
+    return _said(out, written)
+
+
+def _cannot_write(err: OSError) -> str:
+    """What went wrong writing, in words."""
+    if err.strerror is None:  # one of our own, with its message (a tree appeared meanwhile)
+        return str(err)
+    if err.errno in (errno.EACCES, errno.EPERM):
+        return f"cannot be written: permission denied ({err.filename})"
+    return f"cannot be written: {err.strerror.lower()} ({err.filename})" if err.filename else \
+        f"cannot be written: {err.strerror.lower()}"
 
 
 def _said(out: str, written: dict) -> int:

@@ -3,6 +3,7 @@ request a run makes of the dataset from them."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from scalesgd import checks
@@ -10,6 +11,20 @@ from scalesgd.data import DATASETS, DataRequest
 from scalesgd.options import option
 
 AUGMENTS = ("standard", "none")
+MAX_IMAGE_SIDE = 4096  # pixels: one such RGB image is 192 MiB as float32 (ImageNet's recipes crop to 224)
+PATHS = ("data_dir", "data_file")  # options naming files, stored absolute so a run resumes from any folder
+image_side = checks.within(1, MAX_IMAGE_SIDE, note="pixels a side; one such RGB image is 192 MiB as float32, and "
+                           "ImageNet's recipes crop to 224")
+
+
+def absolute(path: str | None) -> str | None:
+    """A path as the folder it is typed in means it (~ expanded), so it means the same from anywhere."""
+    return None if path is None else os.path.abspath(os.path.expanduser(path))
+
+
+def absolute_paths(options: dict) -> dict:
+    """Options by flat name, the data's files among them made absolute."""
+    return {name: absolute(value) if name in PATHS else value for name, value in options.items()}
 
 
 @dataclass
@@ -24,7 +39,7 @@ class DataConfig:
     samples: int = option(5000, "synthetic: training samples; text: training sequences at most", check=checks.positive)
     image_size: int | None = option(None, "image side: synthetic images are made at it, imagefolder's are cropped "
                                     "to it", parse=int, shown_default="synthetic 32, imagefolder 224",
-                                    check=lambda v: None if v is None else checks.positive(v))
+                                    check=lambda v: None if v is None else image_side(v))
     augment: str = option("standard", "standard: the dataset's training augmentation (cifar10: pad-4 crop and flip; "
                           "imagefolder: random-resized crop, area 8–100 %, aspect ¾–4/3, and flip, evaluated at a "
                           "256/224 resize and centre crop); none: the images as they are (imagefolder: resized to "
@@ -46,6 +61,11 @@ class DataConfig:
     def side(self) -> int:
         """The image side: --image-size, else the dataset's own default."""
         return self.image_size or DATASETS[self.dataset].image_size
+
+    def make_paths_absolute(self) -> None:
+        """Store `data_dir` and `data_file` as absolute paths (once validated, so errors show them as typed): a run's
+        config.json then names the same files when it is resumed from another folder."""
+        self.data_dir, self.data_file = absolute(self.data_dir), absolute(self.data_file)
 
     def request(self, sequence_length: int, seed: int) -> DataRequest:
         """What the run asks of its dataset, for a model of `sequence_length` tokens and the run's seed."""

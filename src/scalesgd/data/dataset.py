@@ -2,13 +2,30 @@
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 
 class DataError(ValueError):
     """Bad or missing data on disk or in memory, reported as one line naming the culprit."""
+
+
+def not_a_folder(path: Path, what: str, expected: str) -> DataError:
+    """The error for a `what` (a dataset folder) at `path` that is no folder, saying what is there instead: nothing,
+    a file, or a link that cannot be followed."""
+    try:
+        path.stat()
+    except OSError as err:
+        if path.is_symlink():
+            return DataError(f"{what} {path} is a symbolic link that cannot be followed ({err.strerror}); expected "
+                             f"{expected}")
+        if err.errno in (errno.ENOENT, errno.ENOTDIR):
+            return DataError(f"{what} not found: {path} (expected {expected})")
+        return DataError(f"{what} {path} cannot be read ({err.strerror}); expected {expected}")
+    return DataError(f"{what} {path} is a file, not a folder (expected {expected})")
 
 
 @dataclass(frozen=True, eq=False)

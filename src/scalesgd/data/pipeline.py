@@ -9,21 +9,84 @@ run resumed mid-epoch reads exactly the batches the uninterrupted one would have
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
+import re
+import signal
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
+from pathlib import Path
 
 import torch
 
 from scalesgd.data.augment import random_crop_flip
-from scalesgd.data.dataset import DataBundle, Split
+from scalesgd.data.dataset import DataBundle, DataError, Split
 from scalesgd.data.imagefolder.files import FolderData, check_batch, collate
 from scalesgd.data.sampler import GlobalBatchSampler
 
 PREFETCH = 2  # batches each loader worker decodes ahead (PyTorch's default)
 MicroBatches = list[tuple[torch.Tensor, torch.Tensor]]
+# what torch's DataLoader raises (from its SIGCHLD handler, anywhere in the main thread, or when it next reads) when
+# one of its processes died: "DataLoader worker (pid 12) is killed by signal: Killed.", "… (pid(s) 12) exited
+# unexpectedly", "… (pid 12) exited unexpectedly with exit code 1. Details are lost …"
+LOADER_DIED = re.compile(r"DataLoader worker \(pid(?:\(s\))? ([\d, ]+)\) (is killed by signal: ([^.]+)|exited "
+                         r"unexpectedly with exit code (-?\d+)|exited unexpectedly)")
+SIGNAL_NAMES = {signal.strsignal(s): s.name for s in signal.Signals}  # "Killed" -> "SIGKILL"
+PR_SET_PDEATHSIG = 1
+
+
+class DataGone(DataError):
+    """Files the run was reading are gone (their folder removed or renamed mid-run): not a bad file, and no restart
+    finds them until they are put back."""
+
+
+class LoaderDied(RuntimeError):
+    """A data loader process died (the OOM killer, a kill by hand): the message says which and how."""
+
+
+def loader_death(err: BaseException) -> str | None:
+    """What an error says of a loader process that died (the OOM killer, a kill by hand), in one line; None for
+    any other error."""
+    if isinstance(err, LoaderDied):
+        return str(err)
+    found = LOADER_DIED.search(str(err)) if isinstance(err, RuntimeError) else None
+    if found is None:
+        return None
+    pids, _, killed_by, status = found.groups()
+    if killed_by is not None:
+        how = f"was killed by {SIGNAL_NAMES.get(killed_by.strip(), killed_by.strip())}"
+    else:
+        how = f"exited with status {status}" if status is not None else "exited unexpectedly"
+    return f"data loader process (pid {pids.strip()}) {how}"
+
+
+def vanished(paths: list[str]) -> Path | None:
+    """The outermost missing folder (or file) of the first of `paths` that no longer exists, or None."""
+    for path in map(Path, paths):
+        if not path.exists():
+            while path.parent != path and not path.parent.exists():
+                path = path.parent
+            return path
+    return None
+
+
+def gone(paths: list[str]) -> DataGone | None:
+    """DataGone naming what of `paths` is gone, or None while they are all there."""
+    missing = vanished(paths)
+    return None if missing is None else DataGone(f"{missing} is gone (removed or renamed while the run read it)")
+
+
+def one_line(err: DataError) -> DataError:
+    """A data error raised in a loader process, as the loader re-raises it ("Caught BadImage in DataLoader worker
+    process 0." and the traceback), back to its own last line."""
+    text = str(err).strip()
+    if text.startswith("Caught "):  # torch's re-raise: the traceback's last line is the original "module.Type: …"
+        text = re.sub(r"^[\w.]+: ", "", text.splitlines()[-1])
+    return type(err)(text)
 
 
 def default_loader_workers(local_processes: int, cores: int | None = None) -> int:
@@ -111,6 +174,7 @@ class FolderPipeline:
         shard = torch.utils.data.Subset(data.test, range(rank, len(data.test), world))
         self.test = loader(shard, settings, batch_size=settings.eval_batch)
         self.started: tuple[int, Iterator] | None = None  # an epoch whose decoding began ahead of its first step
+        self.root = Path(os.path.commonpath([data.train.files[0][0], data.test.files[0][0]]))  # the folder read
 
     def prepare(self, epoch: int) -> None:
         """Have the loader processes start decoding `epoch`'s first batches now (while the last epoch is evaluated):
@@ -128,14 +192,46 @@ class FolderPipeline:
         else:
             self.batches.start = start
             batches = iter(self.train)
-        for batch in batches:
+        for batch in self.read(batches):
             x, y = self.on_device(batch)
             yield list(zip(x.chunk(self.accumulate), y.chunk(self.accumulate)))
 
     def test_batches(self, rank: int, world: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This rank's strided shard of the validation folder (the shard was fixed when the loader was built)."""
-        for batch in self.test:
+        for batch in self.read(iter(self.test)):
             yield self.on_device(batch)
+
+    def read(self, batches: Iterator) -> Iterator:
+        """The loader's batches; an error a loader process raised comes back as one line, not its traceback."""
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            except DataError as err:
+                raise (gone([str(self.root)]) or one_line(err)) from None
+            except Exception:  # a loader process killed mid-batch: its socket's EOF may come before torch's own check
+                died = self.dead_loader()
+                if died is None:
+                    raise
+                raise LoaderDied(died) from None
+            yield batch
+
+    def dead_loader(self, wait_s: float = 1.0) -> str | None:
+        """Which loader process died, and how, in one line; None when all are alive after `wait_s` (a killed one
+        closes its sockets a moment before it is seen to have ended)."""
+        processes = [w for source in (self.train, self.test)
+                     for w in getattr(getattr(source, "_iterator", None), "_workers", [])]
+        end = time.monotonic() + wait_s
+        while True:
+            for w in processes:
+                if w.exitcode is not None:
+                    how = (f"was killed by {signal.Signals(-w.exitcode).name}" if w.exitcode < 0
+                           else f"exited with status {w.exitcode}")
+                    return f"data loader process (pid {w.pid}) {how}"
+            if time.monotonic() > end:
+                return None
+            time.sleep(0.05)
 
     def first_batches(self, size: int, count: int) -> MicroBatches:
         """The training set's first `count` batches of `size`, decoded in this process (epoch 0's crops)."""
@@ -145,7 +241,14 @@ class FolderPipeline:
         return batches
 
     def on_device(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Pixels and labels on the device, the pixels normalised there; a bad file is reported (or skipped, once)."""
+        """Pixels and labels on the device, the pixels normalised there; a bad file is reported (or skipped, once),
+        a file gone since the run began is DataGone (the folder removed or renamed: the run cannot go on; with
+        `skip_bad`, one file gone is skipped as a bad one is, the folder gone is DataGone)."""
+        if batch.problems:
+            read = [p.partition(": ")[0] for joined in batch.problems for p in joined.split("; ")]
+            missing = gone([str(self.root)] + ([] if self.settings.skip_bad else read))
+            if missing is not None:
+                raise missing
         for problem in check_batch(batch, self.settings.skip_bad):
             path, _, what = problem.partition(": ")
             if path not in self.skipped:
@@ -168,7 +271,18 @@ def loader(dataset, settings: LoaderSettings, **batching) -> torch.utils.data.Da
     workers = settings.workers
     return torch.utils.data.DataLoader(
         dataset, num_workers=workers, collate_fn=collate, pin_memory=settings.device.type == "cuda",
-        persistent_workers=workers > 0, prefetch_factor=PREFETCH if workers > 0 else None, **batching)
+        persistent_workers=workers > 0, prefetch_factor=PREFETCH if workers > 0 else None,
+        worker_init_fn=functools.partial(end_with_trainer, os.getpid()) if workers > 0 else None, **batching)
+
+
+def end_with_trainer(trainer: int, _worker_id: int) -> None:
+    """In a loader process: end the moment the training process does, however it ends (Linux's parent-death signal),
+    not at torch's next check seconds later, holding the run's output open and reading for nobody meanwhile."""
+    if not sys.platform.startswith("linux"):
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != trainer:  # it ended before the signal was asked for
+        os._exit(0)
 
 
 def open_pipeline(data: DataBundle | FolderData, sampler: GlobalBatchSampler, accumulate: int,

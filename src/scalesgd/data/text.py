@@ -158,15 +158,18 @@ def _cap(count: int, samples: int | None) -> int:
 
 
 def _check_length(size: int, sequence_length: int, max_bytes: int, source: str) -> None:
-    """Raise DataError unless `size` bytes give each split at least one window of T+1 bytes."""
+    """Raise DataError unless `size` bytes give each split at least one window of T+1 bytes, naming the option that
+    sets T (the GPT's `gpt_block`, the one model that reads text)."""
     need = min_text_bytes(sequence_length)
     if size >= need:
         return
+    why = (f"the last tenth of the text is kept for validation and must hold one sequence of {sequence_length + 1} "
+           f"bytes ({sequence_length} tokens and the one that follows them)")
     if max_bytes < need:
-        raise DataError(f"max_bytes={max_bytes} is too small for sequence_length={sequence_length}: {source} "
-                        f"needs at least 10·(T+1) = {need} bytes so the last 10 % (validation) holds one window")
-    raise DataError(f"{source} has {size} bytes; sequence_length={sequence_length} needs at least 10·(T+1) = "
-                    f"{need} bytes so the last 10 % (validation) holds one window of T+1 bytes")
+        raise DataError(f"max_bytes={max_bytes} is too small for `gpt_block` {sequence_length}: {source} needs at "
+                        f"least {need} bytes, as {why}")
+    raise DataError(f"{source} has {size} bytes; `gpt_block` {sequence_length} needs at least {need}, as {why}; give "
+                    "a longer text or a smaller `gpt_block`")
 
 
 def _check_args(sequence_length: int, max_bytes: int, samples: int | None) -> None:

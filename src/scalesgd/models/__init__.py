@@ -4,7 +4,7 @@ the models that have size options (`--gpt-layers`, …)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch import nn
 
@@ -36,6 +36,13 @@ class ModelEntry:
 
     build: Callable[[int, int, ModelOptions], nn.Module]
     data: str = IMAGE
+    recipe: dict = field(default_factory=dict)  # `scalesgd train` options (by flat name) it runs at unless given
+
+
+# the GPT on text as transformers are trained (docs/results.md#language-model): AdamW, 512 steps of 64 sequences,
+# the first 1/16 of them warming up, then cosine
+GPT_RECIPE = {"optimizer": "adamw", "batch_size": 64, "base_batch": 64, "samples": 16384, "epochs": 2,
+              "warmup_epochs": 0.125, "schedule": "cosine"}
 
 
 def _image(builder: Callable[[int, int], nn.Module]) -> ModelEntry:
@@ -48,7 +55,7 @@ MODELS.add("resnet20", _image(resnet20))
 MODELS.add("resnet56", _image(resnet56))
 MODELS.add("resnet50", _image(resnet50))
 MODELS.add("vgg16", _image(vgg16))
-MODELS.add("gpt", ModelEntry(lambda vocab, channels, options: gpt(vocab, options["gpt"]), TEXT))
+MODELS.add("gpt", ModelEntry(lambda vocab, channels, options: gpt(vocab, options["gpt"]), TEXT, GPT_RECIPE))
 
 
 def build_model(name: str, num_classes: int, in_channels: int, options: ModelOptions | None = None) -> nn.Module:
@@ -63,5 +70,19 @@ def build_model(name: str, num_classes: int, in_channels: int, options: ModelOpt
     return entry.build(num_classes, in_channels, options or ModelOptions())
 
 
-__all__ = ["GPT", "IMAGE", "MODELS", "MODEL_OPTIONS", "ModelEntry", "ModelOptions", "TEXT", "build_model", "gpt",
-           "resnet8", "resnet20", "resnet56", "resnet50", "vgg16"]
+__all__ = [
+    "GPT",
+    "IMAGE",
+    "MODELS",
+    "MODEL_OPTIONS",
+    "TEXT",
+    "ModelEntry",
+    "ModelOptions",
+    "build_model",
+    "gpt",
+    "resnet8",
+    "resnet20",
+    "resnet50",
+    "resnet56",
+    "vgg16",
+]

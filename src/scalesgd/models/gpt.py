@@ -16,15 +16,24 @@ from torch import Tensor, nn
 from scalesgd import checks
 from scalesgd.options import option
 
+# The largest sizes taken, each GPT-3 175B's (Brown et al. 2020) or twice it: far past what a run here trains, and
+# bounded so a typo is refused at once instead of filling memory or computing for minutes in silence.
+MAX_LAYERS = 96
+MAX_WIDTH = 12288
+MAX_BLOCK = 4096
+
 
 @dataclass(frozen=True)
 class GptOptions:
     """The GPT's size: blocks, heads, width, context length and dropout."""
 
-    layers: int = option(4, "GPT: transformer blocks", check=checks.at_least(1))
-    heads: int = option(4, "GPT: attention heads per block", check=checks.at_least(1))
-    width: int = option(128, "GPT: embedding width, a multiple of the heads", check=checks.at_least(1))
-    block: int = option(64, "GPT: context length in tokens (the sequence length)", check=checks.at_least(1))
+    layers: int = option(4, "GPT: transformer blocks", check=checks.within(
+        1, MAX_LAYERS, note="GPT-3 175B's depth; each block's weights, gradients and optimizer state are held"))
+    heads: int = option(4, "GPT: attention heads per block", check=checks.at_least(1))  # at most the width
+    width: int = option(128, "GPT: embedding width, a multiple of the heads", check=checks.within(
+        1, MAX_WIDTH, note="GPT-3 175B's width; a block's weights grow with its square"))
+    block: int = option(64, "GPT: context length in tokens (the sequence length)", check=checks.within(
+        1, MAX_BLOCK, note="tokens; attention's time and memory grow with its square: GPT-2 takes 1024, GPT-3 2048"))
     dropout: float = option(0.0, "GPT: dropout probability", check=checks.within(0, 1, high_open=True))
 
     def problem(self) -> str | None:

@@ -4,14 +4,14 @@ momentum that travels as signs; SGD for an exchange that carries the momentum (D
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from scalesgd.optim.lamb import LAMB
 from scalesgd.optim.lars import LARS, NaiveLARS
 from scalesgd.optim.momentum_corrected import MomentumCorrectedSGD
-from scalesgd.optim.onebit_adam import OneBitAdam
+from scalesgd.optim.onebit_adam import EarlyFreezeWarning, OneBitAdam, early_freeze, variance_horizon
 from scalesgd.registry import Registry
 
 
@@ -28,19 +28,39 @@ class OptimizerSettings:
     freeze_variance: bool = False  # adamw: its variance frozen after `freeze_step` too (for a sparse exchange)
 
 
-# name → builder(param_groups, settings)
-OPTIMIZERS: Registry[Callable[[list[dict], OptimizerSettings], torch.optim.Optimizer]] = Registry("optimizer")
-OPTIMIZERS.add("sgd", lambda groups, s: torch.optim.SGD(groups, lr=s.lr, momentum=s.momentum, nesterov=s.nesterov))
-OPTIMIZERS.add("lars", lambda groups, s: LARS(groups, lr=s.lr, momentum=s.momentum, nesterov=s.nesterov,
-                                              trust_coefficient=s.trust_coefficient))
-OPTIMIZERS.add("lamb", lambda groups, s: LAMB(groups, lr=s.lr, betas=s.betas))
-OPTIMIZERS.add("adamw", lambda groups, s: OneBitAdam(groups, lr=s.lr, betas=s.betas, freeze_step=s.freeze_step,
-                                                     grad_is_momentum=False)
-               if s.freeze_variance else torch.optim.AdamW(groups, lr=s.lr, betas=s.betas))
-OPTIMIZERS.add("onebit-adam", lambda groups, s: OneBitAdam(groups, lr=s.lr, betas=s.betas,
-                                                           freeze_step=s.freeze_step))
+@dataclass(frozen=True)
+class OptimizerEntry:
+    """An optimizer's builder — (param_groups, settings) — and the recipe it brings: the `scalesgd train` options
+    (by flat name) it runs at unless the user gives them, where the command line's defaults are momentum SGD's."""
+
+    build: Callable[[list[dict], OptimizerSettings], torch.optim.Optimizer]
+    recipe: dict = field(default_factory=dict)
+    freezes_variance: bool = False  # Adam's variance frozen where compression starts, always (1-bit Adam)
+
+
+# Adam's kinds (Loshchilov and Hutter 2019, "Decoupled Weight Decay Regularization"): a rate of Adam's order, the
+# betas and decay transformers are trained with, a cosine decay, and the square-root rule for the rate against the
+# batch (Malladi et al. 2022, "On the SDEs and Scaling Rules for Adaptive Gradient Algorithms").
+ADAM_RECIPE = {"base_lr": 1e-3, "betas": (0.9, 0.95), "weight_decay": 0.1, "schedule": "cosine",
+               "lr_scaling": "sqrt"}
+
+OPTIMIZERS: Registry[OptimizerEntry] = Registry("optimizer")
+OPTIMIZERS.add("sgd", OptimizerEntry(lambda groups, s: torch.optim.SGD(groups, lr=s.lr, momentum=s.momentum,
+                                                                       nesterov=s.nesterov)))
+OPTIMIZERS.add("lars", OptimizerEntry(lambda groups, s: LARS(groups, lr=s.lr, momentum=s.momentum,
+                                                             nesterov=s.nesterov,
+                                                             trust_coefficient=s.trust_coefficient)))
+# the rate measured best at 32× (0.004 at a base batch of 32, docs/results.md#large-batch), at the base batch 256
+OPTIMIZERS.add("lamb", OptimizerEntry(lambda groups, s: LAMB(groups, lr=s.lr, betas=s.betas),
+                                      {"base_lr": 0.032, "schedule": "cosine"}))
+OPTIMIZERS.add("adamw", OptimizerEntry(
+    lambda groups, s: OneBitAdam(groups, lr=s.lr, betas=s.betas, freeze_step=s.freeze_step, grad_is_momentum=False)
+    if s.freeze_variance else torch.optim.AdamW(groups, lr=s.lr, betas=s.betas), ADAM_RECIPE))
+OPTIMIZERS.add("onebit-adam", OptimizerEntry(
+    lambda groups, s: OneBitAdam(groups, lr=s.lr, betas=s.betas, freeze_step=s.freeze_step), ADAM_RECIPE,
+    freezes_variance=True))
 
 ADAPTIVE = ("lamb", "adamw", "onebit-adam")  # Adam's per-coordinate moments: β1,β2 apply, momentum does not
 
-__all__ = ["ADAPTIVE", "LAMB", "LARS", "OPTIMIZERS", "MomentumCorrectedSGD", "NaiveLARS", "OneBitAdam",
-           "OptimizerSettings"]
+__all__ = ["ADAPTIVE", "EarlyFreezeWarning", "LAMB", "LARS", "OPTIMIZERS", "MomentumCorrectedSGD", "NaiveLARS",
+           "OneBitAdam", "OptimizerEntry", "OptimizerSettings", "early_freeze", "variance_horizon"]

@@ -14,6 +14,7 @@ from scalesgd import checks
 from scalesgd.optim import OPTIMIZERS
 from scalesgd.options import floats_of, option
 from scalesgd.recipe.adascale import AdaScaleFactor
+from scalesgd.recipe.defaults import shown
 from scalesgd.recipe.params import build_optimizer
 from scalesgd.recipe.scaling import SCALING_RULES, scaled_lr
 from scalesgd.recipe.schedule import SCHEDULES, WARMUPS, LrFactor, default_milestones
@@ -32,27 +33,31 @@ class LrSchedule(NamedTuple):
 class RecipeConfig:
     """The large-minibatch recipe of Goyal et al. 2017 and the optimizers beyond it."""
 
-    batch_size: int = option(128, "global minibatch kn: what one step averages over", check=checks.positive)
+    batch_size: int = option(128, "global minibatch kn: what one step averages over", check=checks.positive,
+                             shown_default=shown("batch_size"))
     accumulate: int = option(1, "micro-batches per step: each worker runs its share of --batch-size in N parts, "
                              "summing their gradients, and exchanges once, on the last", check=checks.at_least(1))
     precision: str = option("fp32", "forward and backward arithmetic: autocast to bf16, or to fp16 with a gradient "
                             "scaler (a step with an overflow is skipped, by every rank and codec); weights and "
                             "optimizer stay fp32", choices=PRECISIONS)
     epochs: int = option(30, "passes over the training set (with --lr-scaling adascale, the base batch's: the run "
-                         "goes on until its scale-invariant schedule is done)", check=checks.positive)
-    base_lr: float = option(0.1, "rate tuned at --base-batch", check=checks.positive)
+                         "goes on until its scale-invariant schedule is done)", check=checks.positive,
+                         shown_default=shown("epochs"))
+    base_lr: float = option(0.1, "rate tuned at --base-batch", check=checks.positive, shown_default=shown("base_lr"))
     base_batch: int = option(256, "global minibatch --base-lr was tuned at; --lr-scaling scales the rate by "
-                             "--batch-size ÷ this", check=checks.positive)
+                             "--batch-size ÷ this", check=checks.positive, shown_default=shown("base_batch"))
     lr_scaling: str = option("linear", "how the peak rate follows --batch-size ÷ --base-batch: in proportion, "
                              "by its square root, not at all, or adascale: by the gain measured from the gradient "
                              "noise (1 to the ratio; the schedule runs in scale-invariant steps; no warmup; 2+ "
-                             "workers)", choices=SCALING_RULES)
+                             "workers)", choices=SCALING_RULES, shown_default=shown("lr_scaling"))
     warmup: str = option("gradual", "how the rate reaches the scaled peak: gradual rises linearly from --base-lr "
                          "over --warmup-epochs, constant holds --base-lr for them and then jumps, none starts at "
                          "the peak", choices=WARMUPS)
-    warmup_epochs: float = option(5.0, "epochs of warmup (fractions allowed)", check=checks.finite_non_negative)
+    warmup_epochs: float = option(5.0, "epochs of warmup (fractions allowed)", check=checks.finite_non_negative,
+                                  shown_default=shown("warmup_epochs"))
     schedule: str = option("step", "decay of the rate after warmup: step (× --gamma at each of --milestones), "
-                           "cosine or poly (down to --end-lr), arccot", choices=SCHEDULES)
+                           "cosine or poly (down to --end-lr), arccot", choices=SCHEDULES,
+                           shown_default=shown("schedule"))
     milestones: tuple[float, ...] | None = option(None, "step-schedule epochs, comma-separated",
                                                   parse=floats_of("epochs"), shown_default="30,60,80 of 90 scaled")
     gamma: float = option(0.1, "step schedule: factor at each milestone",
@@ -65,9 +70,10 @@ class RecipeConfig:
     optimizer: str = option("sgd", "momentum SGD, LARS's per-layer rate, LAMB (Adam with LARS's per-layer ratio), "
                             "AdamW (torch's; no decay on norms, biases and embeddings), or 1-bit Adam (AdamW "
                             "while --compress-after's steps are dense, then the momentum travels as signs: "
-                            "needs --codec onebit)", choices=OPTIMIZERS)
+                            "needs --codec onebit)", choices=OPTIMIZERS, shown_default=shown("optimizer"))
     betas: tuple[float, ...] = option((0.9, 0.999), "Adam's β1,β2 (lamb, adamw, onebit-adam)",
-                                      parse=floats_of("betas"), check=checks.betas)
+                                      parse=floats_of("decay rates β1,β2, each in [0, 1), e.g. 0.9,0.95"),
+                                      check=checks.betas, shown_default=shown("betas"))
     freeze_variance: bool = option(False, "adamw: Adam's variance frozen at its value where compression starts "
                                    "(--compress-after), as 1-bit Adam does: an error-fed sparse gradient arrives in "
                                    "rare large spikes, which inflate the variance and shrink Adam's steps")
@@ -75,7 +81,8 @@ class RecipeConfig:
     momentum: float = option(0.9, "momentum coefficient μ of SGD (and LARS), in [0, 1); lamb ignores it",
                              check=checks.within(0, 1, high_open=True))
     nesterov: bool = option(False, "Nesterov momentum (sgd, lars)")
-    weight_decay: float = option(1e-4, "L2 weight decay (never on BN γ/β)", check=checks.finite_non_negative)
+    weight_decay: float = option(1e-4, "L2 weight decay (never on BN γ/β)", check=checks.finite_non_negative,
+                                 shown_default=shown("weight_decay"))
     bias_decay: bool = option(True, "no decay on biases", flag="--no-bias-decay")
     zero_gamma: bool = option(True, "γ = 1 on the last BN of residual blocks", flag="--no-zero-gamma")
     bn_momentum: float = option(0.1, "weight of each batch in BN's running statistics",

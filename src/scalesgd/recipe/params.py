@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 
-from scalesgd.optim import ADAPTIVE, OPTIMIZERS, MomentumCorrectedSGD, OneBitAdam, OptimizerSettings
+from scalesgd.optim import ADAPTIVE, OPTIMIZERS, EarlyFreezeWarning, MomentumCorrectedSGD, OneBitAdam, OptimizerSettings
 
 _NORM_TYPES = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)
 
@@ -54,11 +56,21 @@ def build_optimizer(model: nn.Module, kind: str, lr: float, momentum: float, nes
     arrives, its variance frozen after `freeze_step` (`OneBitAdam`)."""
     adaptive = kind in ADAPTIVE and kind != "lamb"  # lamb keeps the recipe's groups it was measured with
     groups = param_groups(model, weight_decay, bias_decay and not adaptive, embedding_decay=not adaptive)
+    with warnings.catch_warnings():  # `scalesgd train` warns of an early freeze once, at start (`rules.advice`)
+        warnings.simplefilter("ignore", EarlyFreezeWarning)
+        return _build(groups, kind, lr, momentum, nesterov, trust_coefficient, momentum_in_exchange, betas,
+                      freeze_step, freeze_variance)
+
+
+def _build(groups: list[dict], kind: str, lr: float, momentum: float, nesterov: bool, trust_coefficient: float,
+           momentum_in_exchange: bool, betas: tuple[float, float], freeze_step: int,
+           freeze_variance: bool) -> torch.optim.Optimizer:
+    """The optimizer on its groups: the exchange's momentum kind where it carries the momentum, else the registered."""
     if momentum_in_exchange:
         if kind == "adamw":  # the exchange carries Adam's momentum: Adam steps with it, its variance frozen
             return OneBitAdam(groups, lr=lr, betas=tuple(betas), freeze_step=freeze_step)
         if kind != "sgd":
             raise ValueError(f"momentum in the exchange needs the sgd or adamw optimizer, got {kind!r}")
         return MomentumCorrectedSGD(groups, lr, momentum, nesterov=nesterov)
-    return OPTIMIZERS[kind](groups, OptimizerSettings(lr, momentum, nesterov, trust_coefficient, tuple(betas),
-                                                      freeze_step, freeze_variance))
+    return OPTIMIZERS[kind].build(groups, OptimizerSettings(lr, momentum, nesterov, trust_coefficient, tuple(betas),
+                                                            freeze_step, freeze_variance))

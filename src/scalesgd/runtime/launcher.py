@@ -150,7 +150,8 @@ def supervise(procs: list[subprocess.Popen], timeout_s: float, heartbeats: Heart
     """Wait for every worker; after the first failure give the rest `timeout_s` to stop, then kill them.
 
     With `heartbeats`, a worker silent for `timeout_s` (or silent at all once another has failed) is not running:
-    the run ends then, and that worker is the one named.
+    the run ends then, and that worker is the one named; and a failed worker that left a line saying why (its data
+    loader died, the disk filled, its link went down) is the one reported, in its words, once.
     """
     failures: list[tuple[int, int]] = []  # (rank, exit code) in the order they were seen
     deadline, hung = None, []
@@ -183,6 +184,11 @@ def supervise(procs: list[subprocess.Popen], timeout_s: float, heartbeats: Heart
         return 1
     if not failures:
         return 0
+    noted = first_note(failures, heartbeats)
+    if noted is not None:  # a worker named the cause (its data loader died, the disk filled, its link went down)
+        code, note = noted
+        print(f"scalesgd: error: {note}; the other workers were stopped", file=sys.stderr)
+        return shell_status(code)
     codes = [code for _, code in failures]
     if EXIT_USAGE in codes:
         return EXIT_USAGE  # rank 0 already said which input was bad
@@ -191,7 +197,20 @@ def supervise(procs: list[subprocess.Popen], timeout_s: float, heartbeats: Heart
     rank, code = first_failure(failures)
     print(f"scalesgd: error: worker rank {rank} {describe_exit(code)}; the other workers were stopped",
           file=sys.stderr)
-    return code if code > 0 else 128 - code  # the worker's own status; a signal's as a shell gives it
+    return shell_status(code)
+
+
+def shell_status(code: int) -> int:
+    """The worker's own status; a signal's as a shell gives it."""
+    return code if code > 0 else 128 - code
+
+
+def first_note(failures: list[tuple[int, int]], heartbeats: Heartbeats | None) -> tuple[int, str] | None:
+    """(exit status, line) of the first failed worker that left a line saying why: said once for the whole run,
+    however many ranks met the cause."""
+    if heartbeats is None:
+        return None
+    return next(((code, note) for rank, code in failures if (note := heartbeats.note(rank))), None)
 
 
 def first_failure(failures: list[tuple[int, int]]) -> tuple[int, int]:

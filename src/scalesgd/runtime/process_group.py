@@ -8,13 +8,16 @@ import socket
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from scalesgd import checks
+from scalesgd.comm.wire.groups import own_group
 from scalesgd.comm.wire.topology import Topology, build_groups
 from scalesgd.errors import EXIT_PEER_LOST, PeerLost, UsageError
+from scalesgd.runtime import heartbeat
 from scalesgd.runtime.launcher import LAUNCHED_MARK
 
 # What a collective says when another worker died or stopped answering (lower case), and where it comes from
@@ -93,7 +96,7 @@ def init(timeout_s: float, threads: int = 0, exchange_group: bool = False,
         dist.init_process_group(backend_for(device), rank=rank, world_size=world, timeout=timeout)
     groups = {}
     if exchange_group:
-        groups["exchange_group"] = dist.new_group()  # new groups take the default group's backends
+        groups["exchange_group"] = own_group()  # the default group's backends and timeout
     if procs_per_node:
         groups["topology_groups"] = build_groups(Topology(world, rank, procs_per_node))
     env = DistEnv(rank, world, local_rank, local_world, device, **groups)
@@ -146,7 +149,7 @@ def set_threads(threads: int = 0) -> None:
     shared among this node's workers."""
     if not threads and os.environ.get("OMP_NUM_THREADS", "").isdigit():
         threads = int(os.environ["OMP_NUM_THREADS"])
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", 1)))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
     torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // local_world))
 
 
@@ -170,12 +173,30 @@ def is_peer_failure(exc: BaseException) -> bool:
 
 def peer_lost(err: BaseException) -> int:
     """A worker's exit when a peer died or stopped answering: quiet under our launcher (it names the rank that
-    failed), one line under torchrun."""
-    if os.environ.get(LAUNCHED_MARK) != "1":
+    failed), one line under torchrun. A worker whose own link is down is the one cut off, and says so."""
+    rank = os.environ.get("RANK", "0")
+    link = link_down()
+    if link is not None:
+        line = f"worker rank {rank} is unreachable: its network link {link} is down"
+        if not heartbeat.leave_note(line):
+            print(f"scalesgd: error: {line}", file=sys.stderr)
+    elif os.environ.get(LAUNCHED_MARK) != "1":
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        print(f"scalesgd: rank {os.environ.get('RANK', 0)}: a collective failed, a peer died or timed out: {first}",
-              file=sys.stderr)
+        print(f"scalesgd: rank {rank}: a collective failed, a peer died or timed out: {first}", file=sys.stderr)
     return EXIT_PEER_LOST
+
+
+def link_down(environ=os.environ, interfaces: Path = Path("/sys/class/net")) -> str | None:
+    """The interface gloo binds to (GLOO_SOCKET_IFNAME) where it is down or has lost its carrier, else None: with
+    two ranks both time out alike, and only the link's state tells which one was cut off."""
+    name = environ.get("GLOO_SOCKET_IFNAME", "").split(",")[0]
+    if not name:
+        return None
+    try:
+        state = (interfaces / name / "operstate").read_text().strip()
+    except OSError:
+        return None
+    return name if state in ("down", "lowerlayerdown") else None
 
 
 def sync_buffers(module: torch.nn.Module, src: int = 0) -> None:

@@ -4,13 +4,18 @@ rank; WIRE the low-rank codec's factor wire, or how a sparse codec's entries tra
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
 from scalesgd.comm.codecs import CODECS, CodecOptions
-from scalesgd.comm.codecs.registry import codec_option, flat_codec_options, options_from_flat
-from scalesgd.comm.engine.exchange import exchange_names
+from scalesgd.comm.codecs.registry import (
+    codec_option,
+    flat_codec_options,
+    options_from_flat,
+)
+from scalesgd.comm.engine.exchange import exchange_names, parse_exchange
 from scalesgd.config import AUTO_CODECS, NO_PLANNER
 from scalesgd.errors import UsageError
 
@@ -65,57 +70,80 @@ class Mode:
 
 
 def parse_mode(text: str) -> Mode:
-    """`none`, `ddp[-CODEC[@RANK]]` or `scalesgd[-CODEC[@AMOUNT][/WIRE][-ALGORITHM[-BUCKETS]]]`; ValueError
-    otherwise.
+    """`none`, `ddp[-CODEC[@RANK]]`, `scalesgd[-CODEC[@AMOUNT][/WIRE][-ALGORITHM[-BUCKETS]]]` or
+    `auto[-EXCHANGE+EXCHANGE…][@DENSITY]`; UsageError (a ValueError) naming the part that is wrong and what it
+    accepts otherwise. Every part a mode's name shows is a part it runs with: none is empty, none ignored.
 
     BUCKETS may be `planner:dlgs` or `planner:optimal` (profiled and planned at start-up).
     """
-    engine, _, rest = text.partition("-")
-    if engine == "none" and not rest:
+    engine, dash, rest = text.partition("-")
+    if text == "none":
         return Mode(text, "none")
     if text == "auto" or text.startswith(("auto-", "auto@")):
-        body = text[len("auto-"):] if text.startswith("auto-") else AUTO_DEFAULT + text[len("auto"):]
-        codecs, at, amount = body.partition("@")
-        unknown = [c for c in codecs.split("+") if c not in exchange_names()]
-        if unknown:
-            raise ValueError(f"mode {text!r}: exchange {unknown[0]!r} is not known")
-        return Mode(text, "auto", codecs, given=_given(text, {AUTO_AMOUNT: amount} if at else {}))
-    if engine in ("ddp", "scalesgd"):
-        # codec names may hold dashes (fp8-direct, topk-global): take the longest that fits
-        fits = [c for c in CODECS if rest == c or rest.startswith((c + "-", c + "@", c + "/"))]
-        codec = max(fits, key=len) if fits else (rest.split("-", 1)[0] or "fp32")
-        tail, at, amount = rest[len(codec):], False, ""
-        if tail.startswith("@"):  # the amount runs to the next dash that is not its own sign
-            sign = "-" if tail.startswith("@-") else ""
-            amount, _, tail = tail[1 + len(sign):].partition("-")
-            at, amount = True, sign + amount
-            amount, slash, wire = amount.partition("/")
-            tail = (slash + wire + "-" + tail) if slash else tail
-        slashed, wire = tail.startswith("/"), ""
-        if slashed:
-            wire, _, tail = tail[1:].partition("-")
-        algorithm, _, buckets = tail.lstrip("-").partition("-")
-        if engine == "ddp" and (algorithm or slashed):
-            raise ValueError(f"mode {text!r}: a ddp mode is ddp-CODEC[@RANK]; DDP chooses its own algorithm and "
-                             "buckets")
-        if codec not in CODECS:
-            raise ValueError(f"mode {text!r}: codec {codec!r} is not known; choose from {', '.join(CODECS)}")
-        return Mode(text, engine, codec, algorithm or "ring", buckets or "size:1",
-                    given=_amount_and_wire(text, engine, codec, amount if at else None, wire if slashed else None))
-    raise ValueError(f"mode {text!r} is not known; use none, ddp[-CODEC[@RANK]] or "
-                     "scalesgd[-CODEC[@AMOUNT][/WIRE][-ALGORITHM[-BUCKETS]]]")
+        return _parse_auto(text)
+    if engine not in ("ddp", "scalesgd"):
+        raise UsageError(f"mode {text!r} is not known; use none, ddp[-CODEC[@RANK]], "
+                         "scalesgd[-CODEC[@AMOUNT][/WIRE][-ALGORITHM[-BUCKETS]]] or "
+                         "auto[-EXCHANGE+EXCHANGE…][@DENSITY]")
+    # codec names may hold dashes (fp8-direct, topk-global): take the longest that fits
+    fits = [c for c in CODECS if rest == c or rest.startswith((c + "-", c + "@", c + "/"))]
+    if dash and not fits:
+        name = re.split("[-@/]", rest, maxsplit=1)[0]
+        what = f"codec {name!r} is not known" if name else "give its codec after the -"
+        raise UsageError(f"mode {text!r}: {what}; choose from {', '.join(CODECS)}")
+    codec = max(fits, key=len) if fits else "fp32"
+    tail, amount, wire = rest[len(codec):], None, None
+    if tail.startswith("@"):  # the amount runs to the next / or dash that is neither its sign nor its exponent's
+        found = _AMOUNT.match(tail)
+        amount, tail = found[1], tail[found.end():]
+    if tail.startswith("/"):
+        wire, dash, tail = tail[1:].partition("-")
+        tail = dash + tail
+    # what is left is empty or starts with a dash: the codec, the amount and the wire each end at one
+    algorithm, dash, buckets = tail[1:].partition("-")
+    if engine == "ddp" and (tail or wire is not None):
+        raise UsageError(f"mode {text!r}: a ddp mode is ddp-CODEC[@RANK]; DDP chooses its own algorithm and "
+                         "buckets")
+    if tail and not algorithm:
+        raise UsageError(f"mode {text!r}: give its algorithm after the -, or end the mode before it")
+    if dash and not buckets:
+        raise UsageError(f"mode {text!r}: give its buckets after the -, or end the mode before it")
+    return Mode(text, engine, codec, algorithm or "ring", buckets or "size:1",
+                given=_amount_and_wire(text, engine, codec, amount, wire))
+
+
+_AMOUNT = re.compile(r"@(-?(?:[^-/]|(?<=[0-9.][eE])-(?=[0-9]))*)")  # @0.01, @-1 (refused by its check), @1e-05
+
+
+def _parse_auto(text: str) -> Mode:
+    """`auto[-EXCHANGE+EXCHANGE…][@DENSITY]`: `--exchange auto` among those exchanges (default: `--auto-codecs`'
+    own); DENSITY sets the sparse candidates' density, so one of them must be sparse."""
+    body = text[len("auto-"):] if text.startswith("auto-") else AUTO_DEFAULT + text[len("auto"):]
+    names, at, amount = body.partition("@")
+    known = exchange_names()
+    for name in names.split("+"):
+        if name not in known:
+            what = f"exchange {name!r} is not known" if name else (
+                "give its exchanges after the -" if not names else f"an exchange is missing in {names!r}")
+            raise UsageError(f"mode {text!r}: {what}; choose from {', '.join(known)}")
+    given = _given(text, {AUTO_AMOUNT: amount} if at else {})
+    takes = [name for name in known if CODECS[parse_exchange(name)[1]].amount == AUTO_AMOUNT]
+    if at and not any(name in takes for name in names.split("+")):
+        raise UsageError(f"mode {text!r}: @{AUTO_AMOUNT.upper()} sets the {AUTO_AMOUNT} of its sparse exchanges and "
+                         f"it has none; {', '.join(takes)} take one")
+    return Mode(text, "auto", names, given=given)
 
 
 def _amount_and_wire(text: str, engine: str, codec: str, amount: str | None, wire: str | None) -> dict:
     """The options a mode's @AMOUNT and /WIRE set, as its codec's registration names them, checked as the options
-    themselves are (ValueError naming the mode)."""
+    themselves are (UsageError naming the mode)."""
     entry = CODECS[codec]
     if amount is not None and entry.amount is None:
         takes = [name for name, e in CODECS.items() if e.amount is not None and e.runs_on(engine)]
-        raise ValueError(f"mode {text!r}: {codec} takes no @AMOUNT; under {engine} {', '.join(takes)} take one")
+        raise UsageError(f"mode {text!r}: {codec} takes no @AMOUNT; under {engine} {', '.join(takes)} take one")
     if wire is not None and (entry.wire_option is None or engine == "ddp"):
         takes = [name for name, e in CODECS.items() if e.wire_option is not None and e.runs_on("scalesgd")]
-        raise ValueError(f"mode {text!r}: {codec} takes no /WIRE; {', '.join(takes)} take one")
+        raise UsageError(f"mode {text!r}: {codec} takes no /WIRE; {', '.join(takes)} take one")
     return _given(text, {**({entry.amount: amount} if amount is not None else {}),
                          **({entry.wire_option: wire} if wire is not None else {})})
 
@@ -127,14 +155,14 @@ def _given(text: str, values: dict[str, str]) -> tuple[tuple[str, Any], ...]:
         flat = codec_option(name)
         parse = flat.field.metadata["parse"] or type(flat.field.default)
         if not value:
-            raise ValueError(f"mode {text!r}: give its {name} after the {'/' if name.endswith('wire') else '@'}")
+            raise UsageError(f"mode {text!r}: give its {name} after the {'/' if name.endswith('wire') else '@'}")
         try:
             parsed[name] = parse(value)
         except ValueError:
             kind = "a whole number" if isinstance(flat.field.default, int) else "a number"
-            raise ValueError(f"mode {text!r}: {name} {value!r} is not {kind}") from None
+            raise UsageError(f"mode {text!r}: {name} {value!r} is not {kind}") from None
     try:
         options_from_flat(parsed)
     except UsageError as err:
-        raise ValueError(f"mode {text!r}: {str(err).replace('`', '')}") from None
+        raise UsageError(f"mode {text!r}: {str(err).replace('`', '')}") from None
     return tuple(parsed.items())

@@ -12,6 +12,7 @@ from pathlib import Path
 from scalesgd.testbed.spec import TestbedSpec
 
 STATE_DIR = Path("/run/scalesgd")
+NETNS_ETC = Path("/etc/netns")  # `ip netns exec NAME` mounts the files of NETNS_ETC/NAME over /etc's
 DEVICE = "eth0"  # every node's link, also what gloo binds to (GLOO_SOCKET_IFNAME)
 BURST = "256kb"
 TBF_LATENCY = "100ms"
@@ -32,7 +33,7 @@ def check_host() -> None:
 
 def sh(*args: str) -> str:
     """Run one command; TestbedError with its stderr when it fails."""
-    proc = subprocess.run(list(args), capture_output=True, text=True)
+    proc = subprocess.run(list(args), capture_output=True, text=True, check=False)
     if proc.returncode:
         raise TestbedError(f"`{' '.join(args)}` failed: {proc.stderr.strip() or proc.stdout.strip()}")
     return proc.stdout
@@ -67,8 +68,10 @@ def up(spec: TestbedSpec) -> TestbedSpec:
     created: list[str] = []
     try:
         _build(spec, created)
+        _write_hosts(spec)
     except BaseException:  # a failed command or Ctrl-C: leave nothing behind
         _remove(created)
+        _remove_hosts(created)
         raise
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     state_file(spec.prefix).write_text(json.dumps(spec.to_dict()))
@@ -97,6 +100,28 @@ def _build(spec: TestbedSpec, created: list[str]) -> None:
         _shape_node(spec, i, "add")
 
 
+def _write_hosts(spec: TestbedSpec) -> None:
+    """Each node's /etc/hosts names every node: a peer's address resolves there, not through a DNS server the
+    namespace cannot reach (the rendezvous looks each peer up, and torch warns at every failed lookup)."""
+    hosts = "".join(f"{address} {spec.node(i)}\n" for i in range(spec.nodes)  # and as an IPv6 socket sees it
+                    for address in (spec.address(i), f"::ffff:{spec.address(i)}"))
+    for i in range(spec.nodes):
+        etc = NETNS_ETC / spec.node(i)
+        etc.mkdir(parents=True, exist_ok=True)
+        (etc / "hosts").write_text(f"127.0.0.1 localhost\n{hosts}")
+
+
+def _remove_hosts(names: list[str]) -> None:
+    """The hosts files `_write_hosts` wrote for these namespaces, and the folders left empty."""
+    for ns in names:
+        (NETNS_ETC / ns / "hosts").unlink(missing_ok=True)
+    for folder in [NETNS_ETC / ns for ns in names] + [NETNS_ETC]:
+        try:
+            folder.rmdir()
+        except OSError:  # absent, or holds what someone else put there
+            pass
+
+
 def _shape_node(spec: TestbedSpec, i: int, verb: str) -> None:
     """Upload: (delay, then) rate on the node's side; download: rate on the switch's side."""
     rate = ["tbf", "rate", spec.bandwidth, "burst", BURST, "latency", TBF_LATENCY]
@@ -121,6 +146,13 @@ def shape(prefix: str, bandwidth: str) -> TestbedSpec:
     return spec
 
 
+def set_link(spec: TestbedSpec, node: int, up: bool) -> None:
+    """Take a node's link down (or bring it back) at the switch, as a cable pulled: the node sees its carrier go, its
+    address and routes stay, and connections resume once it is back (if nothing timed out meanwhile)."""
+    check_host()
+    sh("ip", "-n", spec.switch, "link", "set", spec.switch_port(node), "up" if up else "down")
+
+
 def _tc_netem(node: str, latency: str) -> None:
     """Added delay needs the kernel's netem qdisc; without it, say so instead of a raw tc error."""
     try:
@@ -142,6 +174,7 @@ def down(prefix: str) -> list[str]:
     if spec is None:
         return []
     removed = _remove(spec.namespaces())
+    _remove_hosts(spec.namespaces())
     state_file(prefix).unlink(missing_ok=True)
     return removed
 

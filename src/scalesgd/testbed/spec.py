@@ -23,7 +23,7 @@ class TestbedSpec:
     prefix: str = "ssgd"
     subnet_index: int = 0
 
-    def validate(self) -> "TestbedSpec":
+    def validate(self) -> TestbedSpec:
         if not 1 <= self.nodes <= 64:
             raise ValueError(f"--nodes {self.nodes}: must be in 1..64")
         if self.procs_per_node < 1:

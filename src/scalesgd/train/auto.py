@@ -25,7 +25,8 @@ from scalesgd.comm.engine.buckets import BucketPlan, model_tensors, plan_from_gr
 from scalesgd.comm.engine.driver import BucketDriver
 from scalesgd.comm.engine.exchange import build_exchange, parse_exchange
 from scalesgd.comm.wire.collectives import broadcast_object
-from scalesgd.config import TrainConfig
+from scalesgd.comm.wire.groups import own_group
+from scalesgd.config import TrainConfig, rules
 from scalesgd.output import console as make_console
 from scalesgd.output import rich_table, write_json
 from scalesgd.runtime.process_group import DistEnv
@@ -289,7 +290,8 @@ def choose(cfg: TrainConfig, model: torch.nn.Module, batches: list, loss_fn, env
         decision = Decision.from_dict(json.loads(saved.read_text()))
     else:
         x = cfg.exchange
-        decision = decide(model, batches[0], loss_fn, x.auto_candidates, cfg.codec_settings(), x.algorithm,
+        fitting = rules.auto_fitting(cfg)[0]  # what manual mode would run with this optimizer and options
+        decision = decide(model, batches[0], loss_fn, fitting, cfg.codec_settings(), x.algorithm,
                           env.exchange_group, env.topology_groups, x.procs_per_node or env.local_world_size,
                           cfg.micro_batch, cfg.recipe.accumulate)
         if len(decision.finalists) > 1:
@@ -317,7 +319,7 @@ def trial(cfg: TrainConfig, model: torch.nn.Module, batches: list, loss_fn, env:
         net = copy.deepcopy(model)
         engine, codec = parse_exchange(finalist["codec"])
         setup = cfg.replaced(engine=engine, codec=codec, compress_after="0", density_warmup=0).exchange_setup(
-            dist.new_group(), env.topology_groups,
+            own_group(), env.topology_groups,
             plan=plan_from_groups(finalist["groups"], model_tensors(net), f"auto:{finalist['buckets']}"))
         runs.append(build_exchange(engine, net, cfg.build_optimizer(net), setup))
         warmups.append(TRIAL_WARMUP + CODECS[codec].warm_start)

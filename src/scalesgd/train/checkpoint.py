@@ -20,9 +20,14 @@ from scalesgd.errors import UsageError, as_flags
 from scalesgd.options import flatten
 from scalesgd.recipe.adascale import AdaScaleFactor
 from scalesgd.runtime.process_group import DistEnv
-from scalesgd.train.rundir import CHECKPOINT_NAME, PREVIOUS_CHECKPOINT_NAME
+from scalesgd.train.rundir import CHECKPOINT_NAME, PREVIOUS_CHECKPOINT_NAME, disk_full
 
 REQUIRED_KEYS = ("model", "optimizer", "scheduler", "epoch", "rng", "config")
+
+
+class NoSpace(RuntimeError):
+    """The disk filled while a checkpoint was written: the write went to a temporary file, now removed, so the
+    checkpoint before is whole."""
 
 
 @dataclass(frozen=True)
@@ -157,8 +162,8 @@ def save_atomic(state: dict, path: Path, keep_previous: Path | None = None) -> N
     moment `path` is a whole checkpoint, old or new, and the one before survives beside it.
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as f:
             torch.save(state, f)
             f.flush()
@@ -169,6 +174,11 @@ def save_atomic(state: dict, path: Path, keep_previous: Path | None = None) -> N
             os.replace(linked, keep_previous)
         os.replace(tmp, path)
         _fsync_dir(path.parent)
+    except Exception as err:
+        if not disk_full(err):
+            raise
+        kept = "previous checkpoint kept" if path.exists() else "no checkpoint had been written yet"
+        raise NoSpace(f"no space left writing checkpoint {path} ({kept})") from None
     finally:
         for leftover in Path(path.parent).glob(f".{path.name}.*.tmp"):
             leftover.unlink(missing_ok=True)
@@ -200,8 +210,10 @@ def load_latest(run_dir: Path, say: bool = False) -> dict:
             raise
         try:
             state = load(previous)
-        except UsageError:
-            raise err from None
+        except UsageError as before:
+            raise UsageError(f"neither checkpoint of {run_dir} can be read: {latest.name} "
+                             f"({_reason(err) if latest.is_file() else 'missing'}), nor the one before, "
+                             f"{previous.name} ({_reason(before)}); the run cannot be resumed") from None
         if say:
             print(f"scalesgd: {latest.name} is unreadable ({_reason(err)}); resuming from {previous.name}, "
                   f"epoch {state['epoch']}", file=sys.stderr)
@@ -219,9 +231,11 @@ def load(path: Path) -> dict:
     if not path.is_file():
         raise UsageError(f"no checkpoint at {path}; `resume` takes a run directory that has finished "
                          f"at least one epoch")
+    if path.stat().st_size == 0:
+        raise UsageError(f"{path} is not a readable scalesgd checkpoint (an empty file)")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # any unreadable file is bad input here
+    except Exception as err:  # noqa: BLE001 (any unreadable file is bad input here)
         first_line = str(err).strip().splitlines()[0].split(". ")[0] if str(err).strip() else type(err).__name__
         raise UsageError(f"{path} is not a readable scalesgd checkpoint ({first_line})") from None
     missing = [k for k in REQUIRED_KEYS if not isinstance(state, dict) or k not in state]

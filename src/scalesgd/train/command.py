@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scalesgd.config import TrainConfig, rules
+from scalesgd.data.config import absolute_paths
 from scalesgd.errors import UsageError, as_flags
 from scalesgd.options import Options, nested, option
 from scalesgd.runtime import process_group
@@ -19,7 +20,7 @@ from scalesgd.train import checkpoint, rundir, worker
 class TrainCommand(Options):
     """The run's configuration (every `TrainConfig` option) and, to continue a run, its directory."""
 
-    config: TrainConfig = nested(TrainConfig)
+    config: TrainConfig = nested(TrainConfig)  # noqa: RUF009 (an option group, as every command's)
     resume: str = option("", "continue the run in this directory from its last checkpoint (options given beside it "
                          "change the stored run's, where a resumed run may)")
 
@@ -34,18 +35,19 @@ class TrainCommand(Options):
             if given.get("workers", world) != world:
                 raise UsageError(f"`workers` {given['workers']} contradicts the launch's WORLD_SIZE {world}")
             given["workers"] = world
-        config = checkpoint.resume_config(resume, given) if resume else TrainConfig.from_dict(given)
+        config = checkpoint.resume_config(resume, absolute_paths(given)) if resume else TrainConfig.from_dict(given)
         return cls(config, resume)
 
     def validate(self) -> TrainCommand:
         self.config.validate()
+        self.config.data.make_paths_absolute()
         return self
 
 
 def run(command: TrainCommand, argv: list[str]) -> int:
     """Train: join torchrun's launch, or spawn `workers` local processes (continuing a run where asked)."""
     cfg, resume_dir = command.config, command.resume or None
-    if int(os.environ.get("RANK", 0)) == 0:
+    if int(os.environ.get("RANK", "0")) == 0:
         for line in rules.advice(cfg):
             print(f"scalesgd: warning: {as_flags(line)}", file=sys.stderr)
     if process_group.launched_by_torchrun():
@@ -53,7 +55,17 @@ def run(command: TrainCommand, argv: list[str]) -> int:
     if resume_dir is not None:
         rundir.write_config(cfg, resume_dir)
         return worker.spawn(cfg, Path(resume_dir), resume=True)
-    return worker.spawn(cfg, rundir.prepare_new_run(cfg), resume=False)
+    return spawn_new(cfg)
+
+
+def spawn_new(cfg: TrainConfig) -> int:
+    """A new run on local workers; one that fails at its start leaves nothing that refuses the same command again."""
+    made = not (cfg.output.run_dir and Path(cfg.output.run_dir).exists())
+    run_dir = rundir.prepare_new_run(cfg)
+    code = worker.spawn(cfg, run_dir, resume=False)
+    if code:
+        rundir.discard_failed_start(run_dir, made)
+    return code
 
 
 def torchrun_run_dir(cfg: TrainConfig, resume_dir: str | None) -> tuple[Path | None, bool]:
@@ -61,6 +73,6 @@ def torchrun_run_dir(cfg: TrainConfig, resume_dir: str | None) -> tuple[Path | N
     continues in it, from its last checkpoint where it has one; None: rank 0 makes a new one."""
     if resume_dir is not None:
         return Path(resume_dir), True
-    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0 and cfg.output.run_dir:
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and cfg.output.run_dir:
         return Path(cfg.output.run_dir), (Path(cfg.output.run_dir) / rundir.CHECKPOINT_NAME).exists()
     return None, False

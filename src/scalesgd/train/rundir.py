@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import time
 from pathlib import Path
 
@@ -17,6 +19,7 @@ METRICS_NAME = "metrics.jsonl"
 SUMMARY_NAME = "summary.json"
 REPORT_NAME = "report.png"
 BUCKETS_NAME = "buckets.json"
+FULL = (errno.ENOSPC, errno.EDQUOT)  # the disk (or the user's quota) is full
 
 
 def default_run_dir() -> Path:
@@ -46,7 +49,50 @@ def prepare_new_run(cfg: TrainConfig) -> Path:
 
 
 def write_config(cfg: TrainConfig, run_dir: Path) -> None:
-    write_json(Path(run_dir) / CONFIG_NAME, cfg.to_dict())
+    """config.json, whole or not at all: a full disk leaves the one before as it was, and says so in one line."""
+    path = Path(run_dir) / CONFIG_NAME
+    temporary = path.with_name(f".{CONFIG_NAME}.{os.getpid()}.tmp")
+    try:
+        write_json(temporary, cfg.to_dict())
+        os.replace(temporary, path)
+    except OSError as err:
+        temporary.unlink(missing_ok=True)
+        if not disk_full(err):
+            raise
+        raise UsageError(f"no space left writing {path}; free some and run the command again") from None
+
+
+def disk_full(err: BaseException | None) -> bool:
+    """Whether an error, or one it arose from, is a full disk (torch's checkpoint writer reports one as its own
+    RuntimeError, "unexpected pos …", raised while handling the OSError)."""
+    while err is not None:
+        if isinstance(err, OSError) and err.errno in FULL:
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def discard_failed_start(run_dir: Path, made: bool) -> None:
+    """Remove what a new run wrote when it failed before its first checkpoint and before logging a step (config.json,
+    an empty log, a plan), so the same command is not refused afterwards; `made`: the directory too. A run that
+    logged steps keeps them to be looked into."""
+    run_dir = Path(run_dir)
+    checkpoints = (run_dir / CHECKPOINT_NAME, run_dir / PREVIOUS_CHECKPOINT_NAME)
+    if not run_dir.is_dir() or any(p.exists() for p in checkpoints) or logged(run_dir / METRICS_NAME):
+        return
+    for entry in run_dir.iterdir():  # the directory was empty when this run began: all of it is the run's
+        if entry.is_file() or entry.is_symlink():
+            entry.unlink()
+    if made and not any(run_dir.iterdir()):
+        run_dir.rmdir()
+
+
+def logged(metrics: Path) -> bool:
+    """Whether a metrics log holds anything."""
+    try:
+        return bool(metrics.read_bytes().strip())
+    except FileNotFoundError:
+        return False
 
 
 def read_config(run_dir: Path) -> TrainConfig:

@@ -4,6 +4,7 @@ starting such workers on this machine."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -11,11 +12,19 @@ from pathlib import Path
 from scalesgd.comm.wire.collectives import broadcast_object
 from scalesgd.config import TrainConfig
 from scalesgd.data import BadImage, DataError
-from scalesgd.errors import EXIT_NON_FINITE, EXIT_USAGE, NonFiniteLoss, UsageError, as_flags
-from scalesgd.runtime import launcher, process_group
+from scalesgd.data.pipeline import DataGone, loader_death
+from scalesgd.errors import (
+    EXIT_NON_FINITE,
+    EXIT_USAGE,
+    NonFiniteLoss,
+    UsageError,
+    as_flags,
+)
+from scalesgd.runtime import heartbeat, launcher, process_group
 from scalesgd.train import rundir
+from scalesgd.train.checkpoint import NoSpace
 from scalesgd.train.loop import train
-from scalesgd.train.rundir import CHECKPOINT_NAME
+from scalesgd.train.rundir import CHECKPOINT_NAME, disk_full
 
 
 def spawn(cfg: TrainConfig, run_dir: Path, resume: bool) -> int:
@@ -37,7 +46,7 @@ def spawn(cfg: TrainConfig, run_dir: Path, resume: bool) -> int:
 
 def run(cfg: TrainConfig, run_dir: Path | None, resume: bool) -> int:
     """Train on this rank; `run_dir` None means rank 0 chooses it (torchrun, where ranks may disagree)."""
-    rank = int(os.environ.get("RANK", 0))
+    rank = int(os.environ.get("RANK", "0"))
     pending = None
     try:
         pending = process_group.start_init(cfg.runtime.timeout, cfg.runtime.threads,
@@ -48,6 +57,8 @@ def run(cfg: TrainConfig, run_dir: Path | None, resume: bool) -> int:
         train(cfg, run_dir, pending, resume)
         process_group.finish()
         return 0
+    except DataGone as err:  # met by every rank reading then: said once
+        return _fail(f"{err}; {what_is_kept(run_dir)}", EXIT_USAGE)
     except BadImage as err:  # met by this rank alone, while reading its share
         print(f"scalesgd: error: {as_flags(str(err))}", file=sys.stderr)
         return EXIT_USAGE
@@ -58,18 +69,42 @@ def run(cfg: TrainConfig, run_dir: Path | None, resume: bool) -> int:
     except NonFiniteLoss as err:
         _say(rank, f"error: {err}; stopped, {what_is_kept(run_dir)}")
         return EXIT_NON_FINITE
+    except NoSpace as err:
+        return _fail(f"{err}; free some space, then continue with `resume` {run_dir}", 1)
     except KeyboardInterrupt:
         return 130
     except Exception as err:
-        if not process_group.is_peer_failure(err):
+        if process_group.is_peer_failure(err):
+            return process_group.peer_lost(err)
+        cause = named_cause(err, rank, run_dir)
+        if cause is None:
             raise
-        return process_group.peer_lost(err)
+        return _fail(f"{cause}; {what_is_kept(run_dir)}", 1)
     finally:
         if pending is not None:
-            try:
+            with contextlib.suppress(Exception):  # closing must not hide how the run ended
                 process_group.close()
-            except Exception:
-                pass
+
+
+def named_cause(err: Exception, rank: int, run_dir: Path | None) -> str | None:
+    """A failure of this rank's own that one line can name (a data loader process died, the disk filled), or None:
+    a restart may get past either, so the status is 1, not a bad input's."""
+    died = loader_death(err)
+    if died is not None:
+        return f"worker rank {rank}'s {died}"
+    if disk_full(err):
+        written = getattr(err, "filename", None) or f"into {run_dir}"
+        return f"no space left on the device writing {written}"
+    return None
+
+
+def _fail(line: str, code: int) -> int:
+    """End on `line`: left for our launcher, which says the first such line once for the whole run (several ranks may
+    meet the same cause), else said here."""
+    line = as_flags(line)
+    if not heartbeat.leave_note(line):
+        print(f"scalesgd: error: {line}", file=sys.stderr)
+    return code
 
 
 def settle(pending, timeout_s: float) -> None:
@@ -77,10 +112,8 @@ def settle(pending, timeout_s: float) -> None:
     meanwhile): rank 0 holds the rendezvous store, and a peer still joining would see it vanish and say so."""
     if pending is None:
         return
-    try:
+    with contextlib.suppress(Exception):  # the group could not form: nothing to wait for
         pending.result(timeout=timeout_s)
-    except Exception:  # the group could not form: nothing to wait for
-        pass
 
 
 def what_is_kept(run_dir: Path | None) -> str:

@@ -20,6 +20,7 @@ from scalesgd.comm.codecs.registry import (
 from scalesgd.comm.engine.buckets import BucketPlan, model_tensors
 from scalesgd.comm.engine.ddp_hook import CodecHookState, codec_hook
 from scalesgd.comm.engine.optimizer import DistributedOptimizer
+from scalesgd.optim import OneBitAdam
 from scalesgd.config import TrainConfig
 from scalesgd.models import build_model
 from tests.comm.exchanging import same_state
@@ -217,3 +218,14 @@ def test_a_state_saved_with_another_dense_start_is_one_clear_error():
         CodecHookState("topk").load_state_dict(old)
     with pytest.raises(ValueError, match="saved by a hook with a dense start"):
         CodecHookState("topk", compress_after=0).load_state_dict(CodecHookState("topk").state_dict())
+
+
+def test_a_hook_given_an_optimizer_that_freezes_adams_variance_starts_compressing_at_its_freeze():
+    model = torch.nn.Linear(4, 2)
+    optimizer = OneBitAdam(model.parameters(), lr=1e-3, betas=(0.9, 0.99))  # the horizon: 100 steps
+    state = CodecHookState("onebit", model=model, optimizer=optimizer)
+    assert state.driver.dense_steps == 100
+    with pytest.raises(ValueError, match="compress_after 20 differs from the optimizer's freeze_step 100"):
+        CodecHookState("onebit", model=model, optimizer=optimizer, compress_after=20)
+    plain = CodecHookState("fp16", model=model, optimizer=torch.optim.AdamW(model.parameters()), compress_after=7)
+    assert plain.driver.dense_steps == 7

@@ -24,40 +24,58 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from scalesgd.comm.codecs import BucketView, Channel, Codec, CodecSettings, make_codec
-from scalesgd.comm.codecs.registry import entry_of, needs_topology, step_defaults, with_steps_per_epoch
+from scalesgd.comm.codecs import BucketView, Channel, Codec, CodecSettings
+from scalesgd.comm.codecs.registry import (
+    entry_of,
+    needs_topology,
+    step_defaults,
+    with_steps_per_epoch,
+)
+from scalesgd.comm.engine.agreement import (
+    check_ranks_agree,
+    check_settings,
+    codec_from,
+    describe_exchange,
+)
 from scalesgd.comm.engine.driver import BucketDriver
 from scalesgd.comm.wire.futures import new_future, on_thread, settle
+from scalesgd.comm.wire.groups import own_group
 from scalesgd.comm.wire.topology import Topology
 
 
 class CodecHookState:
-    """A codec (a registered name or an instance), the process group it exchanges in (a new one by default), and
-    the worker thread that runs the exchanges.
+    """A codec (a registered name or an instance), the process group it exchanges in (a new one by default, with
+    the default group's timeout), and the worker thread that runs the exchanges.
 
     Pass the `model` so per-parameter codec state is keyed by its parameter order, which a resumed run repeats
     whatever order DDP's buckets come in. The state may be made before the process group exists (a Lightning
     script builds its strategy first): it then joins the group at the first exchange. It pickles (the codec and
     its state travel; the group and the thread are made again, and `bind` numbers the model's parameters again).
+    Joining the group, every rank checks that all built the same codec, options and dense start (`RanksDisagree`,
+    on every rank, where they did not).
 
     `compress_after`: each parameter's first steps are exchanged dense (fp32) before the codec takes over; None:
     `scalesgd train`'s default, the end of its LR warmup (5 epochs), in steps. `steps_per_epoch`: the epoch length
     that default and top-k's density warm-up count in; None: the settings' own, else an assumed one
     (`registry.ASSUMED_EPOCH_STEPS`). Pass `compress_after=0` to compress from the first step.
     `process_group`: a group of the hook's own (the default makes one); never DDP's, whose collectives would
-    interleave with the hook's. `scaler`: the loop's fp16 `GradScaler`: its scale is divided out of what a codec keeps
-    across steps, and a step it skips leaves no trace in the codec (it is not pickled: pass it again).
+    interleave with the hook's. `optimizer`: the one that steps with what the hook delivers; where it freezes Adam's
+    variance (`OneBitAdam`, by default at Adam's averaging horizon 1/(1 − β2)), the dense start is its `freeze_step`
+    (a different `compress_after` is refused). `scaler`: the loop's fp16 `GradScaler`: its scale is divided out of
+    what a codec keeps across steps, and a step it skips leaves no trace in the codec (it is not pickled: pass it
+    again).
     """
 
     def __init__(self, codec="fp8", process_group=None, topology=None, settings: CodecSettings = None,
                  model: torch.nn.Module = None, compress_after: int | None = None, steps_per_epoch: int | None = None,
-                 scaler: torch.amp.GradScaler | None = None):
+                 scaler: torch.amp.GradScaler | None = None, optimizer: torch.optim.Optimizer | None = None):
+        check_settings(settings)
+        compress_after = _dense_start_of(optimizer, compress_after)
         settings = settings or CodecSettings()
         defaults = step_defaults(steps_per_epoch if steps_per_epoch is not None else settings.steps_per_epoch)
         if steps_per_epoch is not None or settings.steps_per_epoch is None:  # else the settings' own, as given
             settings = with_steps_per_epoch(settings, defaults.steps_per_epoch)
-        if isinstance(codec, str):
-            codec = make_codec(codec, settings)
+        codec = codec_from(codec, settings)
         if compress_after is not None and compress_after < 0:
             raise ValueError(f"compress_after {compress_after}: give the dense steps (0: none), or None for the "
                              f"default {defaults.dense_steps}")
@@ -104,10 +122,13 @@ class CodecHookState:
         return self.driver.channel
 
     def connect(self) -> Channel:
-        """The channel the exchanges use, made on first use (collective: a new group, and node groups for codecs
-        that sum in two stages)."""
+        """The channel the exchanges use, made on first use (collective: a new group, the check that every rank
+        built the same exchange, and node groups for codecs that sum in two stages)."""
         if self.driver.channel is None:
-            group = self._group if self._group is not None else dist.new_group()
+            if self._group is None:
+                self._group = own_group()
+            group = self._group
+            check_ranks_agree(describe_exchange(self.codec, self.driver.dense_steps), group)
             topology = self._topology
             if topology is None and needs_topology(self.codec):
                 topology = Topology.from_env().groups()
@@ -158,6 +179,7 @@ def codec_hook(state: CodecHookState, bucket: dist.GradBucket) -> torch.futures.
     """Encode → sum → decode the bucket with the state's codec; the future holds the mean gradient."""
     flat, params = bucket.buffer(), bucket.parameters()
     _refuse(state, flat)
+    state.connect()  # a state made before the process group joins it here, in backward: a disagreement raises here
     if state.grouping == "single":
         return _hold_until_last(state, flat, params, bucket.index(), bucket.is_last())
     driver = state.driver
@@ -216,7 +238,7 @@ def _hold_until_last(state: CodecHookState, flat: torch.Tensor, params: list, in
     def run() -> None:
         try:
             exchange()
-        except BaseException as err:  # every bucket's future fails alike; DDP raises it where backward waits
+        except BaseException as err:  # noqa: BLE001 (every bucket's future fails alike; DDP raises it in backward)
             for _, _, waiting, _ in held:
                 waiting.set_exception(err)
             return
@@ -235,6 +257,19 @@ def _grouping(codec: Codec) -> str | None:
 
 def _offsets(params: list[torch.Tensor]) -> list[int]:
     return list(itertools.accumulate((p.numel() for p in params[:-1]), initial=0))
+
+
+def _dense_start_of(optimizer, compress_after: int | None) -> int | None:
+    """The dense start an optimizer that freezes Adam's variance at its end (`OneBitAdam`) needs: its freeze step, by
+    default, and a different one refused (the codec would send momentum while the optimizer still takes gradients)."""
+    freeze = getattr(optimizer, "freeze_step", None)
+    if freeze is None:
+        return compress_after
+    if compress_after is not None and compress_after != freeze:
+        raise ValueError(f"compress_after {compress_after} differs from the optimizer's freeze_step {freeze}: the "
+                         "optimizer freezes Adam's variance where the codec starts to compress; leave "
+                         "compress_after=None to take the optimizer's")
+    return freeze
 
 
 def _thread() -> ThreadPoolExecutor:

@@ -19,7 +19,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from scalesgd.comm.codecs.base import BucketView, Channel, Codec, Exchange, Piece, Scratch, piece_steps
+from scalesgd.comm.codecs.base import (
+    BucketView,
+    Channel,
+    Codec,
+    Exchange,
+    Piece,
+    Scratch,
+    piece_steps,
+)
 from scalesgd.comm.codecs.cast import DENSE
 from scalesgd.comm.engine.policies import LOCAL, MEAN, DenseFirst, GradientNorms
 from scalesgd.comm.wire.pipeline import DEPTH, TAGS, Steps, run_pipelined
@@ -70,6 +78,11 @@ class BucketDriver:
         self.loss_scale: Callable[[], float] | None = None  # fp16's gradient scaler's current scale, where there is one
         self._numbers: dict[int, int] = {}
         self._scratch: dict[int, Scratch] = {}
+
+    @property
+    def dense_steps(self) -> int:
+        """The steps each parameter is exchanged dense before the codec takes over (0: none)."""
+        return self.dense_first.steps if self.dense_first is not None else 0
 
     def follow(self, scaler) -> None:
         """Take fp16's gradient scaler into account (None, or one not enabled: there is none): its scale is divided

@@ -23,12 +23,18 @@ import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from scalesgd.comm.codecs import BucketView, Channel, Codec, make_codec
+from scalesgd.comm.codecs import BucketView, Channel, Codec
 from scalesgd.comm.codecs.registry import needs_topology
+from scalesgd.comm.engine.agreement import (
+    check_ranks_agree,
+    codec_from,
+    describe_exchange,
+)
 from scalesgd.comm.engine.buckets import BucketPlan, model_tensors, plan_buckets
 from scalesgd.comm.engine.driver import BucketDriver, Pending
 from scalesgd.comm.engine.policies import GradientNorms
 from scalesgd.comm.wire.collectives import ALGORITHMS
+from scalesgd.comm.wire.groups import own_group
 from scalesgd.comm.wire.topology import Topology
 from scalesgd.trace import Tracer, now_us
 
@@ -73,7 +79,9 @@ class DistributedOptimizer:
     codec: a name in `scalesgd.comm.codecs.CODECS` or a `Codec`; algorithm: see
     `scalesgd.comm.wire.collectives.ALGORITHMS`; buckets: a plan spec (`size:MB`, `growing`, `layer`,
     `single`) or a `BucketPlan` (e.g. the planner's). `group` is the process group for the exchange;
-    by default a new one, so the exchange never interleaves with the caller's own collectives.
+    by default a new one (with the default group's timeout), so the exchange never interleaves with the caller's
+    own collectives. Every rank checks there that all built the same codec, options, dense start, bucket plan and
+    algorithm (`RanksDisagree`, on every rank, where they did not).
     Parameters are broadcast from rank 0 at construction, and buffers (BN statistics)
     before every training forward, as DDP does. `compress_after`: each parameter's first steps exchanged dense
     (fp32) before the codec takes over; `norms`: each step's squared gradient norms counted into it; `scaler`: the
@@ -87,21 +95,25 @@ class DistributedOptimizer:
                  norms: GradientNorms | None = None, scaler: torch.amp.GradScaler | None = None):
         self.optimizer = optimizer
         self.model = model
-        self.group = group if group is not None else dist.new_group()
-        self.codec = make_codec(codec) if isinstance(codec, str) else codec
-        if topology is None and (ALGORITHMS[algorithm].needs_topology or needs_topology(self.codec)):
-            topology = Topology.from_env().groups()  # collective: every rank builds the engine together
-        self.channel = Channel(self.group, dist.get_world_size(self.group), algorithm, topology)
+        self.codec = codec_from(codec)
         self.tracer = tracer or Tracer(False)
-        self.driver = BucketDriver(self.codec, self.channel, self.tracer, compress_after, norms)
+        self.driver = BucketDriver(self.codec, None, self.tracer, compress_after, norms)
         self.driver.bind(list(model.parameters()))
         self.driver.follow(scaler)
         self.broadcast_buffers = broadcast_buffers
-        self._src = dist.get_global_rank(self.group, 0)
         params = [p for p in model.parameters() if p.requires_grad]
         _check_optimizer_covers(optimizer, params)
         self.plan: BucketPlan = (buckets if isinstance(buckets, BucketPlan)
                                  else plan_buckets(buckets, model_tensors(model)))
+        node_groups = topology is None and (ALGORITHMS[algorithm].needs_topology or needs_topology(self.codec))
+        # collectives from here on: every rank builds the engine together
+        self.group = group if group is not None else own_group()
+        check_ranks_agree(describe_exchange(self.codec, self.driver.dense_steps, self.plan, algorithm), self.group)
+        if node_groups:
+            topology = Topology.from_env().groups()
+        self.channel = self.driver.channel = Channel(self.group, dist.get_world_size(self.group), algorithm,
+                                                     topology)
+        self._src = dist.get_global_rank(self.group, 0)
         self._broadcast(list(model.parameters()) + list(model.buffers()))
         self._buckets = [self._make_bucket(b, [params[i] for i in idx]) for b, idx in enumerate(self.plan.buckets)]
         self._point_grads_at_buckets()
@@ -238,7 +250,7 @@ class DistributedOptimizer:
                 try:
                     if self._error is None:
                         self._exchange_bucket(bucket)
-                except BaseException as err:  # surfaced in the main thread by synchronize()
+                except BaseException as err:  # noqa: BLE001 (surfaced in the main thread by synchronize())
                     self._error = err
                 bucket.done.set()
 

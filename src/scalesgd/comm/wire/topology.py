@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
+from scalesgd.comm.wire.groups import own_group
+
 
 @dataclass(frozen=True)
 class Topology:
@@ -98,11 +100,11 @@ def build_groups(topology: Topology, backend: str | None = None) -> TopologyGrou
                          f"default process group (rank {dist.get_rank()} of {dist.get_world_size()})")
     node_group = cross_group = None
     for node in range(topology.num_nodes):
-        g = dist.new_group(list(topology.node_ranks(node)), backend=backend)
+        g = own_group(list(topology.node_ranks(node)), backend=backend)
         if node == topology.node:
             node_group = g
     for local in range(topology.procs_per_node):
-        g = dist.new_group(list(topology.cross_ranks(local)), backend=backend)
+        g = own_group(list(topology.cross_ranks(local)), backend=backend)
         if local == topology.local_rank:
             cross_group = g
     return TopologyGroups(topology, node_group, cross_group)

@@ -7,6 +7,7 @@ whichever loader worker decodes it, however many there are, and after a resume m
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -16,7 +17,12 @@ import torch
 from PIL import Image
 
 from scalesgd.data.dataset import DataError
-from scalesgd.data.imagefolder.scan import GREY_MODES, SKIP_HINT, BadImage, index_image_folder
+from scalesgd.data.imagefolder.scan import (
+    GREY_MODES,
+    SKIP_HINT,
+    BadImage,
+    index_image_folder,
+)
 from scalesgd.data.imagefolder.transforms import eval_image, plain_image, train_image
 
 TRANSFORMS = ("train", "eval", "plain")  # random-resized crop and flip; resize to 256/224 and centre crop; as is
@@ -72,14 +78,17 @@ class ImageFiles(torch.utils.data.Dataset):
         return Sample(torch.zeros(self.channels, self.size, self.size, dtype=torch.uint8), -1, index, problems[0])
 
     def decode(self, path: str, epoch: int, index: int) -> torch.Tensor:
-        """The file's pixels after this split's transform (raises what Pillow raises for a bad file)."""
-        with Image.open(path) as image:
-            if self.transform == "train":
-                generator = torch.Generator().manual_seed(sample_seed(self.seed, epoch, index))
-                return train_image(converted(image, self.mode), self.size, generator)
-            if self.transform == "eval":
-                return eval_image(converted(image, self.mode), self.size)
-            return plain_image(converted(image, self.mode), self.size)
+        """The file's pixels after this split's transform (raises what Pillow raises for a bad file; an image over its
+        pixel limit was named by the pre-scan, so Pillow's own warning is not repeated at every read)."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as image:
+                if self.transform == "train":
+                    generator = torch.Generator().manual_seed(sample_seed(self.seed, epoch, index))
+                    return train_image(converted(image, self.mode), self.size, generator)
+                if self.transform == "eval":
+                    return eval_image(converted(image, self.mode), self.size)
+                return plain_image(converted(image, self.mode), self.size)
 
 
 def converted(image: Image.Image, mode: str) -> Image.Image:
@@ -144,6 +153,7 @@ class FolderData:
     augment: bool = True
     sequence_length: int = 0
     is_text: bool = False
+    large: tuple[tuple[str, int], ...] = ()  # (path, pixels): images read although over Pillow's pixel limit
 
 
 def load_image_folder(data_dir: str | Path, image_size: int, augment: bool = True, seed: int = 0,
@@ -151,8 +161,10 @@ def load_image_folder(data_dir: str | Path, image_size: int, augment: bool = Tru
     """The folder's splits, pre-scanned: training takes the random-resized crop and flip (`augment`) or the images
     as they are, evaluation the 256/224 resize and centre crop (or, without `augment`, the images as they are)."""
     index = index_image_folder(data_dir, skip_bad)
+    index.warn_large()
     train = ImageFiles(index.train, index.channels, image_size, "train" if augment else "plain", seed, skip_bad)
     test = ImageFiles(index.val, index.channels, image_size, "eval" if augment else "plain", seed, skip_bad)
     mean, std = channel_stats(ImageFiles(index.train, index.channels, image_size, test.transform, seed, skip_bad))
     return FolderData(train, test, len(index.classes), index.channels, image_size, mean, std, tuple(index.bad),
-                      augment)
+                      augment, large=tuple(index.large))
+

@@ -4,11 +4,21 @@ benchmarks and checking the folder-reading path without the real 150 GB download
 `write_fake_tree` makes real JPEGs whose classes differ in colour and in the orientation and frequency of a stripe
 pattern, so a network can learn them; `export_digits` writes scikit-learn's 8x8 digits (Alpaydin and Kaynak 1998,
 "Optical Recognition of Handwritten Digits", UCI) as greyscale PNGs with the split the in-memory `digits` dataset uses.
+
+Either writes its tree into a hidden folder inside `out` and moves train/ and val/ into place only when every file is
+written: stopped part-way (Ctrl-C, a full disk), it removes what it wrote, so no later run trains on half a tree.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import signal
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from numbers import Integral
 from pathlib import Path
 
@@ -16,6 +26,7 @@ import numpy as np
 from PIL import Image
 
 from scalesgd.data.digits import split_digits
+from scalesgd.data.imagefolder.scan import PARTIAL_PREFIX
 
 SPLITS = ("train", "val")
 STRIPE_AMPLITUDE = 50.0  # grey levels either side of the base colour
@@ -52,18 +63,18 @@ def write_fake_tree(
     width, height = _check_size(size)
     _refuse_existing(out)
     written = 0
-    for index in range(classes):
-        name = class_name(index)
-        stripes = _class_stripes(index, classes, width, height)
-        colour = _class_colour(index, seed)
-        for split, count in zip(SPLITS, (per_class, val_per_class)):
-            folder = out / split / name
-            folder.mkdir(parents=True, exist_ok=True)
-            for image_index in range(count):
-                rng = np.random.default_rng([seed, index, SPLITS.index(split), image_index])
-                path = folder / f"{name}_{image_index:05d}.JPEG"
-                Image.fromarray(_fake_pixels(colour, stripes, rng), "RGB").save(path, "JPEG", quality=quality)
-                written += path.stat().st_size
+    with written_whole(out) as partial:
+        for index in range(classes):
+            name = class_name(index)
+            stripes = _class_stripes(index, classes, width, height)
+            colour = _class_colour(index, seed)
+            for split, count in zip(SPLITS, (per_class, val_per_class)):
+                folder = partial / split / name
+                folder.mkdir(parents=True, exist_ok=True)
+                for image_index in range(count):
+                    rng = np.random.default_rng([seed, index, SPLITS.index(split), image_index])
+                    path = folder / f"{name}_{image_index:05d}.JPEG"
+                    written += _save(_fake_pixels(colour, stripes, rng), "RGB", path, "JPEG", quality=quality)
     return {"train": classes * per_class, "val": classes * val_per_class, "classes": classes, "bytes": written}
 
 
@@ -80,14 +91,78 @@ def export_digits(out: Path) -> dict[str, int]:
     x_train, x_val, y_train, y_val = split_digits()
     x_train, x_val = (np.asarray(x).astype(np.uint8) for x in (x_train, x_val))  # integers 0..16 held as floats
     written = 0
-    for split, x, y in (("train", x_train, y_train), ("val", x_val, y_val)):
-        for label in range(10):
-            (out / split / str(label)).mkdir(parents=True, exist_ok=True)
-        for position, (pixels, label) in enumerate(zip(x, y)):
-            path = out / split / str(int(label)) / f"{position:05d}.png"
-            Image.fromarray(pixels * DIGIT_LEVEL, "L").save(path, "PNG")
-            written += path.stat().st_size
+    with written_whole(out) as partial:
+        for split, x, y in (("train", x_train, y_train), ("val", x_val, y_val)):
+            for label in range(10):
+                (partial / split / str(label)).mkdir(parents=True, exist_ok=True)
+            for position, (pixels, label) in enumerate(zip(x, y)):
+                written += _save(pixels * DIGIT_LEVEL, "L", partial / split / str(int(label)) / f"{position:05d}.png",
+                                 "PNG")
     return {"train": len(y_train), "val": len(y_val), "classes": 10, "bytes": written}
+
+
+@contextmanager
+def written_whole(out: Path) -> Iterator[Path]:
+    """A hidden folder inside `out` to write train/ and val/ into, moved into `out` once the body ends: stopped
+    part-way, what was written (and `out` and its parents, where this made them) is removed, so no later run takes
+    half a tree for a dataset."""
+    out = Path(out)
+    made, partial = _first_missing(out), None
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=PARTIAL_PREFIX, dir=out))
+        yield partial
+        for split in reversed(SPLITS):  # val/ first: a tree cut between the two moves has no train/, and is refused
+            os.replace(partial / split, out / split)
+        partial.rmdir()
+    except BaseException:
+        with _uninterrupted():
+            if partial is not None:
+                shutil.rmtree(partial, ignore_errors=True)
+            _remove_made(out, made)
+        raise
+
+
+@contextmanager
+def _uninterrupted() -> Iterator[None]:
+    """Ctrl-C ignored while a half-written tree is removed: a second one would leave it half removed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost of `path` and its parents that does not exist yet (None: `path` exists): what making it makes."""
+    missing = None
+    for part in (path, *path.parents):
+        if part.exists():
+            break
+        missing = part
+    return missing
+
+
+def _remove_made(out: Path, made: Path | None) -> None:
+    """Remove `out` and its parents up to `made` (the folders writing made), each only while it is empty."""
+    if made is None:
+        return
+    for part in (out, *out.parents):
+        try:
+            part.rmdir()
+        except OSError:
+            return
+        if part == made:
+            return
+
+
+def _save(pixels: np.ndarray, mode: str, path: Path, image_format: str, **params) -> int:
+    """Write one image; its size in bytes."""
+    Image.fromarray(pixels, mode).save(path, image_format, **params)
+    return path.stat().st_size
 
 
 def class_name(index: int) -> str:

@@ -1,0 +1,38 @@
+"""The recipe a run's choices bring: where the user gives no value, the model they picked sets its own (the GPT its
+optimizer, batch and length), then the optimizer its own (AdamW a rate of Adam's order), then the option's default,
+momentum SGD's. The values are resolved when the configuration is built, so config.json holds them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from scalesgd.models import MODELS
+from scalesgd.optim import OPTIMIZERS
+
+
+def brought(given: dict, model: str, optimizer: str) -> dict:
+    """The options (by flat name) that the chosen model, then the chosen optimizer, set where `given` is silent;
+    `model` and `optimizer` are those options' own defaults."""
+    model = given.get("model", model)
+    found = dict(MODELS[model].recipe) if model in MODELS else {}
+    optimizer = given.get("optimizer", found.get("optimizer", optimizer))
+    if optimizer in OPTIMIZERS:
+        found = {**OPTIMIZERS[optimizer].recipe, **found}
+    return {name: value for name, value in found.items() if name not in given}
+
+
+def _text(value) -> str:
+    return ",".join(f"{v:g}" for v in value) if isinstance(value, tuple) else f"{value:g}" if isinstance(
+        value, float) else str(value)
+
+
+def shown(name: str) -> Callable[[str], str]:
+    """What `--help` shows as an option's default: its own, then what each model and optimizer brings instead."""
+    def text(own: str) -> str:
+        by_value: dict[str, list[str]] = {}
+        for registry in (MODELS, OPTIMIZERS):
+            for choice, entry in registry.items():
+                if name in entry.recipe:
+                    by_value.setdefault(_text(entry.recipe[name]), []).append(choice)
+        return "; ".join([own or "none"] + [f"{', '.join(choices)}: {value}" for value, choices in by_value.items()])
+    return text

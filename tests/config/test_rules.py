@@ -1,0 +1,49 @@
+"""The rules between options: `--exchange auto` weighs only what manual mode would run, and says what it left out;
+a variance frozen before Adam's averaging horizon and emulated bf16 are warned of at start."""
+
+import pytest
+
+from scalesgd.config import TrainConfig, rules
+from scalesgd.errors import as_flags
+
+
+def test_auto_drops_the_exchanges_that_cannot_carry_the_momentum_the_optimizer_leaves_to_them():
+    cfg = TrainConfig.from_argv(["--exchange", "auto", "--auto-codecs", "topk,fp8", "--optimizer", "adamw",
+                                 "--momentum-correction"])
+    fitting, dropped = rules.auto_fitting(cfg)
+    assert fitting == ("topk",) and list(dropped) == ["fp8"]
+    assert as_flags(rules.advice(cfg)[0]) == ("--exchange auto leaves out fp8: the optimizer leaves its momentum to "
+                                              "the exchange (--momentum-correction), which fp8 does not carry")
+
+
+def test_auto_keeps_a_codec_whose_family_option_is_given_and_the_others_beside_it():
+    cfg = TrainConfig.from_argv(["--exchange", "auto", "--auto-codecs", "topk,fp8,ddp", "--density", "0.05"])
+    assert rules.auto_fitting(cfg) == (("topk", "fp8", "ddp"), {})
+    assert rules.advice(cfg) == []
+
+
+def test_a_freeze_given_before_adams_horizon_warns_and_the_default_waits_for_it():
+    given = ["--engine", "scalesgd", "--codec", "onebit", "--optimizer", "onebit-adam", "--betas", "0.9,0.99"]
+    early = TrainConfig.from_argv([*given, "--compress-after", "20"])
+    assert early.compress_after_steps(10) == 20
+    assert "before its averaging horizon 1/(1 − β2) = 100 steps" in rules.advice(early)[0]
+    default = TrainConfig.from_argv(given)  # warmup: 5 epochs of 10 steps, then no earlier than 100
+    assert default.compress_after_steps(10) == 100 and rules.advice(default) == []
+    assert default.compress_after_steps(40) == 200  # a warmup longer than the horizon is kept
+
+
+def test_the_horizon_applies_to_every_variance_freeze_and_to_nothing_else():
+    frozen = [["--optimizer", "adamw", "--freeze-variance", "--engine", "scalesgd", "--codec", "topk"],
+              ["--optimizer", "adamw", "--momentum-correction", "--engine", "scalesgd", "--codec", "topk"]]
+    for given in frozen:
+        assert TrainConfig.from_argv([*given, "--betas", "0.9,0.999"]).compress_after_steps(10) == 1000
+    plain = TrainConfig.from_argv(["--optimizer", "adamw", "--engine", "scalesgd", "--codec", "fp8"])
+    assert plain.compress_after_steps(10) == 50
+
+
+@pytest.mark.parametrize("native,warned", [(False, True), (True, False)])
+def test_bf16_on_a_cpu_without_native_bf16_warns_with_the_measured_slowdown(monkeypatch, native, warned):
+    monkeypatch.setattr(rules, "native_bf16", lambda: native)
+    monkeypatch.setattr(rules.torch.cuda, "is_available", lambda: False)  # on a GPU bf16 runs there
+    lines = rules.advice(TrainConfig.from_argv(["--precision", "bf16"]))
+    assert any("measured 10.3× slower a step than fp32" in line for line in lines) == warned
