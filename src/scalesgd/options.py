@@ -233,8 +233,18 @@ def default_text(f: dataclasses.Field) -> str:
     shown = f.metadata["shown_default"]
     by_choice = shown if callable(shown) else None  # the default's text, then what a choice brings instead
     if (shown is None or by_choice) and not isinstance(f.default, bool) and f.default not in (None, "", ()):
-        shown = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else number(f.default)
+        shown = value_text(f.default)
     return by_choice(shown if shown is not by_choice else "") if by_choice else shown or ""
+
+
+def value_text(value: Any) -> str:
+    """An option's value as the help shows it: a list comma-separated, a float in its shortest form."""
+    return ",".join(map(str, value)) if isinstance(value, tuple) else number(value)
+
+
+def field_default(cls, name: str) -> Any:
+    """The default of the option field `name` of a config class, without building one."""
+    return next(f.default for f in dataclasses.fields(cls) if f.name == name)
 
 
 def given(namespace: argparse.Namespace, *leave_out: str) -> dict:

@@ -37,8 +37,16 @@ def rich_table(title: str, columns: list[str], rows: list[list]):
 
 
 def write_json(path: Path, record: dict) -> None:
-    """A record as indented JSON, one file (run directories' config, summary, profile and decisions)."""
-    Path(path).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    """A record as indented JSON, one file (run directories' config, summary, profile and decisions), whole or not at
+    all: written beside it and renamed over it, so a kill or a full disk leaves the one before as it was."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        temporary.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
 
 
 def write(out_dir: Path, name: str, record: dict, columns: list[str], rows: list[list], command: str) -> None:

@@ -9,7 +9,6 @@ import pytest
 from scalesgd.config import TrainConfig
 from scalesgd.data.imagefolder.trees import write_fake_tree
 from scalesgd.errors import UsageError
-from scalesgd.train import rundir
 from scalesgd.train.rundir import (
     BUCKETS_NAME,
     CHECKPOINT_NAME,
@@ -80,11 +79,13 @@ def test_a_run_that_trained_or_checkpointed_keeps_everything(tmp_path, left):
 def test_config_is_written_whole_or_not_at_all_and_a_full_disk_is_one_line(tmp_path, monkeypatch):
     write_config(TrainConfig.of(seed=1), tmp_path)
 
-    def full(path, record):
-        Path(path).write_text('{"trunc')
+    write_text = Path.write_text
+
+    def full(path, *args, **kwargs):  # the disk fills in the middle of the file
+        write_text(path, '{"trunc')
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(rundir, "write_json", full)
+    monkeypatch.setattr(Path, "write_text", full)
     with pytest.raises(UsageError, match=r"no space left writing .*config.json; free some and run the command again"):
         write_config(TrainConfig.of(seed=2), tmp_path)
     assert read_config(tmp_path).recipe.seed == 1 and [p.name for p in tmp_path.iterdir()] == [CONFIG_NAME]

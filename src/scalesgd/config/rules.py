@@ -4,7 +4,6 @@ a batch, a schedule and a dataset need of the others. Each reads a `TrainConfig`
 
 from __future__ import annotations
 
-from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -17,7 +16,7 @@ from scalesgd.data import DATASETS, DataError, check_text_file
 from scalesgd.errors import UsageError
 from scalesgd.models import IMAGE, MODELS, TEXT
 from scalesgd.optim import early_freeze, variance_horizon
-from scalesgd.options import flat_options, flatten, refuse, require_choice
+from scalesgd.options import field_default, flat_options, flatten, refuse, require_choice
 from scalesgd.recipe.scaling import scaled_lr
 
 MIN_PER_WORKER = 2  # BatchNorm needs more than one sample per worker
@@ -63,7 +62,7 @@ def auto(cfg) -> None:
     if x.planner != NO_PLANNER:
         raise UsageError(f"`planner` {x.planner}: with `exchange` auto the buckets are auto's choice")
     for name in ("codec", "buckets"):  # `engine` too is auto's choice: each candidate names its own
-        value, default = getattr(x, name), _default(type(x), name)
+        value, default = getattr(x, name), field_default(type(x), name)
         if value != default:
             raise UsageError(f"`{name}` {value} with `exchange` auto: auto chooses the codec and buckets among "
                              f"`auto_codecs` (e.g. `auto_codecs` {x.codec},fp8); drop `{name}`, or drop `exchange` "
@@ -118,10 +117,6 @@ def _set_own(flat, values: dict) -> bool:
     """Whether a codec family's own option is on and not at its default."""
     value = values[flat.name]
     return bool(flat.field.metadata["own"] and value and value != flat.field.default)
-
-
-def _default(cls, name: str):
-    return next(f.default for f in fields(cls) if f.name == name)
 
 
 def manual(cfg) -> None:

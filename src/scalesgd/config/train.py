@@ -25,7 +25,8 @@ from scalesgd.data.config import DataConfig
 from scalesgd.errors import UsageError
 from scalesgd.models.config import ModelConfig
 from scalesgd.optim import OPTIMIZERS, variance_horizon
-from scalesgd.options import build, check_fields, flat_options, flatten, nested, parse, refuse, runtime_fields
+from scalesgd.options import (build, check_fields, field_default, flat_options, flatten, nested, parse, refuse,
+                              runtime_fields)
 from scalesgd.recipe.config import RecipeConfig
 from scalesgd.recipe.defaults import brought
 from scalesgd.trace import Tracer
@@ -121,7 +122,7 @@ class TrainConfig:
         unknown = sorted(set(d) - known)
         if unknown:
             raise UsageError(f"unknown configuration keys {unknown}; this version accepts {sorted(known)}")
-        d = {**brought(d, ModelConfig().name, RecipeConfig().optimizer), **d}
+        d = {**brought(d, field_default(ModelConfig, "name"), field_default(RecipeConfig, "optimizer")), **d}
         if d.get("milestones") is not None:
             d["milestones"] = tuple(float(m) for m in d["milestones"])
         for key in LISTS:

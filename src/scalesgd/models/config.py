@@ -5,11 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scalesgd.models import MODEL_OPTIONS, MODELS, ModelOptions
-from scalesgd.options import expanded, option
-
-
-def _text(value) -> str:
-    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+from scalesgd.options import expanded, option, value_text
 
 
 @dataclass
@@ -18,7 +14,7 @@ class ModelConfig:
 
     name: str = option("resnet8", "the network trained (gpt: a language model, on text); a model's own recipe fills "
                        "the options not given", choices=MODELS, key="model", shown_default=lambda own: own + "".join(
-                           f"; {name} brings " + ", ".join(f"--{key.replace('_', '-')} {_text(value)}"
+                           f"; {name} brings " + ", ".join(f"--{key.replace('_', '-')} {value_text(value)}"
                                                            for key, value in entry.recipe.items())
                            for name, entry in MODELS.items() if entry.recipe))
     options: ModelOptions = expanded(MODEL_OPTIONS.items, ModelOptions, lambda held, family: held[family],

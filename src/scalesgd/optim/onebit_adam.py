@@ -61,8 +61,10 @@ class OneBitAdam(BatchedOptimizer):
         if isinstance(beta2, (int, float)) and 0 <= beta2 < 1:  # else `_check` names the bad betas
             if freeze_step is None:
                 freeze_step = variance_horizon(beta2)
-            elif isinstance(freeze_step, int) and freeze_step >= 1 and early_freeze(freeze_step, beta2):
-                warnings.warn(early_freeze(freeze_step, beta2), EarlyFreezeWarning, stacklevel=2)
+            elif isinstance(freeze_step, int) and freeze_step >= 1:
+                problem = early_freeze(freeze_step, beta2)
+                if problem:
+                    warnings.warn(problem, EarlyFreezeWarning, stacklevel=2)
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay,
                                   "freeze_step": freeze_step, "grad_is_momentum": grad_is_momentum})
 

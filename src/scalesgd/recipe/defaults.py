@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from scalesgd.models import MODELS
 from scalesgd.optim import OPTIMIZERS
+from scalesgd.options import value_text
 
 
 def brought(given: dict, model: str, optimizer: str) -> dict:
@@ -21,11 +22,6 @@ def brought(given: dict, model: str, optimizer: str) -> dict:
     return {name: value for name, value in found.items() if name not in given}
 
 
-def _text(value) -> str:
-    return ",".join(f"{v:g}" for v in value) if isinstance(value, tuple) else f"{value:g}" if isinstance(
-        value, float) else str(value)
-
-
 def shown(name: str) -> Callable[[str], str]:
     """What `--help` shows as an option's default: its own, then what each model and optimizer brings instead."""
     def text(own: str) -> str:
@@ -33,6 +29,6 @@ def shown(name: str) -> Callable[[str], str]:
         for registry in (MODELS, OPTIMIZERS):
             for choice, entry in registry.items():
                 if name in entry.recipe:
-                    by_value.setdefault(_text(entry.recipe[name]), []).append(choice)
+                    by_value.setdefault(value_text(entry.recipe[name]), []).append(choice)
         return "; ".join([own or "none"] + [f"{', '.join(choices)}: {value}" for value, choices in by_value.items()])
     return text

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import time
 from pathlib import Path
 
@@ -51,12 +50,9 @@ def prepare_new_run(cfg: TrainConfig) -> Path:
 def write_config(cfg: TrainConfig, run_dir: Path) -> None:
     """config.json, whole or not at all: a full disk leaves the one before as it was, and says so in one line."""
     path = Path(run_dir) / CONFIG_NAME
-    temporary = path.with_name(f".{CONFIG_NAME}.{os.getpid()}.tmp")
     try:
-        write_json(temporary, cfg.to_dict())
-        os.replace(temporary, path)
+        write_json(path, cfg.to_dict())
     except OSError as err:
-        temporary.unlink(missing_ok=True)
         if not disk_full(err):
             raise
         raise UsageError(f"no space left writing {path}; free some and run the command again") from None
