@@ -68,10 +68,13 @@ FP8_RANGES = ["--fp8-period", "7", "--fp8-samples", "64"]  # ranges re-estimated
                                      "--weight-decay", "5e-4"],
                                     ["--engine", "scalesgd", "--codec", "onebit", "--optimizer", "onebit-adam",
                                      "--base-lr", "0.001", "--precision", "fp16", "--accumulate", "2",
-                                     "--compress-after", "10", "--samples", "800"]],  # errors, frozen
-                         # variance, loss scale saved
+                                     "--compress-after", "10", "--samples", "800"],  # errors, frozen
+                                    # variance, loss scale saved
+                                    ["--local-steps", "6", "--fragments", "2", "--overlap-steps", "1", "--mix",
+                                     "0.25", "--codec", "topk", "--density", "0.05"]],  # local parameters and inner
+                         # state per rank, global ones, outer momentum, residuals, an exchange in flight
                          ids=["scalesgd-fp8-growing", "ddp-fp8-hook-lars-arccot", "scalesgd-topk-dgc",
-                              "onebit-adam-fp16-accumulated"])
+                              "onebit-adam-fp16-accumulated", "periodic-streaming-topk"])
 def test_interrupted_and_resumed_run_ends_with_the_same_parameters(tmp_path, engine):
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     run = [*RESUME_RUN, *engine]

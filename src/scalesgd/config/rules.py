@@ -47,10 +47,16 @@ def auto_problem(name: str) -> str | None:
 def exchange(cfg) -> None:
     """`exchange` auto and its candidates, or the codec on its engine; the processes per node."""
     x, rt = cfg.exchange, cfg.runtime
-    if x.auto:
-        auto(cfg)
+    if cfg.periodic.on:
+        periodic(cfg)
     else:
-        manual(cfg)
+        for name, value in vars(cfg.periodic).items():
+            if value != field_default(type(cfg.periodic), name):
+                raise UsageError(f"`{name}` {value} applies to periodic synchronisation: add `local_steps` H")
+        if x.auto:
+            auto(cfg)
+        else:
+            manual(cfg)
     if x.procs_per_node and rt.workers % x.procs_per_node:
         raise UsageError(f"`procs_per_node` {x.procs_per_node} does not divide `workers` {rt.workers}")
 
@@ -165,6 +171,34 @@ def manual(cfg) -> None:
                          f"`compress_after` {x.compress_after}")
     if x.codec_options["topk"].momentum_correction and r.optimizer == "adamw" and r.nesterov:
         raise UsageError("`nesterov` is momentum SGD's (sgd, lars); adamw takes Adam's moments")
+
+
+def periodic(cfg) -> None:
+    """`local_steps`: a codec of ours carries the pseudo-gradient; what needs an exchange every step is refused;
+    the fragments divide a round and their exchanges land before their next one starts."""
+    r, x, p = cfg.recipe, cfg.exchange, cfg.periodic
+    if x.auto:
+        raise UsageError("`exchange` auto weighs per-step exchanges; with `local_steps` give `codec` (the "
+                         "pseudo-gradient's)")
+    ours = [name for name, entry in CODECS.items() if entry.build is not None]
+    require_choice("codec", x.codec, ours, " (with `local_steps`: the pseudo-gradient travels through our codecs)")
+    per_step = {"optimizer": r.optimizer == "onebit-adam", "momentum_correction": x.momentum_in_exchange,
+                "freeze_variance": r.freeze_variance, "noise_scale": cfg.output.noise_scale,
+                "lr_scaling": r.lr_scaling == "adascale", "planner": x.planner != NO_PLANNER}
+    for name, on in per_step.items():
+        if on:
+            raise UsageError(f"`{name}` {flatten(cfg)[name]} needs the gradients exchanged every step; with "
+                             f"`local_steps` {p.local_steps} each worker steps alone between synchronisations")
+    entry = x.codec_entry
+    if entry.beta1_option is not None and flatten(cfg)[entry.beta1_option] != 0:
+        raise UsageError(f"`codec` {x.codec} with `local_steps` sends the pseudo-gradient's signs: give "
+                         f"`{entry.beta1_option}` 0 (the outer optimizer keeps the momentum)")
+    if p.local_steps % p.fragments:
+        raise UsageError(f"`fragments` {p.fragments} must divide `local_steps` {p.local_steps}")
+    period = p.local_steps // p.fragments
+    if p.overlap_steps >= period:
+        raise UsageError(f"`overlap_steps` {p.overlap_steps}: give 0 to {period - 1}, so a fragment's exchange lands "
+                         f"before its next one starts (every `local_steps`/`fragments` = {period} steps)")
 
 
 def batch(cfg) -> None:

@@ -27,6 +27,7 @@ from scalesgd.models.config import ModelConfig
 from scalesgd.optim import OPTIMIZERS, variance_horizon
 from scalesgd.options import (build, check_fields, field_default, flat_options, flatten, nested, parse, refuse,
                               runtime_fields)
+from scalesgd.periodic.config import PeriodicConfig
 from scalesgd.recipe.config import RecipeConfig
 from scalesgd.recipe.defaults import brought
 from scalesgd.trace import Tracer
@@ -45,6 +46,7 @@ class TrainConfig:
     model: ModelConfig = nested(ModelConfig, "model")
     recipe: RecipeConfig = nested(RecipeConfig, "recipe")
     exchange: ExchangeConfig = nested(ExchangeConfig, "exchange")
+    periodic: PeriodicConfig = nested(PeriodicConfig, "periodic synchronisation")
     runtime: RuntimeConfig = nested(RuntimeConfig, "runtime")
     output: OutputConfig = nested(OutputConfig, "output")
 
@@ -105,7 +107,12 @@ class TrainConfig:
     def exchange_setup(self, group=None, topology=None, tracer: Tracer | None = None, plan=None,
                        steps_per_epoch: int = 1, norms=None) -> ExchangeSetup:
         """How this run's gradients travel, in the given groups (`plan`: the planner's buckets; `norms`: where
-        the squared gradient norms are counted)."""
+        the squared gradient norms are counted). Under periodic synchronisation a codec's step is a round: its
+        epoch-long schedules (top-k's density warm-up) count rounds, and it compresses from the first."""
+        if self.periodic.on:
+            rounds = max(1, steps_per_epoch // self.periodic.local_steps)
+            return self.exchange.setup(self.codec_settings(rounds), 0, self.recipe.precision, group, topology, tracer,
+                                       plan, norms)
         return self.exchange.setup(self.codec_settings(steps_per_epoch), self.compress_after_steps(steps_per_epoch),
                                    self.recipe.precision, group, topology, tracer, plan, norms)
 

@@ -31,6 +31,7 @@ from scalesgd.data import (
 from scalesgd.data.pipeline import FolderPipeline, MemoryPipeline
 from scalesgd.errors import NonFiniteLoss
 from scalesgd.models import build_model
+from scalesgd.periodic.exchange import PeriodicExchange
 from scalesgd.recipe import build_scheduler, global_batch_loss, initialize, use_ghost_batch
 from scalesgd.recipe.adascale import AdaScaleFactor, gain
 from scalesgd.recipe.noise_scale import NoiseScale
@@ -109,6 +110,8 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
         images_per_s.append(totals[2].item() / seconds)
         if epoch < last_epoch:
             run.pipeline.prepare(epoch + 1)  # the next epoch's batches decode while this one is evaluated
+        else:
+            run.exchange.settle()  # what is still on its way lands: the last evaluation and checkpoint hold it all
         record = end_epoch(run, epoch, totals, images_per_s[-1])
         record.update(noise_record(run))
         done = Progress(epoch, max(done.best_test_acc, record["test_acc"]),
@@ -155,8 +158,9 @@ def setup(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool) 
                                                   objective.loss, env.exchange_group, run_dir, resume,
                                                   wire=topk.wire)
     norms = GradientNorms() if cfg.measures_noise else None
-    exchange = build_exchange(cfg.exchange.engine, model, optimizer, cfg.exchange_setup(
-        env.exchange_group, env.topology_groups, tracer, plan, len(sampler), norms))
+    travel = cfg.exchange_setup(env.exchange_group, env.topology_groups, tracer, plan, len(sampler), norms)
+    exchange = (PeriodicExchange(model, optimizer, travel, cfg.periodic) if cfg.periodic.on
+                else build_exchange(cfg.exchange.engine, model, optimizer, travel))
     if env.is_main and exchange.plan is not None:
         write_json(run_dir / BUCKETS_NAME, exchange.plan.to_dict())
     return Run(cfg, run_dir, env, data, pipeline, model, exchange, scheduler, sampler, objective, tracer, planned,
@@ -314,8 +318,9 @@ def end_epoch(run: Run, epoch: int, totals: torch.Tensor, images_per_s: float) -
     """Evaluate with rank 0's BN statistics (as DDP's forward would use them); the epoch's record. Every rank learns
     the files the others skipped, so none names one again in a later epoch."""
     sync_buffers(run.model)
-    test = evaluate(run.model, run.pipeline.test_batches(run.env.rank, run.env.world_size), run.objective,
-                    run.exchange.autocast)
+    with run.exchange.evaluated():
+        test = evaluate(run.model, run.pipeline.test_batches(run.env.rank, run.env.world_size), run.objective,
+                        run.exchange.autocast)
     if skips_bad_files(run):
         run.pipeline.skipped = skipped_files(run)
     return {"kind": "epoch", "epoch": epoch, "iter": epoch * len(run.sampler),

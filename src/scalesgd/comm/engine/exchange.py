@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -109,6 +109,13 @@ class GradientExchange(ABC):
     def pop_norms(self) -> torch.Tensor:
         """This step's (local, mean) squared gradient norms on the device, where `ExchangeSetup.norms` was given."""
         return self.norms.pop() if self.norms is not None else torch.zeros(2, dtype=torch.float64)
+
+    def evaluated(self) -> AbstractContextManager:
+        """The model as the run reports it, while evaluated (the global parameters, where workers step alone)."""
+        return nullcontext()
+
+    def settle(self) -> None:
+        """At the run's end: whatever is still on its way lands (collective), so every rank holds the same model."""
 
     def stats(self) -> IterationStats | None:
         """This rank's exchange times and bytes since the last call; None where the engine does not measure them."""

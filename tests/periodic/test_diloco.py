@@ -1,0 +1,191 @@
+"""Periodic synchronisation against our synchronous engine and a float64 reference of DiLoCo's and Streaming
+DiLoCo's update, error feedback kept across rounds, and a checkpoint taken mid-round with an exchange in flight."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from scalesgd.comm.codecs import CodecSettings, TopkOptions
+from scalesgd.comm.engine.optimizer import DistributedOptimizer
+from scalesgd.periodic import DiLoCo, Schedule, outer_sgd, split
+from tests.spawn_util import run_workers
+
+WORLD = 2
+
+
+def net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 3))
+
+
+def batch(rank: int, step: int, dtype=torch.float32):
+    g = torch.Generator().manual_seed(1000 * rank + step)
+    return torch.randn(8, 6, generator=g).to(dtype), torch.randint(0, 3, (8,), generator=g)
+
+
+def inner_step(model, optimizer, rank, step, dtype=torch.float32):
+    x, y = batch(rank, step, dtype)
+    nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def adamw(params):
+    return torch.optim.AdamW(params, lr=0.01, betas=(0.9, 0.95), weight_decay=0.1)
+
+
+def flat(params) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in params])
+
+
+# ---- H = 1, plain averaging: the synchronous engine ---------------------------------------------------------
+def h1_against_engine(rank, world, steps):
+    model = net()
+    inner = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with DiLoCo(model, inner, 1, outer_optimizer=outer_sgd(list(model.parameters()), lr=1.0, momentum=0.0)) as d:
+        for step in range(steps):
+            inner_step(model, inner, rank, step)
+    periodic = flat(model.parameters())
+    model = net()
+    engine = DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), model, "fp32")
+    for step in range(steps):
+        inner_step(model, engine, rank, step)
+    engine.close()
+    return periodic, flat(model.parameters()), d.rounds
+
+
+def test_one_local_step_with_plain_averaging_is_the_synchronous_engine():
+    for periodic, synchronous, rounds in run_workers(h1_against_engine, WORLD, 6):
+        assert rounds == 6
+        torch.testing.assert_close(periodic, synchronous, rtol=0, atol=1e-6)
+
+
+# ---- H > 1, fragments, overlap, mixing: a float64 reference ---------------------------------------------------
+def reference(h, fragments, delay, mix, steps):
+    """Streaming DiLoCo's update in float64 for every worker in one process: AdamW inside, each fragment's mean
+    pseudo-gradient stepping the global parameters with Nesterov SGD when it lands, the local ones mixed in."""
+    base = net().double()
+    workers = [copy.deepcopy(base) for _ in range(WORLD)]
+    inners = [adamw(w.parameters()) for w in workers]
+    global_model = copy.deepcopy(base)
+    outer = outer_sgd(list(global_model.parameters()))
+    parts = [[i for i, p in enumerate(base.parameters()) if any(p is q for q in part)]
+             for part in split(base, fragments)]
+    schedule, sent = Schedule(h, fragments, delay), {}
+    for step in range(1, steps + 1):
+        for rank, (w, o) in enumerate(zip(workers, inners)):
+            inner_step(w, o, rank, step - 1, torch.float64)
+        started = schedule.starts(step)
+        if started is not None:
+            sent[started] = [[g.detach() - list(w.parameters())[i].detach()
+                              for i, g in enumerate(global_model.parameters())] for w in workers]
+        landed = schedule.lands(step)
+        if landed is not None:
+            deltas = sent.pop(landed)
+            for i, g in enumerate(global_model.parameters()):
+                g.grad = sum(d[i] for d in deltas) / WORLD if i in parts[landed] else None
+            outer.step()
+            with torch.no_grad():
+                for w in workers:
+                    for i in parts[landed]:
+                        local = list(w.parameters())[i]
+                        local.copy_(torch.lerp(list(global_model.parameters())[i], local, mix))
+    return [flat(w.parameters()) for w in workers], flat(global_model.parameters())
+
+
+def periodic_run(rank, world, h, fragments, delay, mix, steps):
+    model = net()
+    inner = adamw(model.parameters())
+    with DiLoCo(model, inner, h, fragments=fragments, delay=delay, mix=mix) as d:
+        for step in range(steps):
+            inner_step(model, inner, rank, step)
+        return flat(model.parameters()), flat(d.global_params), d.rounds
+
+
+@pytest.mark.parametrize("h,fragments,delay,mix,steps", [(3, 1, 0, 0.0, 9), (4, 2, 1, 0.25, 12)],
+                         ids=["diloco", "streaming"])
+def test_matches_a_float64_reference_of_the_papers_update(h, fragments, delay, mix, steps):
+    want_local, want_global = reference(h, fragments, delay, mix, steps)
+    for rank, (local, global_, rounds) in enumerate(run_workers(periodic_run, WORLD, h, fragments, delay, mix, steps)):
+        assert rounds == steps // (h // fragments)
+        torch.testing.assert_close(global_, want_global.float(), rtol=0, atol=2e-5)
+        torch.testing.assert_close(local, want_local[rank].float(), rtol=0, atol=2e-5)
+
+
+# ---- error feedback across rounds --------------------------------------------------------------------------
+def topk_rounds(rank, world, rounds):
+    model = net()
+    inner = adamw(model.parameters())
+    settings = CodecSettings(TopkOptions(density=0.05, density_warmup=0, wire="plain"))
+    d = DiLoCo(model, inner, 2, codec="topk", settings=settings,
+               outer_optimizer=outer_sgd(list(model.parameters()), lr=1.0, momentum=0.0))
+    seen = []
+    for r in range(rounds):
+        inner_step(model, inner, rank, 2 * r)
+        d.after_inner_step()
+        inner_step(model, inner, rank, 2 * r + 1)
+        owed, before = residual(d), flat(d.global_params).clone()
+        delta = before - flat(model.parameters())
+        d.after_inner_step()  # the round's exchange: outer SGD at lr 1 moves θ_global by the mean sent
+        seen.append((delta, owed, residual(d), before - flat(d.global_params)))
+    return seen
+
+
+def residual(d) -> torch.Tensor:
+    """Top-k's residual of every parameter, in the model's order (zeros before the first exchange)."""
+    state = d.driver.state_dict()["flat"]["params"]
+    if not state:
+        return torch.zeros(sum(p.numel() for p in d.params))
+    return torch.cat([state[k]["residual"].reshape(-1) for k in sorted(state)])
+
+
+def test_topk_error_feedback_owes_exactly_what_a_round_did_not_send():
+    ranks = run_workers(topk_rounds, WORLD, 3)
+    for r in range(3):
+        delta, owed, left, _ = zip(*(rank[r] for rank in ranks))
+        mean = ranks[0][r][3]
+        assert torch.equal(mean, ranks[1][r][3])  # every rank's global parameters moved alike
+        sent = sum(d + o - kept for d, o, kept in zip(delta, owed, left))  # each rank sent Δ + owed − what it keeps
+        torch.testing.assert_close(sent, WORLD * mean, rtol=0, atol=1e-6)
+        density = (mean != 0).float().mean().item()
+        assert 0.05 <= density <= 2 * 0.05 + 0.01  # top-k sent its share, from each rank
+        assert left[0].abs().sum() > 0.5 * delta[0].abs().sum()  # most of Δ is owed, not lost
+
+
+# ---- a checkpoint mid-round, an exchange in flight -----------------------------------------------------------
+def resumed_mid_round(rank, world, steps, cut):
+    def build():
+        model = net()
+        inner = adamw(model.parameters())
+        return model, inner, DiLoCo(model, inner, 4, fragments=2, delay=1, mix=0.25, codec="fp8")
+
+    model, inner, d = build()
+    with d:
+        for step in range(steps):
+            inner_step(model, inner, rank, step)
+    straight = flat(model.parameters())
+    model, inner, d = build()
+    with d:
+        for step in range(cut):
+            inner_step(model, inner, rank, step)
+        inflight = sorted(d._flights)
+        state = copy.deepcopy({"diloco": d.state_dict(), "inner": inner.state_dict(),
+                               "local": list(model.parameters())})
+    model, inner, d = build()  # a new process would start here
+    inner.load_state_dict(state["inner"])
+    d.load_state_dict(state["diloco"])
+    with torch.no_grad():
+        for p, saved in zip(model.parameters(), state["local"]):
+            p.copy_(saved)
+    with d:
+        for step in range(cut, steps):
+            inner_step(model, inner, rank, step)
+    return straight, flat(model.parameters()), inflight
+
+
+def test_resumed_mid_round_with_an_exchange_in_flight_is_exact():
+    for straight, resumed, inflight in run_workers(resumed_mid_round, WORLD, 12, 5):
+        assert inflight == [0]  # fragment 0 started after step 5 and lands after step 6
+        assert torch.equal(straight, resumed)
