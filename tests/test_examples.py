@@ -82,3 +82,11 @@ def test_transformer_example_trains_in_bf16_with_accumulation_and_sends_fp8_afte
     dense, fp8 = 4 * n, n  # a ring on 2 ranks sends one gradient's worth: 4 bytes, then 1 byte per element
     expected = (5 * dense + 35 * fp8) / 40
     assert expected <= summary["bytes_per_step"] <= 1.01 * expected  # once per step, not per micro-batch
+
+
+def test_the_transformer_trainer_with_diloco_learns_and_sends_a_pseudo_gradient_a_round(tmp_path):
+    summary = run(["transformer_diloco.py", "--local-steps", "8", "--steps", "40"], tmp_path)
+    losses, n = summary["losses"], summary["parameters"]
+    assert sum(losses[-5:]) / 5 < 0.65 * losses[0] and summary["validation_loss"] < losses[0]
+    assert summary["ranks_agree"] and summary["rounds"] == 40 // 8
+    assert summary["bytes_sent"] == summary["rounds"] * 4 * n  # a ring on 2 ranks: one fp32 pseudo-gradient a round

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from scalesgd import checks
-from scalesgd.bench import accuracy, allreduce, codec, data, faults, fp8_range, link, optimizer
+from scalesgd.bench import accuracy, allreduce, codec, data, faults, fp8_range, link, optimizer, quality
 from scalesgd.bench import train as bench_train
 from scalesgd.bench.launch import command_line, in_process, on_workers
 from scalesgd.comm.codecs.fp8 import kernels
@@ -135,6 +135,13 @@ for kind, config, run, help_, workers, description in [
      "final test accuracy of training variants, median over seeds", False,
      "Run `scalesgd train` for every variant × seed, one after another; options after -- go to every run. Finished "
      "runs are kept and cut-short runs resumed when the same command runs again."),
+    ("quality", quality.QualityBenchConfig, quality.run,
+     "time to the reference's quality of every exchange, per link rate: DDP and its hooks, ours, periodic", False,
+     "Train the reference exchange (DDP fp32) once per seed on local workers (its final loss + 1 % is the target, its "
+     "time to it the compute-only bound), then every exchange × seed at each testbed rate (`scalesgd testbed up "
+     "--nodes N` first), each evaluated every --eval-every steps on a clock that leaves evaluations out and stopped "
+     "at --budget × the reference's time. Writes quality.{json,md,png}; finished runs are kept when the same command "
+     "runs again."),
     ("link", link.LinkBenchConfig, link.run,
      "throughput and round trip between node 0 and node 1 (run it in the testbed)", True, ""),
     ("faults", faults.FaultsBenchConfig, faults.run,

@@ -189,3 +189,25 @@ def test_resumed_mid_round_with_an_exchange_in_flight_is_exact():
     for straight, resumed, inflight in run_workers(resumed_mid_round, WORLD, 12, 5):
         assert inflight == [0]  # fragment 0 started after step 5 and lands after step 6
         assert torch.equal(straight, resumed)
+
+
+# ---- the end of training: a round cut short is averaged ----------------------------------------------------------
+def cut_short(rank, world):
+    model = net()
+    inner = adamw(model.parameters())
+    with DiLoCo(model, inner, 4) as d:
+        for step in range(6):  # one whole round, then two steps of the next
+            inner_step(model, inner, rank, step)
+        start, local = flat(d.global_params).clone(), flat(model.parameters())
+        momentum = [d.outer.state[p]["momentum_buffer"].clone() for p in d.params]
+        d.finish()
+        kept = all(torch.equal(m, d.outer.state[p]["momentum_buffer"]) for m, p in zip(momentum, d.params))
+        return start, local, flat(d.global_params), flat(model.parameters()), kept
+
+
+def test_finish_averages_the_workers_over_a_round_cut_short_and_leaves_the_outer_momentum():
+    ranks = run_workers(cut_short, WORLD)
+    mean_local = sum(r[1] for r in ranks) / WORLD
+    for start, _, global_, local, kept in ranks:
+        torch.testing.assert_close(global_, mean_local, rtol=0, atol=1e-6)  # θ_global − mean Δ = the workers' mean
+        assert torch.equal(local, global_) and kept

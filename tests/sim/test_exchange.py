@@ -108,3 +108,25 @@ def test_a_low_rank_mode_is_costed_with_the_runs_own_compression_rule():
     strict = CodecOptions.of(LowrankOptions(rank=4, min_rate=1e6))
     assert sum(sent_sizes(Mode("lowrank", "scalesgd", "lowrank", base=strict), profile)) == profile.numel
     assert sum(sent_sizes(Mode("lowrank", "scalesgd", "lowrank"), profile)) < profile.numel
+
+
+def test_a_periodic_round_is_h_steps_of_compute_and_one_exchange_hidden_behind_its_overlap():
+    net = cluster(rate=1e6)  # 1 MB/s: the model's 8 Mi fp32 numbers take ~67 s on a 2-node ring
+    compute = predict(parse_mode("none"), PROFILE, net).iteration_s
+    whole = wire_time(parse_mode("scalesgd-fp32"), 8 * MB, net)
+    plain = predict(parse_mode("periodic@10"), PROFILE, net)
+    assert plain.iteration_s == pytest.approx(compute + whole / 10)
+    assert plain.exposed_comm_s == pytest.approx(whole / 10)
+    slow = cluster(rate=1e5)  # a fragment's 2 Mi fp8 numbers take ~21 s: more than 3 steps of compute hide
+    fragment = wire_time(parse_mode("scalesgd-fp8"), 2 * MB, slow)
+    streamed = predict(parse_mode("periodic@20/4/3-fp8"), PROFILE, slow)  # 4 landings a round, each 3 steps behind
+    assert streamed.exposed_comm_s == pytest.approx(4 * (fragment - 3 * compute) / 20)
+    hidden = predict(parse_mode("periodic@20/4/4-fp8"), PROFILE, cluster(rate=1e8))
+    assert hidden.iteration_s == pytest.approx(compute)  # a fast link: each fragment's exchange hides entirely
+
+
+@pytest.mark.parametrize("text,words", [("periodic@10/3", "F dividing H"), ("periodic@10/2/5", "τ below H/F"),
+                                        ("periodic@10-powersgd", "none of ours"), ("periodic", "periodic@H")])
+def test_a_periodic_mode_that_cannot_run_is_refused(text, words):
+    with pytest.raises(ValueError, match=words):
+        parse_mode(text)

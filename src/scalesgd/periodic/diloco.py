@@ -137,14 +137,15 @@ class DiLoCo:
             self._land(landed)
 
     def finish(self) -> None:
-        """Land the exchanges under way, then synchronise every fragment whose last round was cut short by the end of
-        training, so every rank holds the same global parameters (collective)."""
+        """Land the exchanges under way, then average every fragment whose last round was cut short by the end of
+        training into the global parameters (outer SGD at lr 1 without momentum: the outer momentum, built on whole
+        rounds, would carry a few steps' pseudo-gradient too far), so every rank holds them (collective)."""
         for fragment in sorted(self._flights):
             self._land(fragment)
         if self.steps % self.schedule.local_steps or self.schedule.fragments > 1:
             for fragment in range(self.schedule.fragments):
                 self._start(fragment)
-                self._land(fragment)
+                self._land(fragment, average=True)
         self._copy(self.global_params, self.params)
 
     @contextmanager
@@ -183,9 +184,9 @@ class DiLoCo:
             sent += self.driver.exchange(bucket.flat, view)
         return [bucket.flat for bucket in buckets], sent
 
-    def _land(self, fragment: int) -> None:
-        """The fragment's mean Δ steps its global parameters with the outer optimizer; the local ones become them
-        (α: that share of the local ones kept)."""
+    def _land(self, fragment: int, average: bool = False) -> None:
+        """The fragment's mean Δ steps its global parameters with the outer optimizer (`average`: θ_global − mean Δ,
+        the workers' mean); the local ones become them (α: that share of the local ones kept)."""
         flight = self._flights.pop(fragment)
         means = flight.wait()
         self.bytes_sent += flight.bytes_sent
@@ -200,7 +201,12 @@ class DiLoCo:
                                                                         for i in bucket.members])):
                     self.params[i].copy_(self.global_params[i])
                     self.params[i].grad = piece.view_as(self.params[i]).to(self.params[i].dtype)
-        self.outer.step()
+        if average:
+            with torch.no_grad():
+                for i in members:
+                    self.params[i].sub_(self.params[i].grad)
+        else:
+            self.outer.step()
         with torch.no_grad():
             for i in members:
                 self.global_params[i].copy_(self.params[i])

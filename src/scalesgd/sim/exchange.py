@@ -133,6 +133,8 @@ def predict(mode: Mode, profile: ComputeProfile, cluster: network.Cluster, costs
     """
     if mode.engine == "none" or cluster.workers == 1:
         return Prediction(mode.name, profile.iteration_s, 0.0, profile.accumulating_s + profile.compute_s, [])
+    if mode.engine == "periodic":
+        return periodic(mode, profile, cluster, costs)
 
     groups = grouping(mode, profile, costs.channel(mode, cluster), costs.inline)
     sizes = sent_sizes(mode, profile)
@@ -147,3 +149,14 @@ def predict(mode: Mode, profile: ComputeProfile, cluster: network.Cluster, costs
         displaced = costs.exchange_cpu_s * (line.overlapped / line.busy if line.busy > 0 else 0.0)
     before = profile.accumulating_s  # micro-batches accumulated before the one whose backward exchanges
     return Prediction(mode.name, before + line.end + profile.t_step, line.exposed, before + line.backward_end, groups)
+
+
+def periodic(mode: Mode, profile: ComputeProfile, cluster: network.Cluster, costs: Costs) -> Prediction:
+    """A round of periodic synchronisation, per step: H steps of compute alone, and F fragments' exchanges (each
+    1/F of the parameters through the codec, its wire and arithmetic), each hidden behind the τ steps it runs
+    under; what is not hidden stalls the step it lands in."""
+    numel = sum(profile.sizes) / mode.fragments
+    exchange = wire_time(mode, numel, cluster, costs.density_scale) + costs.channel_s_per_element * numel
+    exposed = max(exchange - mode.overlap * profile.iteration_s, 0.0) * mode.fragments / mode.local_steps
+    return Prediction(mode.name, profile.iteration_s + exposed, exposed, profile.accumulating_s + profile.compute_s,
+                      [])

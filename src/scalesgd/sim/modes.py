@@ -20,6 +20,7 @@ from scalesgd.config import AUTO_CODECS, NO_PLANNER
 from scalesgd.errors import UsageError
 
 MODES_HELP = ("comma-separated: none (no exchange: the compute-only bound), ddp[-CODEC[@RANK]], "
+              "periodic@H[/F[/τ]][-CODEC] (simulate: synchronisation every H steps, F fragments, τ steps behind), "
               "scalesgd[-CODEC[@AMOUNT][/WIRE][-ALGORITHM[-BUCKETS]]] (AMOUNT: a sparse codec's density, lowrank's "
               "rank; WIRE: lowrank's factor wire, e.g. scalesgd-lowrank@4/fp16, or a sparse codec's, compact or plain, "
               "e.g. scalesgd-topk@0.01/plain), auto[-EXCHANGE+EXCHANGE…[@DENSITY]] "
@@ -40,6 +41,9 @@ class Mode:
     buckets: str = "size:1"
     given: tuple[tuple[str, Any], ...] = ()  # codec options the name sets, by flat name (`rank`, `factor_wire`)
     base: CodecOptions | None = field(default=None, compare=False)
+    local_steps: int = 0  # periodic synchronisation: inner steps a round (0: an exchange every step)
+    fragments: int = 1  # Streaming DiLoCo's fragments, one landing every local_steps/fragments steps
+    overlap: int = 0  # inner steps a fragment's exchange runs behind (τ)
 
     def codec_options(self) -> dict:
         """The training options this mode sets beyond its codec, by flat name: its amount and wire."""
@@ -79,6 +83,8 @@ def parse_mode(text: str) -> Mode:
     engine, dash, rest = text.partition("-")
     if text == "none":
         return Mode(text, "none")
+    if text.startswith("periodic"):
+        return _parse_periodic(text)
     if text == "auto" or text.startswith(("auto-", "auto@")):
         return _parse_auto(text)
     if engine not in ("ddp", "scalesgd"):
@@ -132,6 +138,25 @@ def _parse_auto(text: str) -> Mode:
         raise UsageError(f"mode {text!r}: @{AUTO_AMOUNT.upper()} sets the {AUTO_AMOUNT} of its sparse exchanges and "
                          f"it has none; {', '.join(takes)} take one")
     return Mode(text, "auto", names, given=given)
+
+
+_PERIODIC = re.compile(r"periodic@(\d+)(?:/(\d+)(?:/(\d+))?)?(?:-(.+))?$")
+
+
+def _parse_periodic(text: str) -> Mode:
+    """`periodic@H[/F[/τ]][-CODEC]`: periodic synchronisation every H steps (Streaming DiLoCo with F fragments, each
+    exchange behind τ steps), the pseudo-gradient through CODEC (fp32 by default)."""
+    found = _PERIODIC.match(text)
+    if not found:
+        raise UsageError(f"mode {text!r}: a periodic mode is periodic@H[/F[/τ]][-CODEC], e.g. periodic@50-fp8 or "
+                         "periodic@50/5/5-fp8")
+    h, f, tau, codec = int(found[1]), int(found[2] or 1), int(found[3] or 0), found[4] or "fp32"
+    if codec not in CODECS or CODECS[codec].build is None:
+        raise UsageError(f"mode {text!r}: codec {codec!r} is none of ours; choose from "
+                         f"{', '.join(c for c, e in CODECS.items() if e.build is not None)}")
+    if h < 1 or f < 1 or h % f or tau >= h // f:
+        raise UsageError(f"mode {text!r}: give H ≥ 1, F dividing H and τ below H/F")
+    return Mode(text, "periodic", codec, local_steps=h, fragments=f, overlap=tau)
 
 
 def _amount_and_wire(text: str, engine: str, codec: str, amount: str | None, wire: str | None) -> dict:

@@ -9,11 +9,12 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from scalesgd.runtime.link import NODE_DEVICE
 from scalesgd.testbed.spec import TestbedSpec
 
 STATE_DIR = Path("/run/scalesgd")
 NETNS_ETC = Path("/etc/netns")  # `ip netns exec NAME` mounts the files of NETNS_ETC/NAME over /etc's
-DEVICE = "eth0"  # every node's link, also what gloo binds to (GLOO_SOCKET_IFNAME)
+DEVICE = NODE_DEVICE  # every node's link, also what gloo binds to (GLOO_SOCKET_IFNAME)
 BURST = "256kb"
 TBF_LATENCY = "100ms"
 

@@ -6,10 +6,11 @@ import subprocess
 import sys
 
 from scalesgd.runtime import launcher
+from scalesgd.runtime.link import TESTBED_VARIABLE
 from scalesgd.testbed.netns import DEVICE, TestbedError, check_host, read_state
 
 MASTER_PORT = 29500  # each node has its own network stack: no clash with the host's ports
-PREFIX_VARIABLE = "SCALESGD_TESTBED"  # set in every worker: the testbed it runs on (a sweep reshapes it)
+PREFIX_VARIABLE = TESTBED_VARIABLE  # set in every worker: the testbed it runs on (a sweep reshapes it)
 
 
 def resolve(command: list[str]) -> list[str]:
@@ -41,3 +42,4 @@ def run(prefix: str, command: list[str], timeout_s: float) -> int:
             workers.append((["ip", "netns", "exec", spec.node(node), *argv], env,
                             None if rank == 0 else subprocess.DEVNULL))
     return launcher.launch(workers, timeout_s)
+

@@ -36,10 +36,17 @@ from scalesgd.recipe import build_scheduler, global_batch_loss, initialize, use_
 from scalesgd.recipe.adascale import AdaScaleFactor, gain
 from scalesgd.recipe.noise_scale import NoiseScale
 from scalesgd.runtime import process_group
-from scalesgd.runtime.process_group import DistEnv, sync_buffers
+from scalesgd.runtime.process_group import DistEnv
 from scalesgd.trace import Tracer, write_chrome_trace
 from scalesgd.train import auto, checkpoint, metrics, report
 from scalesgd.train.checkpoint import Progress
+from scalesgd.train.evaluation import (
+    Milestones,
+    end_epoch,
+    evaluate_at,
+    skipped_files,
+    skips_bad_files,
+)
 from scalesgd.train.objective import Objective, throughput_key
 from scalesgd.train.progress import EpochProgress
 from scalesgd.train.rundir import BUCKETS_NAME, METRICS_NAME, write_json
@@ -71,6 +78,7 @@ class Run:
     auto: dict  # --exchange auto's decision and predictions, if it chose the exchange
     timings: list[dict] = field(default_factory=list)  # one per iteration
     noise: NoiseScale = field(default_factory=NoiseScale)  # --noise-scale's smoothed estimates
+    milestones: Milestones = field(default_factory=Milestones)  # the training clock, --eval-every, --time-budget
 
 
 def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool = False) -> dict:
@@ -82,6 +90,7 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
     run = setup(cfg, run_dir, env, resume)
     done = checkpoint.restore(run_dir, run.model, run.exchange, run.scheduler, run.env) if resume else Progress()
     run.noise = NoiseScale.from_state(done.noise)
+    run.milestones = Milestones(cfg.output.eval_every, cfg.output.time_budget, done.elapsed_s)
     if run.env.is_main:  # a restart from the start, too, drops what the failed attempt logged
         metrics.truncate_after(run_dir / METRICS_NAME, done.iteration(len(run.sampler)))
         checkpoint.remove_temporaries(run_dir)
@@ -108,18 +117,23 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
         totals, seconds = train_epoch(run, epoch, log, progress, done if epoch == done.epoch + 1 else Progress(),
                                       save_mid_epoch)
         images_per_s.append(totals[2].item() / seconds)
-        if epoch < last_epoch:
+        stopped = run.milestones.stopped
+        if epoch < last_epoch and not stopped:
             run.pipeline.prepare(epoch + 1)  # the next epoch's batches decode while this one is evaluated
         else:
             run.exchange.settle()  # what is still on its way lands: the last evaluation and checkpoint hold it all
-        record = end_epoch(run, epoch, totals, images_per_s[-1])
+        with run.milestones.paused():
+            record = end_epoch(run, epoch, totals, images_per_s[-1])
         record.update(noise_record(run))
         done = Progress(epoch, max(done.best_test_acc, record["test_acc"]),
                         elapsed_before + time.perf_counter() - wall_start, noise=run.noise.state())
         if log:
             log.write(record)
             log.flush()
-        checkpoint.save(run_dir, cfg, run.model, run.exchange, run.scheduler, done, run.env)
+        if stopped:  # the budget ended it mid-epoch: the last checkpoint stays the one to resume from
+            break
+        with run.milestones.paused():
+            checkpoint.save(run_dir, cfg, run.model, run.exchange, run.scheduler, done, run.env)
         progress.end_epoch(record)
     if log:
         log.close()
@@ -226,14 +240,21 @@ def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None, progress: 
         counters = run.exchange.counters()
         run.timings.append({**iteration_timing(run.exchange.stats(), waited, t0, t1, time.perf_counter()),
                             **counters})
-        pending.append({"kind": "iter", "epoch": epoch, "iter": (epoch - 1) * steps + i + 1, "lr": lr, **counters,
+        run.milestones.count(run.timings[-1])
+        iteration = (epoch - 1) * steps + i + 1
+        if run.milestones.due(iteration):
+            evaluated = evaluate_at(run, epoch, iteration)
+            if log:
+                log.write(evaluated)
+        pending.append({"kind": "iter", "epoch": epoch, "iter": iteration, "lr": lr, **counters,
                         **({"data_wait_s": t0 - waited} if streamed else {}),
                         **({"skipped": not stepped, "loss_scale": run.exchange.scaler.get_scale()}
                            if run.exchange.scaler.is_enabled() else {}),
                         "notices": run.exchange.notices()})
         if len(pending) == cfg.output.sync_every or last:
             clock_due = env.is_main and every_s > 0 and time.perf_counter() - last_saved >= every_s
-            rows, due = read_window(window, len(pending), clock_due, pending, log, progress)
+            rows, due, spent = read_window(window, len(pending), (clock_due, env.is_main and run.milestones.spent()),
+                                           pending, log, progress)
             totals += rows[:, :3].sum(0)
             if cfg.measures_noise:
                 for _, _, samples, local_sq, mean_sq in rows.tolist():  # summed over ranks: ÷ W for the means
@@ -243,10 +264,12 @@ def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None, progress: 
                 adascale.gain = gain(run.noise.trace, run.noise.gradient_sq, cfg.recipe.base_batch,
                                      cfg.recipe.batch_size)
             pending = []
-            if not last and (due or every_steps and i + 1 - saved_at >= every_steps):
-                save_mid_epoch(i + 1, totals, time.perf_counter() - start)
+            run.milestones.stopped = spent and not last
+            if not last and not spent and (due or every_steps and i + 1 - saved_at >= every_steps):
+                with run.milestones.paused():
+                    save_mid_epoch(i + 1, totals, time.perf_counter() - start)
                 last_saved, saved_at = time.perf_counter(), i + 1
-        if last:
+        if last or run.milestones.stopped:
             break
     return totals, time.perf_counter() - start
 
@@ -271,14 +294,15 @@ def forward_backward(run: Run, parts: list[tuple[torch.Tensor, torch.Tensor]], g
     row[:3] = sums
 
 
-def read_window(window: torch.Tensor, n: int, due: bool, records: list[dict], log: metrics.MetricsLog | None,
-                progress: EpochProgress) -> tuple[torch.Tensor, bool]:
+def read_window(window: torch.Tensor, n: int, flags: tuple[bool, bool], records: list[dict],
+                log: metrics.MetricsLog | None, progress: EpochProgress) -> tuple[torch.Tensor, bool, bool]:
     """Sum the window's first `n` rows (loss, correct, samples, squared gradient norms) across ranks, and whether
-    any rank says a checkpoint is `due`, in one allreduce; log each iteration. The summed rows, and that agreement.
+    any rank says a checkpoint is due or the time budget spent (`flags`), in one allreduce; log each iteration. The
+    summed rows, and those two agreements.
 
     Raises NonFiniteLoss at the first iteration whose global loss is not finite.
     """
-    window[-1, 0] = float(due)
+    window[-1, :2] = torch.tensor([float(f) for f in flags], dtype=window.dtype)
     rows = torch.cat([window[:n], window[-1:]])
     dist.all_reduce(rows)
     sums = rows.cpu()
@@ -294,7 +318,7 @@ def read_window(window: torch.Tensor, n: int, due: bool, records: list[dict], lo
         for notice in notices:
             progress.message(f"iteration {record['iter']}: {notice}")
         progress.advance(step_loss, record["lr"])
-    return sums[:n], bool(sums[-1, 0] > 0)
+    return sums[:n], bool(sums[-1, 0] > 0), bool(sums[-1, 1] > 0)
 
 
 def adascale_factor(run: Run) -> AdaScaleFactor | None:
@@ -314,38 +338,6 @@ def noise_record(run: Run) -> dict:
     return record
 
 
-def end_epoch(run: Run, epoch: int, totals: torch.Tensor, images_per_s: float) -> dict:
-    """Evaluate with rank 0's BN statistics (as DDP's forward would use them); the epoch's record. Every rank learns
-    the files the others skipped, so none names one again in a later epoch."""
-    sync_buffers(run.model)
-    with run.exchange.evaluated():
-        test = evaluate(run.model, run.pipeline.test_batches(run.env.rank, run.env.world_size), run.objective,
-                        run.exchange.autocast)
-    if skips_bad_files(run):
-        run.pipeline.skipped = skipped_files(run)
-    return {"kind": "epoch", "epoch": epoch, "iter": epoch * len(run.sampler),
-            "train_loss": totals[0].item() / totals[2].item(), "train_acc": totals[1].item() / totals[2].item(),
-            **test, throughput_key(run.data.is_text): images_per_s,
-            "lr": run.exchange.optimizer.param_groups[0]["lr"]}
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, batches, objective: Objective, autocast=nullcontext) -> dict:
-    """Test loss (per prediction, without label smoothing) and accuracy (and a language model's perplexity) over
-    this rank's shard of the test set (`batches`), in the run's precision, summed across ranks."""
-    model.eval()
-    plain = Objective(objective.text, 0.0, objective.predictions_per_sample)
-    sums = torch.zeros(3, dtype=torch.float64)
-    for x, y in batches:
-        with autocast():
-            loss_sum, correct = plain(model(x), y)
-        sums[0] += loss_sum.item()
-        sums[1] += correct.item()
-        sums[2] += y.numel()
-    dist.all_reduce(sums)
-    return objective.evaluated((sums[0] / sums[2]).item(), (sums[1] / sums[2]).item())
-
-
 def finish(run: Run, done: Progress, record: dict, images_per_s: list[float], progress: EpochProgress) -> dict:
     """Write the trace, stop the exchange, and (rank 0) write summary.json and report.png; the summary."""
     if run.cfg.output.trace:
@@ -356,7 +348,8 @@ def finish(run: Run, done: Progress, record: dict, images_per_s: list[float], pr
     summary = {
         "final_test_acc": record.get("test_acc", done.best_test_acc), "best_test_acc": done.best_test_acc,
         **{f"final_{key}": record[key] for key in ("test_loss", "test_perplexity") if key in record},
-        "wall_time_s": done.elapsed_s,
+        "wall_time_s": done.elapsed_s, "train_s": run.milestones.train_s(), "bytes_sent": run.milestones.bytes_sent,
+        **({"stopped_by_time_budget": True} if run.milestones.stopped else {}),
         throughput_key(run.data.is_text): statistics.fmean(images_per_s) if images_per_s else 0.0,
         "epochs": run.cfg.recipe.epochs, "epochs_trained": done.epoch, "steps_per_epoch": len(run.sampler),
         "peak_lr": run.cfg.recipe.peak_lr, "world_size": run.env.world_size, "run_dir": str(run.run_dir),
@@ -378,18 +371,6 @@ def finish(run: Run, done: Progress, record: dict, images_per_s: list[float], pr
         report.plot_report(run.run_dir)
         progress.table(report.summary_table(summary))
     return summary
-
-
-def skips_bad_files(run: Run) -> bool:
-    """Whether the run streams files and leaves out those that cannot be decoded."""
-    return isinstance(run.pipeline, FolderPipeline) and run.cfg.data.skip_bad_images
-
-
-def skipped_files(run: Run) -> dict[str, str]:
-    """Every file any rank skipped (path: what is wrong), gathered (collective)."""
-    everyone: list = [None] * run.env.world_size
-    dist.all_gather_object(everyone, run.pipeline.skipped)
-    return {path: what for ranks in everyone for path, what in ranks.items()}
 
 
 def save_trace(path: str, tracer: Tracer, env: DistEnv) -> None:

@@ -1,0 +1,68 @@
+"""`scalesgd bench quality`: the target, each run's time, steps and bytes to it, and a short real bench."""
+
+import json
+
+import pytest
+
+from scalesgd.bench.quality import EXCHANGES, QualityBenchConfig, parse_exchanges
+from scalesgd.bench.quality_report import reached, summarise, target_of
+from scalesgd.errors import UsageError
+from tests.bench.cli import bench
+
+
+def run(label, losses, step=10, seconds=2.0, rate="10mbit", seed=0, final=None, bytes_per_step=1000):
+    evals = [{"iter": step * (i + 1), "train_s": seconds * (i + 1), "test_loss": loss, "test_acc": 0.0,
+              "link_bytes_sent": bytes_per_step * step * (i + 1)} for i, loss in enumerate(losses)]
+    return {"label": label, "seed": seed, "rate": rate, "evals": evals, "steps": step * len(losses), "text": True,
+            "train_s": seconds * len(losses), "final_test_loss": losses[-1] if final is None else final,
+            "final_test_acc": 0.0}
+
+
+def test_the_target_is_the_references_median_final_loss_plus_the_slack():
+    reference = [run("ddp", [3.0, 2.0]), run("ddp", [3.0, 2.2], seed=1), run("ddp", [3.0, 2.1], seed=2)]
+    assert target_of(reference, 0.01) == pytest.approx(2.1 * 1.01)
+
+
+def test_time_steps_and_bytes_are_those_of_the_first_evaluation_at_the_target():
+    assert reached(run("x", [3.0, 2.5, 2.0, 1.9]), 2.2, True) == (30, 6.0, 30_000)
+    assert reached(run("x", [3.0, 2.5]), 2.2, True) is None
+    assert reached(run("x", [3.0, 2.5], final=2.1), 2.2, True) == (20, 4.0, 20_000)  # the run's end counts
+
+
+def test_the_summary_counts_seeds_that_reached_and_steps_within_three_times_the_references():
+    runs = [run("ddp", [3.0, 2.5, 2.1]), run("ddp", [3.0, 2.6, 2.4], seed=1),
+            run("diloco", [2.4, 2.0], step=50, seconds=1.0), run("diloco", [2.3, 2.1], step=50, seconds=1.0, seed=1)]
+    rows = {r["label"]: r for r in summarise(runs, 2.2, True, reference_steps=30, bound_s=5.0)}
+    assert rows["diloco"]["within_3x_steps"] == 0  # 100 steps > 3 × 30
+    rows = {r["label"]: r for r in summarise(runs, 2.2, True, reference_steps=40, bound_s=5.0)}
+    assert (rows["ddp"]["reached"], rows["ddp"]["time_s"]) == (1, [6.0])
+    assert rows["diloco"]["reached"] == 2 and rows["diloco"]["time_s"] == [2.0, 2.0]
+    assert rows["diloco"]["within_3x_steps"] == 2 and rows["diloco"]["steps"] == [100, 100]
+    assert rows["diloco"]["bound_ratio"] == [0.4, 0.4] and rows["ddp"]["end"] == [2.1, 2.4]
+
+
+def test_exchanges_are_labels_of_the_table_or_label_equals_options():
+    assert parse_exchanges("ddp; mine=--engine scalesgd --codec fp8") == (
+        ("ddp", EXCHANGES["ddp"]), ("mine", "--engine scalesgd --codec fp8"))
+    with pytest.raises(ValueError, match="'nope' is no known exchange"):
+        parse_exchanges("nope")
+
+
+def test_an_exchange_that_sets_what_the_bench_sets_is_refused_before_any_run():
+    cfg = QualityBenchConfig(exchanges=(("x", "--codec fp8 --seed 3"),))
+    with pytest.raises(UsageError, match="`seed` in 'x'"):
+        cfg.validate()
+
+
+def test_a_short_bench_on_local_workers_writes_the_table_and_the_plot(tmp_path):
+    out = tmp_path / "q"
+    proc = bench("quality", "--exchanges", "ddp;periodic=--local-steps 4", "--seeds", "0", "--eval-every", "4",
+                 "--out", str(out), "--", "--workers", "2", "--dataset", "synthetic", "--samples", "512",
+                 "--image-size", "8", "--model", "resnet8", "--batch-size", "64", "--epochs", "1", "--warmup", "none")
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads((out / "quality.json").read_text())
+    assert record["metric"] == "test_acc" and [r["label"] for r in record["runs"]] == ["ddp", "periodic"]
+    assert all([e["iter"] for e in r["evals"]] == [4, 8] for r in record["runs"])  # 512 / 64 = 8 steps
+    assert record["budget_s"] == pytest.approx(3 * record["reference"][0]["train_s"])
+    assert "| local | `periodic` |" in (out / "quality.md").read_text()
+    assert (out / "quality.png").read_bytes()[:4] == b"\x89PNG"
