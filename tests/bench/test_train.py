@@ -164,3 +164,15 @@ def test_a_gpt_whose_width_does_not_split_into_its_heads_is_refused(tmp_path, ca
     code = main(["bench", "train", "--model", "gpt", "--gpt-heads", "3", "--out", str(tmp_path / "x")])
     assert code == 2 and capsys.readouterr().err == \
         "scalesgd: error: --gpt-width 128: GPT width 128 is not divisible by its 3 heads\n"
+
+
+def test_a_periodic_mode_is_timed_over_whole_rounds_and_sends_a_pseudo_gradient_a_round(tmp_path):
+    out = tmp_path / "bench"
+    proc = bench("train", "--workers", "2", "--model", "resnet8", "--image-size", "8", "--batch-size", "16",
+                 "--modes", "none,scalesgd-fp32,periodic@4", "--procs-per-node", "1", "--warmup", "1",
+                 "--iterations", "8", "--rounds", "2", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = {r["mode"]: r for r in json.loads((out / "train.json").read_text())["results"]}
+    assert results["periodic@4"]["mean_bytes_sent"] == results["scalesgd-fp32"]["mean_bytes_sent"] / 4
+    refused = bench("train", "--modes", "periodic@4", "--iterations", "6", "--out", str(tmp_path / "x"))
+    assert refused.returncode == 2 and "--iterations 6 must be a multiple of its H, 4" in refused.stderr

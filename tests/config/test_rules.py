@@ -1,10 +1,12 @@
 """The rules between options: `--exchange auto` weighs only what manual mode would run, and says what it left out;
 a variance frozen before Adam's averaging horizon and emulated bf16 are warned of at start."""
 
+import re
+
 import pytest
 
 from scalesgd.config import TrainConfig, rules
-from scalesgd.errors import as_flags
+from scalesgd.errors import UsageError, as_flags
 
 
 def test_auto_drops_the_exchanges_that_cannot_carry_the_momentum_the_optimizer_leaves_to_them():
@@ -47,3 +49,24 @@ def test_bf16_on_a_cpu_without_native_bf16_warns_with_the_measured_slowdown(monk
     monkeypatch.setattr(rules.torch.cuda, "is_available", lambda: False)  # on a GPU bf16 runs there
     lines = rules.advice(TrainConfig.from_argv(["--precision", "bf16"]))
     assert any("measured 10.3× slower a step than fp32" in line for line in lines) == warned
+
+
+def test_periodic_synchronisation_refuses_what_needs_an_exchange_every_step_and_its_bad_schedules():
+    cases = {("--local-steps", "8", "--exchange", "auto"): "`exchange` auto weighs per-step exchanges",
+             ("--local-steps", "8", "--codec", "powersgd"): "`codec` 'powersgd' (with `local_steps`",
+             ("--local-steps", "8", "--momentum-correction", "--codec", "topk"): "`momentum_correction` True needs",
+             ("--local-steps", "8", "--fragments", "3"): "`fragments` 3 must divide `local_steps` 8",
+             ("--local-steps", "8", "--fragments", "2", "--overlap-steps", "4"): "`overlap_steps` 4: give 0 to 3",
+             ("--local-steps", "8", "--codec", "onebit"): "give `onebit_beta1` 0",
+             ("--mix", "0.5",): "`mix` 0.5 applies to periodic synchronisation"}
+    for argv, words in cases.items():
+        with pytest.raises(UsageError, match=re.escape(words)):
+            TrainConfig.from_argv(list(argv))
+    assert TrainConfig.from_argv(["--local-steps", "8", "--codec", "onebit", "--onebit-beta1", "0"]).periodic.on
+
+
+def test_a_sparse_pseudo_gradient_under_adamw_gets_no_warning_of_gradient_spikes():
+    per_step = TrainConfig.from_argv(["--model", "gpt", "--dataset", "text", "--engine", "scalesgd", "--codec", "topk"])
+    periodic = TrainConfig.from_argv(["--model", "gpt", "--dataset", "text", "--local-steps", "8", "--codec", "topk"])
+    assert any("rare spikes" in line for line in rules.advice(per_step))
+    assert not any("rare spikes" in line for line in rules.advice(periodic))

@@ -48,3 +48,9 @@ def test_the_summary_names_the_epochs_adascale_trained_beside_its_base_epochs():
     assert report.epochs_trained({"epochs": 30, "epochs_trained": 30}) == "30"
     assert report.epochs_trained({"epochs": 30}) == "30"  # a summary from before the count was kept
     assert report.epochs_trained({"epochs": 30, "epochs_trained": 57}) == "57 (--epochs 30, scale-invariant)"
+
+
+def test_a_periodic_run_is_titled_by_its_rounds_and_compared_by_them():
+    cfg = TrainConfig.of(local_steps=16, fragments=4, overlap_steps=3, mix=0.5, codec="fp8").to_dict()
+    assert "fp8 pseudo-gradient every 16 steps, 4 fragments 3 steps behind, α 0.5" in report.title(cfg)
+    assert report.periodic_text(TrainConfig.of().to_dict()) == ""

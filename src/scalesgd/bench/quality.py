@@ -116,11 +116,13 @@ def run(cfg: QualityBenchConfig, command: str) -> int:
     budget_s = cfg.budget * max(r["train_s"] for r in reference)
     runs = []
     for rate in cfg.rates or ("local",):
-        if rate != "local":
-            testbed.shape(cfg.prefix, rate)
+        shaped = rate == "local"
         for seed in cfg.seeds:
             for label, given in cfg.exchanges:  # in turn: a slow spell of the machine hits every one alike
                 run_dir = out / rate / f"{label}-seed{seed}"
+                if not shaped and not (run_dir / SUMMARY_NAME).exists():  # finished runs need no testbed
+                    testbed.shape(cfg.prefix, rate)
+                    shaped = True
                 code = train_on(cfg, rate, argv_of(cfg, given, seed, budget_s), run_dir,
                                 f"{rate} · {label} · seed {seed}")
                 if code:

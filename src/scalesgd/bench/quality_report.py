@@ -63,6 +63,7 @@ def summarise(runs: list[dict], target: float, text: bool, reference_steps: floa
                          "time_s": [h[1] for h in hits], "steps": [h[0] for h in hits],
                          "bytes": [h[2] for h in hits if h[2] is not None], "end": end,
                          "within_3x_steps": sum(h[0] <= 3 * reference_steps for h in hits),
+                         "trained": [r["steps"] for r in mine],
                          "bound_ratio": [h[1] / bound_s for h in hits]})
     return rows
 
@@ -75,8 +76,8 @@ def write(out: Path, cfg, reference: list[dict], runs: list[dict], budget_s: flo
     bound_s = statistics.median(h[1] for h in hits if h) if any(hits) else float("nan")
     rows = summarise(runs, target, text, ref_steps, bound_s)
     columns = ["rate", "exchange", "reached", "time to target s", f"× best {REFERENCE_FAMILY}*", "× compute bound",
-               "steps to target", "MB to target (node 0's link)", "loss at end" if text else "accuracy at end",
-               "≤ 3× fp32's steps"]
+               "steps to target", "MB to target (node 0's link)", "steps trained",
+               "loss at end" if text else "accuracy at end", "≤ 3× fp32's steps"]
     table = []
     for row in rows:
         family = [r for r in rows if r["rate"] == row["rate"] and r["label"].startswith(REFERENCE_FAMILY)
@@ -87,7 +88,8 @@ def write(out: Path, cfg, reference: list[dict], runs: list[dict], budget_s: flo
                   f"> {budget_s / mine:.2f}× sooner (none within the budget)" if mine and not family else "—")
         table.append([row["rate"], f"`{row['label']}`", f"{row['reached']}/{row['seeds']}", spread(row["time_s"]),
                       versus, spread(row["bound_ratio"], "{:.2f}"), spread(row["steps"], "{:.0f}"),
-                      spread([b / 1e6 for b in row["bytes"]], "{:.2f}"), spread(row["end"], "{:.4f}"),
+                      spread([b / 1e6 for b in row["bytes"]], "{:.2f}"), spread(row["trained"], "{:.0f}"),
+                      spread(row["end"], "{:.4f}"),
                       f"{row['within_3x_steps']}/{row['seeds']}"])
     record = {"config": cfg.to_dict(), "target": target, "metric": "test_loss" if text else "test_acc",
               "compute_bound_s": bound_s, "reference_steps_to_target": ref_steps, "budget_s": budget_s,

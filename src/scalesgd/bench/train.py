@@ -26,7 +26,7 @@ from scalesgd.bench.launch import BenchLaunch
 from scalesgd.comm.cost import link, planner, profile
 from scalesgd.comm.codecs import CODECS
 from scalesgd.comm.wire.groups import own_group
-from scalesgd.comm.engine.exchange import GradientExchange, build_exchange
+from scalesgd.comm.engine.exchange import GradientExchange
 from scalesgd.config import AUTO_CODECS, NO_PLANNER, TrainConfig
 from scalesgd.data.text import VOCAB_SIZE
 from scalesgd.errors import UsageError
@@ -37,6 +37,7 @@ from scalesgd.recipe.aggregation import global_batch_loss
 from scalesgd.runtime import process_group
 from scalesgd.train import auto as auto_exchange
 from scalesgd.sim.modes import MODES_HELP, Mode, parse_mode
+from scalesgd.train.exchange import open_exchange
 from scalesgd.train.objective import Objective
 from scalesgd.units import RATE
 
@@ -95,6 +96,9 @@ class TrainBenchConfig(BenchLaunch):
                 mode = parse_mode(text)
                 if mode.engine != "none":
                     describe(mode, self, self.workers).validate()
+                if mode.local_steps and self.iterations % mode.local_steps:
+                    raise UsageError(f"`iterations` {self.iterations} must be a multiple of its H, "
+                                     f"{mode.local_steps}: the mean over whole rounds is its step's cost")
             except (ValueError, UsageError) as err:
                 raise UsageError(f"`modes` {text}: {err}") from None
         return self
@@ -120,6 +124,9 @@ def describe(mode: Mode, bench: TrainBenchConfig, world: int) -> TrainConfig:
                                                    "classes": bench.classes}
     chosen = {} if auto else dict(engine=mode.engine, codec=mode.codec,  # auto chooses them
                                   buckets="size:1" if mode.planner != NO_PLANNER else mode.buckets)
+    if mode.engine == "periodic":  # workers alone between rounds: the codec carries the pseudo-gradient
+        chosen = dict(codec=mode.codec, local_steps=mode.local_steps, fragments=mode.fragments,
+                      overlap_steps=mode.overlap)
     return TrainConfig.from_dict(dict(
         workers=world, **data, samples=BATCHES * bench.batch_size, **sizes,
         model=bench.model, batch_size=bench.batch_size, base_batch=bench.batch_size, **chosen,
@@ -282,8 +289,8 @@ def build_runner(cfg: TrainBenchConfig, mode: Mode, env, batches: list) -> Runne
         topk = train_cfg.exchange.codec_options["topk"]
         plan, planned = planner.plan_exchange(train_cfg.exchange.planner, topk.density, topk.reuse,
                                               model, batches[0], loss, group, wire=topk.wire)
-    exchange = build_exchange(train_cfg.exchange.engine, model, optimizer,
-                              train_cfg.exchange_setup(group, env.topology_groups, plan=plan))
+    exchange = open_exchange(train_cfg, model, optimizer, train_cfg.exchange_setup(group, env.topology_groups,
+                                                                                   plan=plan))
     return Runner(mode, exchange, exchange.model, exchange.optimizer, [], [], [], planned, auto, loss=loss)
 
 
@@ -312,6 +319,8 @@ def summarize(cfg: TrainBenchConfig, runner: Runner, env) -> dict:
     per_round: dict[int, list[float]] = {}
     for r, t in zip(runner.rounds, slowest.tolist()):
         per_round.setdefault(r, []).append(t)
+    if runner.mode.engine == "periodic":  # most steps exchange nothing: a round's mean is the step's cost
+        median = statistics.fmean(slowest.tolist())
     row = {"mode": runner.mode.name, "median_iteration_s": median, "images_per_s": cfg.batch_size / median,
            **({"tokens_per_s": cfg.batch_size * cfg.sequence_length / median} if cfg.text else {}),
            "round_medians_s": [statistics.median(times) for times in per_round.values()],

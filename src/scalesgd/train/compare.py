@@ -20,7 +20,7 @@ from scalesgd.errors import UsageError
 from scalesgd.options import Options, option
 from scalesgd.train.auto import AUTO_NAME
 from scalesgd.train.objective import throughput
-from scalesgd.train.report import Curves, read_curves, read_json, run_config
+from scalesgd.train.report import Curves, periodic_text, read_curves, read_json, run_config
 from scalesgd.train.rundir import CONFIG_NAME, METRICS_NAME, SUMMARY_NAME
 
 PNG_NAME = "compare.png"
@@ -87,7 +87,8 @@ def exchange(run: Compared) -> str:
     codec = cfg.get("codec", "fp32")
     if cfg.get("exchange") == "auto":
         codec = "auto → " + ((run.summary.get("auto") or read_json(run.path / AUTO_NAME)).get("codec") or "undecided")
-    text = f"{cfg.get('engine', 'ddp')} {codec}"
+    text = (f"periodic {codec}, {periodic_text(cfg)}" if cfg.get("local_steps")
+            else f"{cfg.get('engine', 'ddp')} {codec}")
     chosen = parse_exchange(codec.split()[-1])[1]
     amount = CODECS[chosen].amount if chosen in CODECS else None
     if amount is not None and amount in cfg:

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from scalesgd.comm.cost import planner
-from scalesgd.comm.engine.exchange import GradientExchange, build_exchange
+from scalesgd.comm.engine.exchange import GradientExchange
 from scalesgd.comm.engine.policies import GradientNorms
 from scalesgd.config import NO_PLANNER, TrainConfig
 from scalesgd.data import (
@@ -31,7 +31,6 @@ from scalesgd.data import (
 from scalesgd.data.pipeline import FolderPipeline, MemoryPipeline
 from scalesgd.errors import NonFiniteLoss
 from scalesgd.models import build_model
-from scalesgd.periodic.exchange import PeriodicExchange
 from scalesgd.recipe import build_scheduler, global_batch_loss, initialize, use_ghost_batch
 from scalesgd.recipe.adascale import AdaScaleFactor, gain
 from scalesgd.recipe.noise_scale import NoiseScale
@@ -40,6 +39,7 @@ from scalesgd.runtime.process_group import DistEnv
 from scalesgd.trace import Tracer, write_chrome_trace
 from scalesgd.train import auto, checkpoint, metrics, report
 from scalesgd.train.checkpoint import Progress
+from scalesgd.train.exchange import open_exchange
 from scalesgd.train.evaluation import (
     Milestones,
     end_epoch,
@@ -173,8 +173,7 @@ def setup(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool) 
                                                   wire=topk.wire)
     norms = GradientNorms() if cfg.measures_noise else None
     travel = cfg.exchange_setup(env.exchange_group, env.topology_groups, tracer, plan, len(sampler), norms)
-    exchange = (PeriodicExchange(model, optimizer, travel, cfg.periodic) if cfg.periodic.on
-                else build_exchange(cfg.exchange.engine, model, optimizer, travel))
+    exchange = open_exchange(cfg, model, optimizer, travel)
     if env.is_main and exchange.plan is not None:
         write_json(run_dir / BUCKETS_NAME, exchange.plan.to_dict())
     return Run(cfg, run_dir, env, data, pipeline, model, exchange, scheduler, sampler, objective, tracer, planned,

@@ -60,8 +60,20 @@ def input_pipeline(summary: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def periodic_text(cfg: dict) -> str:
+    """How often a run synchronised where it did so periodically ('' where it exchanged every step)."""
+    if not cfg.get("local_steps"):
+        return ""
+    streaming = (f", {cfg['fragments']} fragments {cfg.get('overlap_steps', 0)} steps behind, α {cfg.get('mix', 0):g}"
+                 if cfg.get("fragments", 1) > 1 or cfg.get("overlap_steps") else "")
+    return f"every {cfg['local_steps']} steps{streaming}"
+
+
 def title(cfg: dict) -> str:
     """What a run trained, for report.png's title: model and data, how gradients travelled, the global batch."""
+    if cfg.get("local_steps"):
+        return (f"{cfg['model']} on {cfg['dataset']} · {cfg['codec']} pseudo-gradient {periodic_text(cfg)} · "
+                f"global batch {cfg['batch_size']}")
     auto = ", chosen by --exchange auto" if cfg.get("exchange") == "auto" else ""
     workers = f"{cfg['workers']} worker{'s' if cfg['workers'] != 1 else ''}"
     precision = f" · {cfg['precision']}" if cfg.get("precision", "fp32") != "fp32" else ""
