@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -143,6 +144,8 @@ def train_on(cfg: QualityBenchConfig, rate: str, train_argv: list[str], run_dir:
         return train_once(train_argv, run_dir, label)
     if (run_dir / SUMMARY_NAME).exists():
         return 0
+    if run_dir.exists():  # cut short: its clock and link counters restart with it, so the run starts again
+        shutil.rmtree(run_dir)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     print(label, flush=True)
     return subprocess.run([sys.executable, "-m", "scalesgd", "testbed", "run", "--prefix", cfg.prefix, "--",
