@@ -183,7 +183,9 @@ def periodic(cfg) -> None:
     ours = [name for name, entry in CODECS.items() if entry.build is not None]
     require_choice("codec", x.codec, ours, " (with `local_steps`: the pseudo-gradient travels through our codecs)")
     per_step = {"compress_after": x.compress_after != field_default(type(x), "compress_after"),
-                "optimizer": r.optimizer == "onebit-adam", "momentum_correction": x.momentum_in_exchange,
+                # an optimizer that steps with its codec's exchange (1-bit Adam's)
+                "optimizer": any(entry.optimizer == r.optimizer for entry in CODECS.values()),
+                "momentum_correction": x.momentum_in_exchange,
                 "freeze_variance": r.freeze_variance, "noise_scale": cfg.output.noise_scale,
                 "lr_scaling": r.lr_scaling == "adascale", "planner": x.planner != NO_PLANNER}
     for name, on in per_step.items():
