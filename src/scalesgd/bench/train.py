@@ -132,8 +132,8 @@ def describe(mode: Mode, bench: TrainBenchConfig, world: int) -> TrainConfig:
         model=bench.model, batch_size=bench.batch_size, base_batch=bench.batch_size, **chosen,
         exchange="auto" if auto else "manual", auto_codecs=mode.auto_codecs or AUTO_CODECS, algorithm=mode.algorithm,
         **mode.codec_options(),
-        planner=mode.planner, procs_per_node=bench.procs_per_node,
-        compress_after="0", density_warmup=0))  # timed compressed from its first step
+        planner=mode.planner, procs_per_node=bench.procs_per_node, density_warmup=0,
+        **({} if mode.engine == "periodic" else {"compress_after": "0"})))  # timed compressed from its first step
 
 
 @dataclass
