@@ -51,7 +51,7 @@ def spread(values: list[float], fmt: str = "{:.1f}") -> str:
 
 
 def summarise(runs: list[dict], target: float, text: bool, reference_steps: float, bound_s: float) -> list[dict]:
-    """Per (rate, exchange): time, steps and bytes to the target over the seeds that reached it, and the loss at
+    """Per (rate, exchange): time, steps and bytes to the target over the runs that reached it, and the loss at
     the end (the budget, or the run's token budget where it finished sooner)."""
     rows = []
     for rate in dict.fromkeys(r["rate"] for r in runs):

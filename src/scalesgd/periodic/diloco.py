@@ -31,7 +31,7 @@ from scalesgd.comm.codecs import Channel, Codec, CodecSettings, make_codec
 from scalesgd.comm.codecs.registry import entry_of, needs_topology
 from scalesgd.comm.engine.agreement import check_ranks_agree, codec_from
 from scalesgd.comm.engine.buckets import TensorInfo, plan_buckets
-from scalesgd.comm.engine.driver import BucketDriver
+from scalesgd.comm.engine.driver import BucketDriver, offsets_of
 from scalesgd.comm.wire.groups import own_group
 from scalesgd.comm.wire.topology import Topology
 from scalesgd.periodic.fragments import Schedule, split
@@ -180,7 +180,7 @@ class DiLoCo:
         sent = 0
         for bucket in buckets:
             members = [self.global_params[i] for i in bucket.members]
-            view = self.driver.view(bucket.index, members, _offsets(members), bucket.flat.numel())
+            view = self.driver.view(bucket.index, members, offsets_of(members), bucket.flat.numel())
             sent += self.driver.exchange(bucket.flat, view)
         return [bucket.flat for bucket in buckets], sent
 
@@ -264,12 +264,4 @@ class DiLoCo:
         with torch.no_grad():
             for s, t in zip(source, target):
                 t.copy_(s)
-
-
-def _offsets(params: list[torch.Tensor]) -> list[int]:
-    offsets, at = [], 0
-    for p in params:
-        offsets.append(at)
-        at += p.numel()
-    return offsets
 

@@ -17,7 +17,6 @@ given (`steps_per_epoch`) or an assumed one. What DDP can be asked for and what 
 
 # No `from __future__ import annotations`: DDP checks that the hook's `bucket` annotation is the
 # real `dist.GradBucket`, not a string.
-import itertools
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -37,7 +36,7 @@ from scalesgd.comm.engine.agreement import (
     codec_from,
     describe_exchange,
 )
-from scalesgd.comm.engine.driver import BucketDriver
+from scalesgd.comm.engine.driver import BucketDriver, offsets_of
 from scalesgd.comm.wire.futures import new_future, on_thread, settle
 from scalesgd.comm.wire.groups import own_group
 from scalesgd.comm.wire.topology import Topology
@@ -185,9 +184,9 @@ def codec_hook(state: CodecHookState, bucket: dist.GradBucket) -> torch.futures.
     driver = state.driver
     if state.grouping == "layer":
         parts = [(driver.view(driver.key(p), [p], [0], p.numel()), flat[start:start + p.numel()])
-                 for p, start in zip(params, _offsets(params))]
+                 for p, start in zip(params, offsets_of(params))]
     else:
-        parts = [(driver.view(bucket.index(), params, _offsets(params), flat.numel()), flat)]
+        parts = [(driver.view(bucket.index(), params, offsets_of(params), flat.numel()), flat)]
 
     def exchange() -> torch.Tensor:
         for view, part in parts:
@@ -228,10 +227,10 @@ def _hold_until_last(state: CodecHookState, flat: torch.Tensor, params: list, in
 
     def exchange() -> None:
         parts = sorted(((p, buffer[start:start + p.numel()]) for buffer, ps, _, _ in held
-                        for p, start in zip(ps, _offsets(ps))), key=lambda part: -state.driver.key(part[0]))
+                        for p, start in zip(ps, offsets_of(ps))), key=lambda part: -state.driver.key(part[0]))
         whole = torch.cat([part for _, part in parts])
         params = [p for p, _ in parts]
-        state.exchange(whole, state.driver.view(0, params, _offsets(params), whole.numel()))
+        state.exchange(whole, state.driver.view(0, params, offsets_of(params), whole.numel()))
         for (_, part), mean in zip(parts, whole.split([part.numel() for _, part in parts])):
             part.copy_(mean)
 
@@ -253,10 +252,6 @@ def _grouping(codec: Codec) -> str | None:
     """The codec's own grouping (`layer`, `single`) when its registration has one; None: DDP's buckets."""
     entry = entry_of(codec)
     return entry.buckets if entry is not None else None
-
-
-def _offsets(params: list[torch.Tensor]) -> list[int]:
-    return list(itertools.accumulate((p.numel() for p in params[:-1]), initial=0))
 
 
 def _dense_start_of(optimizer, compress_after: int | None) -> int | None:

@@ -14,6 +14,7 @@ the wire as wire time.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -192,3 +193,8 @@ class BucketDriver:
         self.tracer.add(name, start, end, "comm", bucket=pending.view.index,
                         **({"piece": piece.index} if piece is not None else {}))
         return result
+
+
+def offsets_of(params: list[torch.Tensor]) -> list[int]:
+    """Where each of `params` starts in a flat buffer that holds them one after another."""
+    return list(itertools.accumulate((p.numel() for p in params[:-1]), initial=0))
