@@ -18,7 +18,7 @@ LAYERS = {
     "recipe": 3, "comm.wire": 3.1, "comm.codecs": 3.2, "comm.engine": 3.3, "comm.cost": 3.4, "comm": 3.5,
     "periodic": 3.6,
     "config": 4, "runtime": 4,
-    "sim": 5,
+    "sim": 5, "peers": 5.5,
     "train": 6, "testbed": 6,
     "bench": 7,
     "commands": 8,

@@ -59,6 +59,7 @@ def test_periodic_synchronisation_refuses_what_needs_an_exchange_every_step_and_
              ("--local-steps", "8", "--fragments", "2", "--overlap-steps", "4"): "`overlap_steps` 4: give 0 to 3",
              ("--local-steps", "8", "--codec", "onebit"): "give `onebit_beta1` 0",
              ("--local-steps", "8", "--compress-after", "5"): "`compress_after` 5 needs the gradients exchanged",
+             ("--local-steps", "8", "--peer", "torchft", "--codec", "fp8"): "`peer` torchft sends fp32",
              ("--mix", "0.5",): "`mix` 0.5 applies to periodic synchronisation"}
     for argv, words in cases.items():
         with pytest.raises(UsageError, match=re.escape(words)):

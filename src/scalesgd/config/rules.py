@@ -4,6 +4,8 @@ a batch, a schedule and a dataset need of the others. Each reads a `TrainConfig`
 
 from __future__ import annotations
 
+import importlib.util
+
 from pathlib import Path
 
 import torch
@@ -196,12 +198,26 @@ def periodic(cfg) -> None:
     if entry.beta1_option is not None and flatten(cfg)[entry.beta1_option] != 0:
         raise UsageError(f"`codec` {x.codec} with `local_steps` sends the pseudo-gradient's signs: give "
                          f"`{entry.beta1_option}` 0 (the outer optimizer keeps the momentum)")
+    if p.peer == "torchft":
+        torchft_peer(cfg)
     if p.local_steps % p.fragments:
         raise UsageError(f"`fragments` {p.fragments} must divide `local_steps` {p.local_steps}")
     period = p.local_steps // p.fragments
     if p.overlap_steps >= period:
         raise UsageError(f"`overlap_steps` {p.overlap_steps}: give 0 to {period - 1}, so a fragment's exchange lands "
                          f"before its next one starts (every `local_steps`/`fragments` = {period} steps)")
+
+
+def torchft_peer(cfg) -> None:
+    """torchft's DiLoCo: installed, its pseudo-gradient in fp32 (its quantized path needs Triton on a GPU), one
+    process per replica group (a worker's Manager is its own group)."""
+    if importlib.util.find_spec("torchft") is None:
+        raise UsageError("`peer` torchft needs the torchft package: pip install 'scalesgd[peers]'")
+    if cfg.exchange.codec != "fp32":
+        raise UsageError(f"`peer` torchft sends fp32 pseudo-gradients (its quantized allreduce needs Triton on a "
+                         f"GPU): give `codec` fp32, not {cfg.exchange.codec}")
+    if cfg.runtime.max_restarts:
+        raise UsageError("`peer` torchft recovers through its own Manager, not our restarts: give `max_restarts` 0")
 
 
 def batch(cfg) -> None:

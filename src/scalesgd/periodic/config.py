@@ -10,6 +10,7 @@ from scalesgd.options import option
 from scalesgd.periodic.outer import OUTER_LR, OUTER_MOMENTUM
 
 MAX_LOCAL_STEPS = 1_000_000
+PEERS = ("", "torchft")  # whose implementation synchronises: ours, or a peer's run in our loop for comparison
 
 
 @dataclass
@@ -33,6 +34,9 @@ class PeriodicConfig:
                                 "local-steps/fragments", check=checks.at_least(0))
     mix: float = option(0.0, "with --local-steps: the share of the local parameters kept where a fragment lands "
                         "(Streaming DiLoCo's α; 0: the global ones alone)", check=checks.within(0, 1))
+    peer: str = option("", "with --local-steps: synchronise with another library's implementation in this loop, "
+                       "for comparison: torchft (torchft.local_sgd.DiLoCo over its Manager and gloo, fp32 "
+                       "pseudo-gradients; pip install 'scalesgd[peers]'); empty: ours", choices=PEERS)
 
     @property
     def on(self) -> bool:

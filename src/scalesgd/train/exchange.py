@@ -1,5 +1,5 @@
-"""The exchange a run's configuration asks for: periodic synchronisation where it takes local steps, else its engine
-with its codec (the loop's and `bench train`'s one way to build it)."""
+"""The exchange a run's configuration asks for: periodic synchronisation where it takes local steps (ours, or a peer's
+for comparison), else its engine with its codec (the loop's and `bench train`'s one way to build it)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,15 @@ from torch import nn
 
 from scalesgd.comm.engine.exchange import ExchangeSetup, GradientExchange, build_exchange
 from scalesgd.config import TrainConfig
+from scalesgd.peers.torchft_diloco import TorchftExchange
 from scalesgd.periodic.exchange import PeriodicExchange
 
 
 def open_exchange(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer,
                   setup: ExchangeSetup) -> GradientExchange:
     """Wrap `model` and `optimizer` as `cfg` says (collective: every rank, together)."""
+    if cfg.periodic.peer == "torchft":
+        return TorchftExchange(model, optimizer, setup, cfg.periodic)
     if cfg.periodic.on:
         return PeriodicExchange(model, optimizer, setup, cfg.periodic)
     return build_exchange(cfg.exchange.engine, model, optimizer, setup)

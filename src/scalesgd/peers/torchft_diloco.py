@@ -1,0 +1,135 @@
+"""torchft's DiLoCo and Streaming DiLoCo (`torchft.local_sgd.DiLoCo`, from the pip package) as the training loop's
+exchange, configured as torchft's own `train_diloco.py` does: a `Manager` per worker over its reconfigurable gloo
+group with a synchronous quorum, a lighthouse, and Nesterov SGD as the outer optimizer; the pseudo-gradient in fp32
+(its quantized path needs Triton on a GPU).
+
+Each worker is its own replica group of one process. Rank 0 runs the lighthouse; the quorum needs every worker
+(`min_replicas` = the world: a fixed cluster, not one shrinking on faults), and every worker starts from the same
+parameters (our loop seeds them alike), so no replica heals from another at step 0 (`init_sync=False`)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from scalesgd.comm.engine.exchange import ExchangeSetup, GradientExchange
+from scalesgd.comm.engine.optimizer import IterationStats
+from scalesgd.periodic.config import PeriodicConfig
+from scalesgd.periodic.fragments import split
+from scalesgd.periodic.outer import outer_sgd
+from scalesgd.runtime.launcher import free_port
+
+TIMEOUT = timedelta(seconds=120)  # a slow link's round (MB at Mbit/s) must not read as a failed worker
+
+
+def own_address(master: str) -> str:
+    """This worker's address on the interface that reaches `master` (its node's, inside a testbed namespace)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((master, 9))  # no packet is sent: the kernel picks the route and source address
+        return probe.getsockname()[0]
+
+
+class _Fragment(nn.Module):
+    """Parameters of the model (not copies) as the module torchft synchronises together."""
+
+    def __init__(self, params: list[nn.Parameter]):
+        super().__init__()
+        self.params = nn.ParameterList(params)
+
+
+class TorchftExchange(GradientExchange):
+    """torchft's `DiLoCo` hooked on this worker's inner optimizer: every H/F steps a fragment's fp32 pseudo-gradient is
+    averaged over the quorum's gloo group and its outer SGD steps it; evaluation reads the last global parameters."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, setup: ExchangeSetup,
+                 periodic: PeriodicConfig):
+        os.environ.setdefault("RUST_LOG", "warn")  # its quorum's INFO lines would drown the run's own output
+        from torchft import Manager, ProcessGroupGloo  # the optional extra, imported where a run asks for it
+        from torchft._torchft import LighthouseServer  # (the same)
+        from torchft.local_sgd import DiLoCo as TorchftDiLoCo  # (the same)
+
+        rank, world = dist.get_rank(), dist.get_world_size()
+        master = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        self._lighthouse = None
+        where = [free_port(master) if rank == 0 else None]
+        if rank == 0:
+            self._lighthouse = LighthouseServer(bind=f"[::]:{where[0]}", min_replicas=world)
+        dist.broadcast_object_list(where, src=0)
+        host = own_address(master)
+        port = free_port(host)
+        self._store = dist.TCPStore(host, port, 1, is_master=True, wait_for_workers=False)
+        fragments = [_Fragment(p) for p in split(model, periodic.fragments)]
+        self._sizes = [sum(p.numel() * p.element_size() for p in f.parameters()) for f in fragments]
+        outer = [outer_sgd(list(f.parameters()), periodic.outer_lr, periodic.outer_momentum) for f in fragments]
+        self.manager = Manager(
+            pg=ProcessGroupGloo(timeout=TIMEOUT), load_state_dict=self._load_replica, state_dict=self._replica,
+            min_replica_size=world, use_async_quorum=False, timeout=TIMEOUT, quorum_timeout=TIMEOUT, rank=0,
+            world_size=1, store_addr=host, store_port=port, lighthouse_addr=f"http://{master}:{where[0]}",
+            replica_id=f"scalesgd_{rank}", hostname=host, init_sync=False)
+        self.diloco = TorchftDiLoCo(self.manager, fragments, optimizer, outer, sync_every=periodic.local_steps,
+                                    backup_device=torch.device("cpu"), pin_memory=False, should_quantize=False,
+                                    fragment_sync_delay=periodic.overlap_steps,
+                                    fragment_update_alpha=periodic.mix)
+        self.diloco.__enter__()
+        self._bytes, self._landed = 0, 0.0
+        super().__init__(model, optimizer, None, bare=model, precision=setup.precision)
+
+    def _replica(self) -> dict:
+        return {"model": self.model.state_dict(), "inner": self.optimizer.state_dict()}
+
+    def _load_replica(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["inner"])
+
+    def no_sync(self) -> AbstractContextManager:
+        return nullcontext()
+
+    def step(self) -> bool:
+        """The inner step; torchft's hook on it synchronises a fragment where its round ends (the bytes counted are
+        its fp32 pseudo-gradient's, as each rank hands it to the allreduce)."""
+        start, before = time.perf_counter(), self.manager.current_step()
+        stepped = super().step()
+        if self.manager.current_step() != before:
+            self._bytes += self._sizes[before % len(self._sizes)]
+            self._landed += time.perf_counter() - start
+        return stepped
+
+    @contextmanager
+    def evaluated(self):
+        """The global parameters (torchft's backup of the last synchronised ones) in place of the local ones."""
+        params = [(p, f.original_parameters[name]) for f in self.diloco._fragments
+                  for name, p in f._model_fragment.named_parameters()]
+        local = [p.detach().clone() for p, _ in params]
+        with torch.no_grad():
+            for p, global_copy in params:
+                p.copy_(global_copy)
+        try:
+            yield self.model
+        finally:
+            with torch.no_grad():
+                for (p, _), mine in zip(params, local):
+                    p.copy_(mine)
+
+    def settle(self) -> None:
+        self.diloco._wait()
+
+    def stats(self) -> IterationStats:
+        sent, self._bytes = self._bytes, 0
+        exposed, self._landed = self._landed, 0.0
+        return IterationStats(exposed_s=exposed, bytes_sent=sent)
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "codec": None, "scaler": self.scaler.state_dict()}
+
+    def close(self) -> None:
+        self.diloco.__exit__(None, None, None)
+        self.manager.shutdown(wait=False)
+        if self._lighthouse is not None:
+            self._lighthouse.shutdown()
