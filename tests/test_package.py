@@ -84,7 +84,8 @@ def built(tmp_path_factory) -> dict:
 
 
 def _runtime_and_test_requirements(wheel: Path) -> tuple[set[str], set[str]]:
-    """The distribution names the wheel requires at run time, and those only its `test` extra adds."""
+    """The distribution names the wheel requires at run time, and those only its `test` extra adds (the `peers`
+    extra, the libraries compared against, is neither)."""
     with zipfile.ZipFile(wheel) as zf:
         meta = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))).decode()
     runtime, test = set(), set()
@@ -92,7 +93,11 @@ def _runtime_and_test_requirements(wheel: Path) -> tuple[set[str], set[str]]:
         if line.startswith("Requires-Dist:"):
             spec = line.split(":", 1)[1].strip()
             name = re.match(r"[A-Za-z0-9._-]+", spec).group(0).lower().replace("_", "-")
-            (test if re.search(r"""extra\s*==\s*["']test["']""", spec) else runtime).add(name)
+            extra = re.search(r"""extra\s*==\s*["']([^"']+)["']""", spec)
+            if extra is None:
+                runtime.add(name)
+            elif extra.group(1) == "test":
+                test.add(name)  # the other extras (peers) are neither
     return runtime, test
 
 

@@ -5,17 +5,18 @@ import json
 import pytest
 
 from scalesgd.bench.quality import EXCHANGES, QualityBenchConfig, parse_exchanges
-from scalesgd.bench.quality_report import reached, summarise, target_of
+from scalesgd.bench.quality_report import reached, steps_to_target, summarise, target_of
 from scalesgd.errors import UsageError
+from scalesgd.sim import quality
 from tests.bench.cli import bench
 
 
-def run(label, losses, step=10, seconds=2.0, rate="10mbit", seed=0, final=None, bytes_per_step=1000):
+def run(label, losses, step=10, seconds=2.0, rate="10mbit", seed=0, final=None, bytes_per_step=1000, stopped=False):
     evals = [{"iter": step * (i + 1), "train_s": seconds * (i + 1), "test_loss": loss, "test_acc": 0.0,
               "link_bytes_sent": bytes_per_step * step * (i + 1)} for i, loss in enumerate(losses)]
     return {"label": label, "seed": seed, "rate": rate, "evals": evals, "steps": step * len(losses), "text": True,
             "train_s": seconds * len(losses), "final_test_loss": losses[-1] if final is None else final,
-            "final_test_acc": 0.0}
+            "final_test_acc": 0.0, "stopped": stopped}
 
 
 def test_the_target_is_the_references_median_final_loss_plus_the_slack():
@@ -41,6 +42,22 @@ def test_the_summary_counts_seeds_that_reached_and_steps_within_three_times_the_
     assert rows["diloco"]["bound_ratio"] == [0.4, 0.4] and rows["ddp"]["end"] == [2.1, 2.4]
 
 
+def test_steps_to_target_pool_rates_and_tell_reached_from_missed_from_cut_short():
+    runs = [run("ddp", [3.0, 2.5, 2.1]), run("ddp", [3.0, 2.4, 2.0], seed=1, rate="100mbit"),  # 30 steps each
+            run("lossy", [3.0, 2.5, 2.3]), run("lossy", [3.0, 2.6, 2.4], seed=1, rate="100mbit"),  # all steps, missed
+            run("slow", [3.0], stopped=True), run("slow", [3.0], seed=1, stopped=True),  # the budget cut both short
+            run("periodic", [2.4, 2.0], step=20), run("periodic", [2.3, 2.3, 2.1], step=20, seed=1)]
+    rows = summarise(runs, 2.2, True, reference_steps=30, bound_s=5.0)
+    options = {"ddp": "-a", "lossy": "-b", "slow": "-c", "periodic": "-d"}
+    table = steps_to_target(rows, options, lambda given: f"key{given}", 30, "here")
+    assert set(table) == {"key-a", "key-b", "key-d"}  # "slow" could not tell
+    assert table["key-a"].factor == 1.0 and table["key-a"].runs == 2 and table["key-a"].options == "-a"
+    rows += summarise([run("slow", [3.0, 2.1], seed=2)], 2.2, True, reference_steps=30, bound_s=5.0)
+    assert steps_to_target(rows, options, lambda given: given, 30, "")["-c"].factor == pytest.approx(20 / 30)
+    assert table["key-b"].missed and table["key-b"].end == pytest.approx(2.35) and table["key-b"].runs == 2
+    assert table["key-d"].factor == pytest.approx(50 / 30)  # the median of 40 and 60 steps
+
+
 def test_exchanges_are_labels_of_the_table_or_label_equals_options():
     assert parse_exchanges("ddp; mine=--engine scalesgd --codec fp8") == (
         ("ddp", EXCHANGES["ddp"]), ("mine", "--engine scalesgd --codec fp8"))
@@ -57,8 +74,9 @@ def test_an_exchange_that_sets_what_the_bench_sets_is_refused_before_any_run():
 def test_a_short_bench_on_local_workers_writes_the_table_and_the_plot(tmp_path):
     out = tmp_path / "q"
     proc = bench("quality", "--exchanges", "ddp;periodic=--local-steps 4", "--seeds", "0", "--eval-every", "4",
-                 "--out", str(out), "--", "--workers", "2", "--dataset", "synthetic", "--samples", "512",
-                 "--image-size", "8", "--model", "resnet8", "--batch-size", "64", "--epochs", "1", "--warmup", "none")
+                 "--out", str(out), "--table", str(tmp_path / "steps.json"), "--", "--workers", "2", "--dataset",
+                 "synthetic", "--samples", "512", "--image-size", "8", "--model", "resnet8", "--batch-size", "64",
+                 "--epochs", "1", "--warmup", "none")
     assert proc.returncode == 0, proc.stderr
     record = json.loads((out / "quality.json").read_text())
     assert record["metric"] == "test_acc" and [r["label"] for r in record["runs"]] == ["ddp", "periodic"]
@@ -66,3 +84,7 @@ def test_a_short_bench_on_local_workers_writes_the_table_and_the_plot(tmp_path):
     assert record["budget_s"] == pytest.approx(3 * record["reference"][0]["train_s"])
     assert "| local | `periodic` |" in (out / "quality.md").read_text()
     assert (out / "quality.png").read_bytes()[:4] == b"\x89PNG"
+    table = quality.table("image", tmp_path / "steps.json")  # the reference on local workers and at the link
+    assert table["ddp"].factor == 1.0 and table["ddp"].runs == 2
+    assert quality.table("text", tmp_path / "steps.json") == {}
+    assert set(table) <= {"ddp", "periodic@4-fp32"} and set(record["steps_to_target"]) == set(table)

@@ -26,3 +26,5 @@ def test_torchft_streaming_diloco_takes_the_same_steps_as_ours(tmp_path):
     theirs, ours = losses(tmp_path / "torchft"), losses(tmp_path / "ours")
     assert len(ours) == 12 and theirs == ours
     assert ours[-1][1] < ours[0][1] - 0.1  # and it learns
+    again = scalesgd("train", "--resume", str(tmp_path / "torchft"))
+    assert again.returncode == 2 and again.stderr.count("\n") == 1 and "does not resume" in again.stderr

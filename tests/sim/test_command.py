@@ -6,6 +6,7 @@ import pytest
 
 from scalesgd.cli import main
 from scalesgd.models.gpt import GptOptions, gpt
+from scalesgd.sim import quality
 from tests.sim.test_calibrate import write_record
 
 
@@ -31,7 +32,8 @@ def test_a_named_model_on_a_described_cluster_prints_rows(capsys, tmp_path):
     assert [(r["workers"], r["mode"]) for r in rows] == [(2, "ddp"), (2, "scalesgd-fp8"), (8, "ddp"),
                                                          (8, "scalesgd-fp8")]
     for r in rows:
-        assert set(r) == {"workers", "mode", "iteration_s", "exposed_comm_s", "images_per_s", "scaling_efficiency"}
+        assert set(r) == {"workers", "mode", "iteration_s", "exposed_comm_s", "images_per_s", "scaling_efficiency",
+                          "steps_factor", "missed", "to_target_s"}
         assert r["images_per_s"] == pytest.approx(r["workers"] * 32 / r["iteration_s"])
         assert 0 < r["scaling_efficiency"] <= 1
     saved = json.loads((tmp_path / "sim" / "simulate.json").read_text())
@@ -40,7 +42,7 @@ def test_a_named_model_on_a_described_cluster_prints_rows(capsys, tmp_path):
     for r in rows:  # one line per row, its iteration in ms and its efficiency in %, as the record has them
         assert f"| {r['workers']} | {r['mode']} | {1e3 * r['iteration_s']:.1f} |" in "\n".join(table)
         assert any(line.startswith(f"| {r['workers']} | {r['mode']} |") and
-                   line.rstrip(" |").endswith(f"{100 * r['scaling_efficiency']:.1f} %") for line in table)
+                   f"| {100 * r['scaling_efficiency']:.1f} % |" in line for line in table)
     assert (tmp_path / "sim" / "simulate.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -55,6 +57,19 @@ def test_a_gpt_is_simulated_at_the_size_its_options_give(capsys, tmp_path):
                                  "parameters": sum(p.numel() for p in net.parameters())}  # the tied head once
     saved = json.loads((tmp_path / "sim" / "simulate.json").read_text())["config"]
     assert (saved["gpt_layers"], saved["gpt_width"], saved["gpt_block"]) == (2, 64, 32)
+
+
+def test_a_language_model_gets_each_modes_measured_steps_to_the_target(capsys, tmp_path):
+    shipped = quality.table("text")
+    modes = [key for key in shipped if ":" not in key and not key.startswith("ddp-")][:3]
+    code, out, _ = simulate(capsys, "--model", "gpt", "--iteration-time", "0.2", "--workers", "2",
+                            "--procs-per-node", "1", "--inter-bandwidth", "10mbit", "--modes", ",".join(modes),
+                            "--json", "--out", str(tmp_path / "sim"))
+    assert code == 0
+    for row in json.loads(out)["rows"]:
+        steps = shipped[row["mode"]]
+        assert row["missed"] == steps.missed and row["steps_factor"] == steps.factor
+        assert row["to_target_s"] == (None if steps.missed else pytest.approx(row["iteration_s"] * steps.factor))
 
 
 def test_bandwidth_sweep_names_where_fp8_stops_paying(capsys):

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 
 from scalesgd.comm.codecs import CodecSettings, TopkOptions
@@ -9,7 +10,21 @@ from scalesgd.models import build_model
 from scalesgd.comm.codecs import CODECS
 from scalesgd.config import TrainConfig
 from scalesgd.train import auto
-from scalesgd.train.auto import FINALIST_MARGIN, FINALISTS, PLANS, RESOLUTION, Decision, decide, finalists, pick
+from scalesgd.sim.exchange import predict
+from scalesgd.sim.modes import parse_mode
+from scalesgd.sim.quality import StepsToTarget
+from scalesgd.train.auto import (
+    FINALIST_MARGIN,
+    FINALISTS,
+    PLANS,
+    RESOLUTION,
+    Decision,
+    decide,
+    finalists,
+    periodic_options,
+    pick,
+)
+from tests.sim.test_exchange import PROFILE, cluster
 from tests.spawn_util import run_workers
 
 
@@ -52,6 +67,19 @@ def test_a_tie_goes_to_the_fewest_buckets():
 
 def _row(codec, seconds, buckets=1):
     return {"codec": codec, "buckets": f"size:{buckets}", "iteration_s": seconds, "groups": [[0]] * buckets}
+
+
+def test_candidates_rank_by_time_to_the_target_and_one_that_missed_it_is_never_chosen():
+    fast_but_missed = _row("lowrank", 0.5) | {"missed": True, "to_target_s": 0.5}
+    fewer_steps = _row("fp8", 0.95) | {"steps_factor": 0.8, "to_target_s": 0.76}
+    more_steps = _row("fp16", 0.90) | {"steps_factor": 1.2, "to_target_s": 1.08}
+    table = [fast_but_missed, more_steps, fewer_steps, _row("fp32", 1.0)]
+    assert pick(table) is fewer_steps  # not the fastest step: the soonest to the target
+    assert fast_but_missed not in finalists(table, fewer_steps)
+    rows = [{"codec": r["codec"], "buckets": "size:1", "groups": [[0]], "predicted_s": r["iteration_s"],
+             "steps_factor": r.get("steps_factor")} for r in (more_steps, fewer_steps)]
+    decision = Decision("fp8", "size:1", [[0]], 0.95, [], rows).tried([0.9, 1.0])
+    assert decision.codec == "fp8"  # measured slower a step (1.0 against 0.9), sooner to the target (0.8 × 1.0)
 
 
 def test_finalists_are_the_best_plan_of_each_codec_the_model_cannot_rank_apart():
@@ -107,3 +135,14 @@ def test_a_trial_runs_ddps_powersgd_past_its_plain_start_beside_ours_and_leaves_
         assert len(times) == 2 and all(t > 0 for t in times)
         assert on_ddp == auto.TRIAL_WARMUP + CODECS["powersgd"].warm_start + timed  # timed only once compressing
         assert on_ours == auto.TRIAL_WARMUP + timed and unchanged
+
+
+def test_periodic_modes_that_reached_the_target_are_predicted_to_it_and_one_that_missed_is_not_shown():
+    table = {"periodic@16-fp8": StepsToTarget("periodic@16-fp8", "--local-steps 16 --codec fp8", 1.1, 2.0, 3, "x"),
+             "periodic@16-fp32": StepsToTarget("periodic@16-fp32", "--local-steps 16", None, 2.7, 1, "x"),
+             "scalesgd-fp8": StepsToTarget("scalesgd-fp8", "--codec fp8", 1.0, 2.2, 1, "x")}
+    slow = cluster(rate=1e6)
+    rows = periodic_options(table, PROFILE, slow, {})
+    assert [r["mode"] for r in rows] == ["periodic@16-fp8"] and rows[0]["options"] == "--local-steps 16 --codec fp8"
+    round_step = predict(parse_mode("periodic@16-fp8"), PROFILE, slow).iteration_s
+    assert rows[0]["to_target_s"] == pytest.approx(1.1 * round_step)

@@ -5,6 +5,7 @@
 # 45 minutes a seed on 2 cores, evaluations included.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
+source .venv/bin/activate
 seeds=${SEEDS:-0}
 scalesgd testbed up --nodes 2 --bandwidth 10mbit --prefix q10
 trap 'scalesgd testbed down --prefix q10' EXIT
@@ -13,4 +14,4 @@ scalesgd bench quality --rates 10mbit --prefix q10 --seeds "$seeds" --eval-every
 diloco-h16-fp8=--local-steps 16 --codec fp8;\
 diloco-h16-fp8-2x=--local-steps 16 --codec fp8 --outer-momentum 0.5 --epochs 2;\
 streaming-h16-fp8-2x=--local-steps 16 --fragments 4 --overlap-steps 3 --codec fp8 --outer-momentum 0.5 --epochs 2" \
-  --out docs/benchmarks/quality-gpt-10mbit -- --workers 2 --model gpt --dataset text --samples 16384 --epochs 1
+  --table src/scalesgd/sim/steps_to_target.json --out docs/benchmarks/quality-gpt-10mbit -- --workers 2 --model gpt --dataset text --samples 16384 --epochs 1

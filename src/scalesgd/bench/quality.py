@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from scalesgd import checks, testbed
@@ -23,6 +24,7 @@ from scalesgd.bench import quality_report
 from scalesgd.config import TrainConfig
 from scalesgd.errors import UsageError, option_name
 from scalesgd.options import Options, ints, option, words
+from scalesgd.sim.quality import key_of as quality_key
 from scalesgd.train import metrics
 from scalesgd.train.rundir import METRICS_NAME, SUMMARY_NAME
 from scalesgd.train.study import failed, train_once
@@ -85,6 +87,9 @@ class QualityBenchConfig(Options):
                           "this/2 (0.005: half a point)", check=checks.within(0, 1))
     out: str = option("", "output directory", shown_default="runs/bench/quality-<timestamp>",
                       check=checks.output_dir)
+    table: str = option("", "also merge each exchange's steps to the target over the reference's into this "
+                        "steps-to-target table (the package ships src/scalesgd/sim/steps_to_target.json, which "
+                        "`simulate` and `--exchange auto` read)")
     train_args: tuple[str, ...] = option((), "-- then options for every run", remainder=True)
 
     def validate(self) -> QualityBenchConfig:
@@ -129,8 +134,18 @@ def run(cfg: QualityBenchConfig, command: str) -> int:
                 if code:
                     return failed(f"{label} at {rate} seed {seed}", code, run_dir)
                 runs.append(read_run(run_dir, label, seed, rate))
-    quality_report.write(out, cfg, reference, runs, budget_s, command)
+    quality_report.write(out, cfg, reference, runs, budget_s, command, partial(key_of, cfg.train_args))
     return 0
+
+
+def key_of(train_args: tuple[str, ...], given: str) -> str:
+    """The steps-to-target table's name of the exchange a run with these options trains with ("" for auto: its
+    exchange is chosen as the run starts, and the table is what it chooses by)."""
+    run = TrainConfig.from_argv([*train_args, *shlex.split(given)])
+    x, p = run.exchange, run.periodic
+    if x.auto:
+        return ""
+    return quality_key(x.engine, x.codec, p.local_steps, p.fragments, p.overlap_steps, p.peer)
 
 
 def argv_of(cfg: QualityBenchConfig, given: str, seed: int, budget_s: float) -> list[str]:

@@ -5,9 +5,12 @@ budget; the plot of validation loss (or accuracy) against the training clock, on
 from __future__ import annotations
 
 import statistics
+from dataclasses import asdict
 from pathlib import Path
 
 from scalesgd import output
+from scalesgd.sim import quality
+from scalesgd.sim.quality import FAMILIES, StepsToTarget, family_of
 
 REFERENCE_FAMILY = "ddp"  # labels of DDP and PyTorch's hooks start so: the baselines a speed-up is measured against
 
@@ -58,17 +61,43 @@ def summarise(runs: list[dict], target: float, text: bool, reference_steps: floa
         for label in dict.fromkeys(r["label"] for r in runs if r["rate"] == rate):
             mine = [r for r in runs if r["rate"] == rate and r["label"] == label]
             hits = [h for h in (reached(r, target, text) for r in mine) if h is not None]
+            finished = [r for r in mine if not r["stopped"]]
             end = [r["final_test_loss"] if text else r["final_test_acc"] for r in mine]
             rows.append({"rate": rate, "label": label, "seeds": len(mine), "reached": len(hits),
                          "time_s": [h[1] for h in hits], "steps": [h[0] for h in hits],
                          "bytes": [h[2] for h in hits if h[2] is not None], "end": end,
                          "within_3x_steps": sum(h[0] <= 3 * reference_steps for h in hits),
-                         "trained": [r["steps"] for r in mine],
+                         "trained": [r["steps"] for r in mine], "finished": len(finished),
+                         "finished_reached": sum(reached(r, target, text) is not None for r in finished),
+                         "finished_end": [r["final_test_loss"] if text else r["final_test_acc"] for r in finished],
                          "bound_ratio": [h[1] / bound_s for h in hits]})
     return rows
 
 
-def write(out: Path, cfg, reference: list[dict], runs: list[dict], budget_s: float, command: str) -> None:
+def steps_to_target(rows: list[dict], options: dict[str, str], key, reference_steps: float,
+                    source: str) -> dict[str, StepsToTarget]:
+    """Each exchange's steps to the target over the reference's, pooled over rates (they do not depend on the link)
+    and over the runs that tell (a run the budget cut short before the target tells nothing): reached where most of
+    those did (their median), missed where most ran all their steps without reaching it. `key(options)` names it
+    ("": left out)."""
+    table = {}
+    for label in dict.fromkeys(r["label"] for r in rows):
+        mine = [r for r in rows if r["label"] == label]
+        steps = [s for r in mine for s in r["steps"]]
+        ran_out = sum(r["finished"] - r["finished_reached"] for r in mine)
+        if not steps and not ran_out:
+            continue
+        factor = statistics.median(steps) / reference_steps if len(steps) > ran_out else None
+        name = key(options[label])
+        if not name:
+            continue
+        ends = [e for r in mine for e in r["finished_end"]] or [e for r in mine for e in r["end"]]
+        table[name] = StepsToTarget(name, options[label], factor, statistics.median(ends), len(steps) + ran_out,
+                                    source)
+    return table
+
+
+def write(out: Path, cfg, reference: list[dict], runs: list[dict], budget_s: float, command: str, key) -> None:
     text = is_text(reference)
     target = target_of(reference, cfg.slack)
     hits = [reached(r, target, text) for r in reference]
@@ -94,6 +123,15 @@ def write(out: Path, cfg, reference: list[dict], runs: list[dict], budget_s: flo
     record = {"config": cfg.to_dict(), "target": target, "metric": "test_loss" if text else "test_acc",
               "compute_bound_s": bound_s, "reference_steps_to_target": ref_steps, "budget_s": budget_s,
               "reference": reference, "runs": runs, "summary": rows}
+    label, given = cfg.reference_entry
+    steps = steps_to_target(summarise(reference, target, text, ref_steps, bound_s) + rows,
+                            {**dict(cfg.exchanges), label: given}, key, ref_steps, str(out))
+    record["steps_to_target"] = {k: asdict(v) for k, v in steps.items()}
+    if cfg.table:
+        path, family = Path(cfg.table), family_of(text)
+        tables = {f: quality.table(f, path) for f in FAMILIES}
+        tables[family] = quality.merged([tables[family], steps])
+        quality.write(tables, path)
     output.write(out, "quality", record, columns, table, command)
     plot(out / "quality.png", runs, target, bound_s, budget_s, text)
     output.console().print(output.rich_table(

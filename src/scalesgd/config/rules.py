@@ -12,6 +12,7 @@ import torch
 
 from scalesgd import checks
 from scalesgd.comm.codecs import CODECS
+from scalesgd.comm.codecs.cast import DENSE
 from scalesgd.comm.cost.planner import NO_PLANNER
 from scalesgd.comm.engine.exchange import exchange_names, parse_exchange
 from scalesgd.data import DATASETS, DataError, check_text_file
@@ -213,9 +214,9 @@ def torchft_peer(cfg) -> None:
     process per replica group (a worker's Manager is its own group)."""
     if importlib.util.find_spec("torchft") is None:
         raise UsageError("`peer` torchft needs the torchft package: pip install 'scalesgd[peers]'")
-    if cfg.exchange.codec != "fp32":
+    if cfg.exchange.codec != DENSE.name:
         raise UsageError(f"`peer` torchft sends fp32 pseudo-gradients (its quantized allreduce needs Triton on a "
-                         f"GPU): give `codec` fp32, not {cfg.exchange.codec}")
+                         f"GPU): give `codec` {DENSE.name}, not {cfg.exchange.codec}")
     if cfg.runtime.max_restarts:
         raise UsageError("`peer` torchft recovers through its own Manager, not our restarts: give `max_restarts` 0")
 

@@ -16,7 +16,7 @@ from scalesgd.data.text import VOCAB_SIZE
 from scalesgd.errors import UsageError
 from scalesgd.models import MODEL_OPTIONS, MODELS, TEXT, ModelOptions
 from scalesgd.options import Options, expanded, ints, option, record, refuse, words
-from scalesgd.sim import compute, presets, scaling
+from scalesgd.sim import compute, presets, quality, scaling
 from scalesgd.sim.calibrate import BenchRecord, Calibration, NotABenchDir, validate_against
 from scalesgd.sim.exchange import check_modelled
 from scalesgd.sim.modes import parse_mode
@@ -136,6 +136,11 @@ def run(cfg: SimulateConfig, command: str) -> int:
         raise UsageError(str(err)) from None
     parsed = [parse_mode(m) for m in modes]
     table = scaling.rows(profile, cluster, parsed, workers, costs)
+    measured = quality.table(quality.family_of(MODELS[cfg.model].data == TEXT)) if cfg.model else {}
+    for row, mode in zip(table, [m for _ in workers for m in parsed]):
+        steps = measured.get(quality.mode_key(mode))
+        row.update(steps_factor=steps and steps.factor, missed=bool(steps and steps.missed),
+                   to_target_s=quality.to_target(row["iteration_s"], steps))
     top = cluster.with_nodes(max(workers) // cluster.procs_per_node)
     sweep = scaling.bandwidth_sweep(profile, top, parsed, costs, top.inter.bytes_per_s / 100,
                                     top.inter.bytes_per_s * 10)
@@ -243,10 +248,14 @@ def _emit(cfg: SimulateConfig, result: dict, command: str, table: tuple[list[str
 
 
 def _rows_table(table: list[dict]) -> tuple[list[str], list[list]]:
-    columns = ["workers", "mode", "iteration ms", "exposed ms", "images/s", "efficiency"]
+    columns = ["workers", "mode", "iteration ms", "exposed ms", "images/s", "efficiency", "steps to target × DDP's",
+               "to target: ms per DDP step"]
     return columns, [[r["workers"], r["mode"], f"{1e3 * r['iteration_s']:.1f}", f"{1e3 * r['exposed_comm_s']:.1f}",
                       "—" if r["images_per_s"] is None else f"{r['images_per_s']:,.0f}",
-                      "—" if r["scaling_efficiency"] is None else f"{100 * r['scaling_efficiency']:.1f} %"]
+                      "—" if r["scaling_efficiency"] is None else f"{100 * r['scaling_efficiency']:.1f} %",
+                      "missed" if r.get("missed") else "—" if r.get("steps_factor") is None
+                      else f"{r['steps_factor']:.2f}",
+                      "—" if r.get("to_target_s") is None else f"{1e3 * r['to_target_s']:.1f}"]
                      for r in table]
 
 

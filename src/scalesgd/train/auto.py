@@ -30,10 +30,12 @@ from scalesgd.config import TrainConfig, rules
 from scalesgd.output import console as make_console
 from scalesgd.output import rich_table, write_json
 from scalesgd.runtime.process_group import DistEnv
+from scalesgd.sim import quality
 from scalesgd.sim.compute import ComputeProfile, from_layers
 from scalesgd.sim.exchange import Costs, predict, sent_sizes, wire_time
-from scalesgd.sim.modes import Mode
+from scalesgd.sim.modes import Mode, parse_mode
 from scalesgd.sim.network import Cluster
+from scalesgd.sim.quality import StepsToTarget
 
 PLANS = ("size:1", "size:4", "size:25", "planner:optimal")
 PROBE_SIZES = (1 << 12, 1 << 22)  # the buckets each candidate codec exchanges for real: 16 KB and 16 MB of fp32
@@ -56,16 +58,17 @@ class Decision:
     table: list[dict]  # {"codec", "buckets", "iteration_s", "exposed_comm_s", "buckets_n"} for every candidate
     finalists: list[dict] = field(default_factory=list)  # {"codec", "buckets", "groups", "predicted_s"}, best first
     measured_s: float | None = None  # the chosen exchange's trial iteration (None: chosen by the model alone)
+    periodic: list[dict] = field(default_factory=list)  # {"mode", "options", "to_target_s"}: measured periodic modes
 
     def to_dict(self) -> dict:
         return {"codec": self.codec, "buckets": self.buckets, "groups": self.groups, "compresses": self.compresses,
                 "predicted_s": self.predicted_s, "trial_s": self.measured_s, "finalists": self.finalists,
-                "candidates": self.table}
+                "candidates": self.table, "periodic": self.periodic}
 
     @classmethod
     def from_dict(cls, d: dict) -> Decision:
         return cls(d["codec"], d["buckets"], d["groups"], d["predicted_s"], d["candidates"], d.get("finalists", []),
-                   d.get("trial_s"))
+                   d.get("trial_s"), d.get("periodic", []))
 
     @property
     def compresses(self) -> bool:
@@ -73,16 +76,22 @@ class Decision:
         return not _uncompressed(self.codec)
 
     def tried(self, measured_s: list[float]) -> Decision:
-        """The finalist measured fastest (`measured_s`: each finalist's trial iteration, in order)."""
+        """The finalist measured soonest to the target (`measured_s`: each finalist's trial iteration, in order, × its
+    steps to the target)."""
         finalists = [f | {"measured_s": m} for f, m in zip(self.finalists, measured_s)]
-        best = min(finalists, key=lambda f: f["measured_s"])
+        best = min(finalists, key=lambda f: f["measured_s"] * (f.get("steps_factor") or 1.0))
         return replace(self, codec=best["codec"], buckets=best["buckets"], groups=best["groups"],
                        predicted_s=best["predicted_s"], finalists=finalists, measured_s=best["measured_s"])
 
 
 def decide(model: nn.Module, batch, loss_fn, candidates: tuple[str, ...], settings: CodecSettings, algorithm: str,
-           group, topology, procs_per_node: int, batch_per_worker: int, accumulate: int = 1) -> Decision:
+           group, topology, procs_per_node: int, batch_per_worker: int, accumulate: int = 1,
+           steps_table: dict[str, StepsToTarget] | None = None) -> Decision:
     """Profile, measure, simulate, choose (collective); rank 0's choice is every rank's.
+
+    Candidates are ranked by predicted time to the target: the predicted iteration × the steps to the target over
+    DDP fp32's that `bench quality` measured for the model's family (`steps_table`; 1 where none was), and one that
+    missed the target is never chosen.
 
     `candidates` name exchanges (`parse_exchange`): our codecs, and DDP's. A DDP exchange is costed by the codec of
     ours that does its work (DDP's allreduce by fp32, its fp16 hook by fp16, PowerSGD by lowrank), on
@@ -111,15 +120,36 @@ def decide(model: nn.Module, batch, loss_fn, candidates: tuple[str, ...], settin
             plans = ("ddp",) if engine == "ddp" else (CODECS[codec].buckets,) if CODECS[codec].buckets else PLANS
             for plan in plans:
                 p = predict(candidate_mode(name, settings, algorithm, plan), compute, cluster, costs[proxy(name)])
+                steps = (steps_table or {}).get(quality.key_of(engine, codec))
+                factor = None if steps is None or steps.missed else steps.factor
                 table.append({"codec": name, "buckets": plan, "iteration_s": p.iteration_s,
-                              "exposed_comm_s": p.exposed_comm_s, "groups": p.groups})
+                              "exposed_comm_s": p.exposed_comm_s, "groups": p.groups, "steps_factor": factor,
+                              "missed": bool(steps and steps.missed),
+                              "to_target_s": p.iteration_s * (factor or 1.0)})
         best = pick(table)
         decision = Decision(best["codec"], best["buckets"], best["groups"], best["iteration_s"],
                             [{k: v for k, v in row.items() if k != "groups"} | {"buckets_n": len(row["groups"])}
                              for row in table],
                             [{"codec": r["codec"], "buckets": r["buckets"], "groups": r["groups"],
-                              "predicted_s": r["iteration_s"]} for r in finalists(table, best)])
+                              "predicted_s": r["iteration_s"], "steps_factor": r["steps_factor"]}
+                             for r in finalists(table, best)],
+                            periodic=periodic_options(steps_table or {}, compute, cluster, costs))
     return broadcast_object(decision, group=group)
+
+
+def periodic_options(steps_table: dict[str, StepsToTarget], compute: ComputeProfile, cluster: Cluster,
+                     costs: dict[str, Costs]) -> list[dict]:
+    """Our periodic modes that reached the target for this model family, each predicted to it on this cluster: what
+    auto shows beside its per-step choice (a periodic mode reached the target with its own options, such as a
+    longer schedule, which auto does not impose on a run)."""
+    rows = []
+    for key, steps in steps_table.items():
+        if key.startswith("periodic@") and not steps.missed:
+            mode = parse_mode(key)
+            p = predict(mode, compute, cluster, costs.get(proxy(mode.codec), Costs()))
+            rows.append({"mode": key, "options": steps.options, "iteration_s": p.iteration_s,
+                         "to_target_s": p.iteration_s * steps.factor})
+    return sorted(rows, key=lambda r: r["to_target_s"])
 
 
 def proxy(name: str) -> str:
@@ -135,15 +165,27 @@ def candidate_mode(name: str, settings: CodecSettings, algorithm: str, plan: str
     return Mode(name, engine, codec, algorithm if engine == "scalesgd" else "native", plan, base=settings.options)
 
 
+def to_target(row: dict) -> float:
+    """A candidate's predicted time to the target per DDP fp32 step to it (its iteration where none was measured)."""
+    return row.get("to_target_s", row["iteration_s"])
+
+
+def eligible(table: list[dict]) -> list[dict]:
+    """The candidates that did not miss the target (`bench quality`'s finding for this model family)."""
+    return [row for row in table if not row.get("missed")]
+
+
 def pick(table: list[dict]) -> dict:
-    """The candidate with the fewest buckets among those predicted within `RESOLUTION` of the fastest.
+    """The candidate with the fewest buckets among those predicted to reach the target within `RESOLUTION` of the
+    soonest, never one that missed it.
 
     Predictions closer than the model's resolution are a tie; fewer buckets then win, as each bucket
     costs the engine a hand-over the model prices only roughly.
     """
-    fastest = min(row["iteration_s"] for row in table)
-    tied = [row for row in table if row["iteration_s"] <= fastest * (1 + RESOLUTION)]
-    return min(tied, key=lambda row: (len(row["groups"]), row["iteration_s"]))
+    table = eligible(table)
+    soonest = min(to_target(row) for row in table)
+    tied = [row for row in table if to_target(row) <= soonest * (1 + RESOLUTION)]
+    return min(tied, key=lambda row: (len(row["groups"]), to_target(row)))
 
 
 def finalists(table: list[dict], best: dict) -> list[dict]:
@@ -154,8 +196,8 @@ def finalists(table: list[dict], best: dict) -> list[dict]:
     and a sparse codec's density drifts from the one its probe saw): a trial can. Not compressing at all is
     always among what is tried when it is close (Agarwal et al. 2022: it is often the fastest).
     """
-    close = [row for row in sorted(table, key=lambda r: r["iteration_s"])
-             if row["iteration_s"] <= best["iteration_s"] * (1 + FINALIST_MARGIN)]
+    close = [row for row in sorted(eligible(table), key=to_target)
+             if to_target(row) <= to_target(best) * (1 + FINALIST_MARGIN)]
     chosen, seen = [best], {best["codec"]}
     for row in close:
         if row["codec"] not in seen:
@@ -293,7 +335,8 @@ def choose(cfg: TrainConfig, model: torch.nn.Module, batches: list, loss_fn, env
         fitting = rules.auto_fitting(cfg)[0]  # what manual mode would run with this optimizer and options
         decision = decide(model, batches[0], loss_fn, fitting, cfg.codec_settings(), x.algorithm,
                           env.exchange_group, env.topology_groups, x.procs_per_node or env.local_world_size,
-                          cfg.micro_batch, cfg.recipe.accumulate)
+                          cfg.micro_batch, cfg.recipe.accumulate,
+                          quality.table(quality.family_of(cfg.data.text)))
         if len(decision.finalists) > 1:
             decision = decision.tried(trial(cfg, model, batches, loss_fn, env, decision.finalists))
         if env.is_main and saved is not None:
@@ -352,16 +395,32 @@ def _step(exchange, batch, loss_fn, accumulate: int = 1) -> float:
     return time.perf_counter() - start
 
 
+def _factor_text(row: dict) -> str:
+    if row.get("missed"):
+        return "missed the target (bench quality)"
+    factor = row.get("steps_factor")
+    return "1 (not measured)" if factor is None else f"{factor:.2f}"
+
+
 def show(decision: Decision) -> None:
     """The predicted iteration of every candidate, the chosen one first; then the finalists' trials."""
-    rows = sorted(decision.table, key=lambda r: r["iteration_s"])
+    rows = sorted(decision.table, key=lambda r: (r.get("missed", False), to_target(r)))
     console = make_console()
     buckets = "DDP's own buckets" if decision.buckets == "ddp" else f"buckets {decision.buckets}"
     console.print(rich_table(f"--exchange auto chose {decision.codec} with {buckets}"
                              + (": no compression pays here" if not decision.compresses else ""),
-                             ["codec", "buckets", "predicted ms", "exposed ms"],
+                             ["codec", "buckets", "predicted ms", "exposed ms", "steps to target × DDP's",
+                              "to target: ms per DDP step"],
                              [[r["codec"], r["buckets"], f"{1e3 * r['iteration_s']:.1f}",
-                               f"{1e3 * r['exposed_comm_s']:.1f}"] for r in rows]))
+                               f"{1e3 * r['exposed_comm_s']:.1f}", _factor_text(r),
+                               "never chosen" if r.get("missed") else f"{1e3 * to_target(r):.1f}"] for r in rows]))
+    best = to_target(next(r for r in decision.table if r["codec"] == decision.codec
+                          and r["buckets"] == decision.buckets))
+    sooner = [r for r in decision.periodic if r["to_target_s"] < best * (1 - FINALIST_MARGIN)]
+    if sooner:
+        console.print(rich_table("periodic synchronisation, predicted sooner to the target (bench quality's options)",
+                                 ["mode", "train options", "to target: ms per DDP step"],
+                                 [[r["mode"], r["options"], f"{1e3 * r['to_target_s']:.1f}"] for r in sooner]))
     tried = [f for f in decision.finalists if "measured_s" in f]
     if tried:
         console.print(rich_table("finalists run for real", ["codec", "buckets", "predicted ms", "measured ms"],

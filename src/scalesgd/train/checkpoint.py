@@ -133,6 +133,9 @@ def resume_config(run_dir: Path, given: dict) -> TrainConfig:
         stored = TrainConfig.from_dict(state["config"])
     except (TypeError, UsageError) as err:
         raise UsageError(f"`resume` {run_dir}: its stored configuration is not usable ({err})") from None
+    if stored.periodic.peer:
+        raise UsageError(f"`resume` {run_dir}: a `peer` {stored.periodic.peer} run does not resume (the peer keeps "
+                         "its global parameters to itself); start it again")
     wanted = TrainConfig.from_dict({**stored.to_dict(), **given})
     conflicts = wanted.incompatible_with(stored)
     if conflicts:
