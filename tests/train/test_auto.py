@@ -13,17 +13,8 @@ from scalesgd.train import auto
 from scalesgd.sim.exchange import predict
 from scalesgd.sim.modes import parse_mode
 from scalesgd.sim.quality import StepsToTarget
-from scalesgd.train.auto import (
-    FINALIST_MARGIN,
-    FINALISTS,
-    PLANS,
-    RESOLUTION,
-    Decision,
-    decide,
-    finalists,
-    periodic_options,
-    pick,
-)
+from scalesgd.train.auto import PLANS, Decision, decide
+from scalesgd.train.auto_rank import FINALIST_MARGIN, FINALISTS, RESOLUTION, finalists, periodic_options, pick
 from tests.sim.test_exchange import PROFILE, cluster
 from tests.spawn_util import run_workers
 

@@ -60,16 +60,17 @@ def summarise(runs: list[dict], target: float, text: bool, reference_steps: floa
     for rate in dict.fromkeys(r["rate"] for r in runs):
         for label in dict.fromkeys(r["label"] for r in runs if r["rate"] == rate):
             mine = [r for r in runs if r["rate"] == rate and r["label"] == label]
-            hits = [h for h in (reached(r, target, text) for r in mine) if h is not None]
-            finished = [r for r in mine if not r["stopped"]]
+            every = [reached(r, target, text) for r in mine]
+            hits = [h for h in every if h is not None]
             end = [r["final_test_loss"] if text else r["final_test_acc"] for r in mine]
+            finished = [(h, e) for r, h, e in zip(mine, every, end) if not r["stopped"]]
             rows.append({"rate": rate, "label": label, "seeds": len(mine), "reached": len(hits),
                          "time_s": [h[1] for h in hits], "steps": [h[0] for h in hits],
                          "bytes": [h[2] for h in hits if h[2] is not None], "end": end,
                          "within_3x_steps": sum(h[0] <= 3 * reference_steps for h in hits),
-                         "trained": [r["steps"] for r in mine], "finished": len(finished),
-                         "finished_reached": sum(reached(r, target, text) is not None for r in finished),
-                         "finished_end": [r["final_test_loss"] if text else r["final_test_acc"] for r in finished],
+                         "trained": [r["steps"] for r in mine],
+                         "finished_end": [e for _, e in finished],
+                         "ran_out": sum(h is None for h, _ in finished),  # all their steps, short of the target
                          "bound_ratio": [h[1] / bound_s for h in hits]})
     return rows
 
@@ -84,7 +85,7 @@ def steps_to_target(rows: list[dict], options: dict[str, str], key, reference_st
     for label in dict.fromkeys(r["label"] for r in rows):
         mine = [r for r in rows if r["label"] == label]
         steps = [s for r in mine for s in r["steps"]]
-        ran_out = sum(r["finished"] - r["finished_reached"] for r in mine)
+        ran_out = sum(r["ran_out"] for r in mine)
         if not steps and not ran_out:
             continue
         factor = statistics.median(steps) / reference_steps if len(steps) > ran_out else None
