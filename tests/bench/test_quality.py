@@ -65,6 +65,10 @@ def test_exchanges_are_labels_of_the_table_or_label_equals_options():
         parse_exchanges("nope")
 
 
+def test_every_exchange_of_the_benchs_own_table_is_a_valid_training_run():
+    QualityBenchConfig(exchanges=tuple(EXCHANGES.items())).validate()  # a bad option raises before any run
+
+
 def test_an_exchange_that_sets_what_the_bench_sets_is_refused_before_any_run():
     cfg = QualityBenchConfig(exchanges=(("x", "--codec fp8 --seed 3"),))
     with pytest.raises(UsageError, match="`seed` in 'x'"):

@@ -14,7 +14,8 @@ from scalesgd.sim.exchange import predict
 from scalesgd.sim.modes import parse_mode
 from scalesgd.sim.quality import StepsToTarget
 from scalesgd.train.auto import PLANS, Decision, decide
-from scalesgd.train.auto_rank import FINALIST_MARGIN, FINALISTS, RESOLUTION, finalists, periodic_options, pick
+from scalesgd.train.auto_rank import (FINALIST_MARGIN, FINALISTS, RESOLUTION, finalists, periodic_options,
+                                      periodic_settings, pick)
 from tests.sim.test_exchange import PROFILE, cluster
 from tests.spawn_util import run_workers
 
@@ -137,3 +138,41 @@ def test_periodic_modes_that_reached_the_target_are_predicted_to_it_and_one_that
     assert [r["mode"] for r in rows] == ["periodic@16-fp8"] and rows[0]["options"] == "--local-steps 16 --codec fp8"
     round_step = predict(parse_mode("periodic@16-fp8"), PROFILE, slow).iteration_s
     assert rows[0]["to_target_s"] == pytest.approx(1.1 * round_step)
+
+
+GPT = TrainConfig.from_argv(["--model", "gpt", "--dataset", "text", "--exchange", "auto", "--epochs", "1"])
+
+
+def _steps(options, factor=1.1, key="periodic@16-fp8"):
+    return StepsToTarget(key, options, factor, 2.0, 3, "x")
+
+
+def test_auto_may_choose_a_periodic_mode_only_as_measured_and_only_where_it_changes_no_more_than_the_exchange():
+    assert periodic_settings(_steps("--local-steps 16 --codec fp8 --outer-momentum 0.5"), GPT) == {
+        "local_steps": 16, "codec": "fp8", "outer_momentum": 0.5}
+    assert periodic_settings(_steps("--local-steps 16 --codec fp8 --epochs 2"), GPT) is None  # another schedule
+    assert periodic_settings(_steps("--local-steps 16 --codec fp8", factor=None), GPT) is None  # missed the target
+    assert periodic_settings(_steps("--peer torchft --local-steps 16", key="torchft:periodic@16-fp32"), GPT) is None
+    assert periodic_settings(_steps("--local-steps 16 --codec fp8"), GPT.replaced(auto_codecs=("fp16",))) is None
+    assert periodic_settings(_steps("--local-steps 16 --codec fp8"), GPT.replaced(auto_periodic=False)) is None
+    assert periodic_settings(_steps("--local-steps 16 --fragments 3 --codec fp8"), GPT) is None  # invalid: 3 ∤ 16
+
+
+def test_a_periodic_mode_is_chosen_where_sooner_to_the_target_and_a_tie_keeps_exchanging_every_step():
+    per_step = _row("fp8", 1.0) | {"steps_factor": 1.0, "to_target_s": 1.0}
+    periodic = {"codec": "fp8", "buckets": "periodic@16-fp8", "iteration_s": 0.8, "groups": [], "steps_factor": 1.2,
+                "to_target_s": 0.98, "settings": {"local_steps": 16, "codec": "fp8"}}
+    assert pick([per_step, periodic]) is per_step  # 0.98 against 1.0: within the model's resolution
+    periodic |= {"iteration_s": 0.5, "to_target_s": 0.6}
+    assert pick([per_step, periodic]) is periodic and finalists([per_step, periodic], per_step) == [per_step]
+    chosen = Decision("fp8", periodic["buckets"], [], 0.5, [periodic], [], settings=periodic["settings"])
+    assert chosen.compresses and Decision.from_dict(json.loads(json.dumps(chosen.to_dict()))) == chosen
+
+
+def test_a_periodic_choice_switches_the_run_to_periodic_synchronisation_without_a_bucket_plan(tmp_path):
+    settings = {"local_steps": 16, "codec": "fp8", "outer_momentum": 0.5}
+    saved = Decision("fp8", "periodic@16-fp8", [], 0.5, [], [], settings=settings)
+    (tmp_path / auto.AUTO_NAME).write_text(json.dumps(saved.to_dict()))
+    cfg, plan, record = auto.choose(GPT, None, [], None, type("Env", (), {"is_main": False})(), tmp_path, True)
+    assert (cfg.periodic.local_steps, cfg.periodic.outer_momentum, cfg.exchange.codec, plan) == (16, 0.5, "fp8", None)
+    assert record["settings"] == settings

@@ -38,3 +38,13 @@ def test_a_run_evaluates_every_n_steps_and_stops_when_its_time_budget_is_spent(t
     assert clock == sorted(clock) and clock[-1] < summary["train_s"] < 0.3 + 1.0  # stopped at its next loss read
     sent = [e["bytes_sent"] for e in evals]
     assert sent[1] == 2 * sent[0] > 0  # our engine's fp32 bytes: the same every step
+
+
+def test_a_budget_spent_where_the_loss_is_read_only_at_an_epochs_end_stops_the_run_there(tmp_path):
+    run = tmp_path / "run"  # an epoch of 12 steps, fewer than --sync-every: read at each epoch's last step alone
+    proc = scalesgd("train", *FAST, "--epochs", "3", "--time-budget", "0.01", "--sync-every", "100", "--run-dir",
+                    str(run))
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    steps = max(r["iter"] for r in read(run / "metrics.jsonl") if r["kind"] == "iter")
+    assert summary["stopped_by_time_budget"] and steps == summary["steps_per_epoch"] == 12

@@ -69,6 +69,9 @@ class ExchangeConfig:
                                           "PowerSGD hook, or ours); low-rank and sparse ones only when listed; "
                                           "ddp-bf16 is left out without CUDA", parse=words, choices=exchange_names,
                                           check=checks.distinct)
+    auto_periodic: bool = option(True, "--exchange auto weighs per-step exchanges only (by default it also weighs "
+                                 "periodic synchronisation where bench quality measured a mode reaching the target "
+                                 "with a codec of --auto-codecs and this run's recipe)", flag="--no-auto-periodic")
     codec_options: CodecOptions = expanded(CODEC_OPTIONS.items, CodecOptions, lambda held, family: held[family],
                                            group="codec options: {}")  # each family's, --FAMILY-OPTION
     planner: str = option(NO_PLANNER, "sparse codecs: merge layers into groups from a measured timing model, "

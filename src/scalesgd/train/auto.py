@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from scalesgd.comm.codecs import CODECS, Channel, CodecSettings, make_codec
+from scalesgd.comm.codecs.cast import DENSE
 from scalesgd.comm.cost import link, profile
 from scalesgd.comm.cost.profile import fit_line
 from scalesgd.comm.engine.buckets import BucketPlan, model_tensors, plan_from_groups
@@ -27,6 +28,7 @@ from scalesgd.comm.engine.exchange import build_exchange, parse_exchange
 from scalesgd.comm.wire.collectives import broadcast_object
 from scalesgd.comm.wire.groups import own_group
 from scalesgd.config import TrainConfig, rules
+from scalesgd.errors import option_name
 from scalesgd.output import console as make_console
 from scalesgd.output import rich_table, write_json
 from scalesgd.runtime.process_group import DistEnv
@@ -42,6 +44,8 @@ from scalesgd.train.auto_rank import (
     candidate_mode,
     finalists,
     periodic_options,
+    periodic_row,
+    periodic_settings,
     pick,
     proxy,
     to_target,
@@ -65,22 +69,23 @@ class Decision:
     table: list[dict]  # {"codec", "buckets", "iteration_s", "exposed_comm_s", "buckets_n"} for every candidate
     finalists: list[dict] = field(default_factory=list)  # {"codec", "buckets", "groups", "predicted_s"}, best first
     measured_s: float | None = None  # the chosen exchange's trial iteration (None: chosen by the model alone)
-    periodic: list[dict] = field(default_factory=list)  # {"mode", "options", "to_target_s"}: measured periodic modes
+    periodic: list[dict] = field(default_factory=list)  # {"mode", "options", "to_target_s"}: listed, not chosen
+    settings: dict = field(default_factory=dict)  # the chosen periodic mode's options by flat name; {}: every step
 
     def to_dict(self) -> dict:
         return {"codec": self.codec, "buckets": self.buckets, "groups": self.groups, "compresses": self.compresses,
                 "predicted_s": self.predicted_s, "trial_s": self.measured_s, "finalists": self.finalists,
-                "candidates": self.table, "periodic": self.periodic}
+                "candidates": self.table, "periodic": self.periodic, "settings": self.settings}
 
     @classmethod
     def from_dict(cls, d: dict) -> Decision:
         return cls(d["codec"], d["buckets"], d["groups"], d["predicted_s"], d["candidates"], d.get("finalists", []),
-                   d.get("trial_s"), d.get("periodic", []))
+                   d.get("trial_s"), d.get("periodic", []), d.get("settings", {}))
 
     @property
     def compresses(self) -> bool:
-        """Whether the chosen exchange sends less than fp32 (auto says so when it does not)."""
-        return not _uncompressed(self.codec)
+        """Whether the chosen exchange sends less than fp32 every step (auto says so when it does not)."""
+        return bool(self.settings) or not _uncompressed(self.codec)
 
     def tried(self, measured_s: list[float]) -> Decision:
         """The finalist measured soonest to the target (`measured_s`: each finalist's trial iteration, in order, × its
@@ -93,12 +98,13 @@ class Decision:
 
 def decide(model: nn.Module, batch, loss_fn, candidates: tuple[str, ...], settings: CodecSettings, algorithm: str,
            group, topology, procs_per_node: int, batch_per_worker: int, accumulate: int = 1,
-           steps_table: dict[str, StepsToTarget] | None = None) -> Decision:
+           steps_table: dict[str, StepsToTarget] | None = None, periodic: dict[str, dict] | None = None) -> Decision:
     """Profile, measure, simulate, choose (collective); rank 0's choice is every rank's.
 
     Candidates are ranked by predicted time to the target: the predicted iteration × the steps to the target over
     DDP fp32's that `bench quality` measured for the model's family (`steps_table`; 1 where none was), and one that
-    missed the target is never chosen.
+    missed the target is never chosen. `periodic` names the table's periodic modes auto may choose (key: the options
+    that switch the run to it): each is ranked alike, its iteration a round's share.
 
     `candidates` name exchanges (`parse_exchange`): our codecs, and DDP's. A DDP exchange is costed by the codec of
     ours that does its work (DDP's allreduce by fp32, its fp16 hook by fp16, PowerSGD by lowrank), on
@@ -113,8 +119,9 @@ def decide(model: nn.Module, batch, loss_fn, candidates: tuple[str, ...], settin
     cluster = Cluster(world // procs_per_node, procs_per_node, inter or intra, intra or inter)
     channel = Channel(group, world, algorithm, topology)
     handoff = contended_bucket_cost(model, batch, loss_fn, channel, cluster)
+    periodic = periodic or {}
     costs = {}
-    for name in candidates:
+    for name in (*candidates, *(settings.get("codec", DENSE.name) for settings in periodic.values())):
         does_work = proxy(name)
         if does_work not in costs:
             measured = probe(does_work, settings, channel, cluster, compute, device)
@@ -133,14 +140,19 @@ def decide(model: nn.Module, batch, loss_fn, candidates: tuple[str, ...], settin
                               "exposed_comm_s": p.exposed_comm_s, "groups": p.groups, "steps_factor": factor,
                               "missed": bool(steps and steps.missed),
                               "to_target_s": p.iteration_s * (factor or 1.0)})
+        for key, settings in periodic.items():
+            table.append(periodic_row(steps_table[key], settings, compute, cluster,
+                                      costs[proxy(settings.get("codec", DENSE.name))]))
         best = pick(table)
         decision = Decision(best["codec"], best["buckets"], best["groups"], best["iteration_s"],
                             [{k: v for k, v in row.items() if k != "groups"} | {"buckets_n": len(row["groups"])}
                              for row in table],
                             [{"codec": r["codec"], "buckets": r["buckets"], "groups": r["groups"],
                               "predicted_s": r["iteration_s"], "steps_factor": r["steps_factor"]}
-                             for r in finalists(table, best)],
-                            periodic=periodic_options(steps_table or {}, compute, cluster, costs))
+                             for r in finalists(table, best)] if "settings" not in best else [],
+                            periodic=[r for r in periodic_options(steps_table or {}, compute, cluster, costs)
+                                      if r["mode"] not in periodic],
+                            settings=best.get("settings", {}))
     return broadcast_object(decision, group=group)
 
 
@@ -264,10 +276,12 @@ def choose(cfg: TrainConfig, model: torch.nn.Module, batches: list, loss_fn, env
     else:
         x = cfg.exchange
         fitting = rules.auto_fitting(cfg)[0]  # what manual mode would run with this optimizer and options
+        steps_table = quality.table(quality.family_of(cfg.data.text))
+        periodic = {key: settings for key, steps in steps_table.items()
+                    if (settings := periodic_settings(steps, cfg)) is not None}
         decision = decide(model, batches[0], loss_fn, fitting, cfg.codec_settings(), x.algorithm,
                           env.exchange_group, env.topology_groups, x.procs_per_node or env.local_world_size,
-                          cfg.micro_batch, cfg.recipe.accumulate,
-                          quality.table(quality.family_of(cfg.data.text)))
+                          cfg.micro_batch, cfg.recipe.accumulate, steps_table, periodic)
         if len(decision.finalists) > 1:
             decision = decision.tried(trial(cfg, model, batches, loss_fn, env, decision.finalists))
         if env.is_main and saved is not None:
@@ -275,7 +289,9 @@ def choose(cfg: TrainConfig, model: torch.nn.Module, batches: list, loss_fn, env
     if env.is_main and not quiet:
         show(decision)
     engine, codec = parse_exchange(decision.codec)
-    chosen = cfg.replaced(engine=engine, codec=codec, buckets="size:1")
+    chosen = cfg.replaced(**{"engine": engine, "codec": codec, "buckets": "size:1", **decision.settings})
+    if decision.settings:  # periodic synchronisation: a round's pseudo-gradient travels whole, in no bucket plan
+        return chosen, None, decision.to_dict()
     plan = plan_from_groups(decision.groups, model_tensors(model), f"auto:{decision.buckets}")
     return chosen, plan, decision.to_dict()
 
@@ -338,9 +354,12 @@ def show(decision: Decision) -> None:
     rows = sorted(decision.table, key=lambda r: (r.get("missed", False), to_target(r)))
     console = make_console()
     buckets = "DDP's own buckets" if decision.buckets == "ddp" else f"buckets {decision.buckets}"
-    console.print(rich_table(f"--exchange auto chose {decision.codec} with {buckets}"
+    chose = f"{decision.codec} with {buckets}" if not decision.settings else (
+        f"periodic synchronisation {decision.buckets} (" + " ".join(f"{option_name(k)} {v}" for k, v in
+                                                                   decision.settings.items()) + ")")
+    console.print(rich_table(f"--exchange auto chose {chose}"
                              + (": no compression pays here" if not decision.compresses else ""),
-                             ["codec", "buckets", "predicted ms", "exposed ms", "steps to target × DDP's",
+                             ["codec", "buckets or mode", "predicted ms", "exposed ms", "steps to target × DDP's",
                               "to target: ms per DDP step"],
                              [[r["codec"], r["buckets"], f"{1e3 * r['iteration_s']:.1f}",
                                f"{1e3 * r['exposed_comm_s']:.1f}", _factor_text(r),

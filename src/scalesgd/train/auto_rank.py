@@ -1,11 +1,20 @@
 """`--exchange auto`'s ranking of what it predicted: by time to the target (the iteration × the steps to the target
-bench quality measured), ties to fewer buckets, the finalists a trial should tell apart, and the periodic modes it
-lists beside its choice. Pure functions of the candidates' rows."""
+bench quality measured), ties to exchanging every step and then to fewer buckets, the finalists a trial should tell
+apart, and which measured periodic modes it may choose (those that change only how the run exchanges) or only list.
+Pure functions of the candidates' rows and the run's configuration."""
 
 from __future__ import annotations
 
+import shlex
+
 from scalesgd.comm.codecs import CODECS, CodecSettings
+from scalesgd.comm.codecs.cast import DENSE
+from scalesgd.comm.config import ExchangeConfig
 from scalesgd.comm.engine.exchange import parse_exchange
+from scalesgd.config import TrainConfig, rules
+from scalesgd.errors import UsageError
+from scalesgd.options import flat_options, parse
+from scalesgd.periodic.config import PeriodicConfig
 from scalesgd.sim.compute import ComputeProfile
 from scalesgd.sim.exchange import Costs, predict
 from scalesgd.sim.modes import Mode, parse_mode
@@ -17,19 +26,49 @@ FINALIST_MARGIN = 0.25  # codecs predicted within this of the fastest are tried 
 FINALISTS = 4           # error against the testbed is ~25 %); at most this many
 
 
+def periodic_settings(steps: StepsToTarget, cfg: TrainConfig) -> dict | None:
+    """The options (by flat name) that switch this run to a periodic mode of the table, where auto may choose it: one
+    of ours that reached the target, whose options set only how the run exchanges (no longer schedule), with a codec
+    auto weighs here, valid with the rest of the run; else None (auto may only list it).
+
+    Auto chooses how a run exchanges, never what it trains: a mode measured on another recipe is shown, not imposed.
+    """
+    if not (steps.key.startswith("periodic@") and not steps.missed and cfg.exchange.auto_periodic):
+        return None
+    try:
+        given = parse(TrainConfig, shlex.split(steps.options), "scalesgd train")
+        exchange_only = {flat.name for cls in (ExchangeConfig, PeriodicConfig) for flat in flat_options(cls)}
+        if set(given) - exchange_only or given.get("peer") or given.get("codec", DENSE.name) not in \
+                rules.auto_fitting(cfg)[0]:
+            return None
+        cfg.replaced(exchange="manual", **given).validate()
+    except UsageError:
+        return None
+    return given
+
+
 def periodic_options(steps_table: dict[str, StepsToTarget], compute: ComputeProfile, cluster: Cluster,
                      costs: dict[str, Costs]) -> list[dict]:
     """Our periodic modes that reached the target for this model family, each predicted to it on this cluster: what
-    auto shows beside its per-step choice (a periodic mode reached the target with its own options, such as a
-    longer schedule, which auto does not impose on a run)."""
+    auto shows beside its choice where it may not choose them (they reached the target with a recipe of their own,
+    such as a longer schedule, which auto does not impose on a run)."""
     rows = []
     for key, steps in steps_table.items():
         if key.startswith("periodic@") and not steps.missed:
-            mode = parse_mode(key)
-            p = predict(mode, compute, cluster, costs.get(proxy(mode.codec), Costs()))
+            p = predict(parse_mode(key), compute, cluster, costs.get(proxy(parse_mode(key).codec), Costs()))
             rows.append({"mode": key, "options": steps.options, "iteration_s": p.iteration_s,
                          "to_target_s": p.iteration_s * steps.factor})
     return sorted(rows, key=lambda r: r["to_target_s"])
+
+
+def periodic_row(steps: StepsToTarget, settings: dict, compute: ComputeProfile, cluster: Cluster,
+                 costs: Costs) -> dict:
+    """A periodic mode auto may choose as a candidate row: its round's share of a step predicted, × its steps to the
+    target; named by its codec, its table key in the buckets' place, and the options that switch the run to it."""
+    p = predict(parse_mode(steps.key), compute, cluster, costs)
+    return {"codec": settings.get("codec", DENSE.name), "buckets": steps.key, "iteration_s": p.iteration_s,
+            "exposed_comm_s": p.exposed_comm_s, "groups": [], "steps_factor": steps.factor, "missed": False,
+            "to_target_s": p.iteration_s * steps.factor, "settings": settings}
 
 
 def proxy(name: str) -> str:
@@ -56,16 +95,17 @@ def eligible(table: list[dict]) -> list[dict]:
 
 
 def pick(table: list[dict]) -> dict:
-    """The candidate with the fewest buckets among those predicted to reach the target within `RESOLUTION` of the
-    soonest, never one that missed it.
+    """Among the candidates predicted to reach the target within `RESOLUTION` of the soonest, one exchanging every
+    step with the fewest buckets, never one that missed it.
 
-    Predictions closer than the model's resolution are a tie; fewer buckets then win, as each bucket
-    costs the engine a hand-over the model prices only roughly.
+    Predictions closer than the model's resolution are a tie; exchanging every step then wins (it keeps the
+    workers' parameters equal), then fewer buckets, as each bucket costs the engine a hand-over the model prices
+    only roughly.
     """
     table = eligible(table)
     soonest = min(to_target(row) for row in table)
     tied = [row for row in table if to_target(row) <= soonest * (1 + RESOLUTION)]
-    return min(tied, key=lambda row: (len(row["groups"]), to_target(row)))
+    return min(tied, key=lambda row: ("settings" in row, len(row["groups"]), to_target(row)))
 
 
 def finalists(table: list[dict], best: dict) -> list[dict]:
@@ -76,8 +116,8 @@ def finalists(table: list[dict], best: dict) -> list[dict]:
     and a sparse codec's density drifts from the one its probe saw): a trial can. Not compressing at all is
     always among what is tried when it is close (Agarwal et al. 2022: it is often the fastest).
     """
-    close = [row for row in sorted(eligible(table), key=to_target)
-             if to_target(row) <= to_target(best) * (1 + FINALIST_MARGIN)]
+    close = [row for row in sorted(eligible(table), key=to_target)  # a periodic mode's round is no trial's length
+             if "settings" not in row and to_target(row) <= to_target(best) * (1 + FINALIST_MARGIN)]
     chosen, seen = [best], {best["codec"]}
     for row in close:
         if row["codec"] not in seen:

@@ -117,7 +117,8 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
         totals, seconds = train_epoch(run, epoch, log, progress, done if epoch == done.epoch + 1 else Progress(),
                                       save_mid_epoch)
         images_per_s.append(totals[2].item() / seconds)
-        stopped = run.milestones.stopped
+        # the budget spent on the run's last step ended nothing early
+        stopped = run.milestones.stopped = run.milestones.stopped and epoch < last_epoch
         if epoch < last_epoch and not stopped:
             run.pipeline.prepare(epoch + 1)  # the next epoch's batches decode while this one is evaluated
         else:
@@ -263,7 +264,7 @@ def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None, progress: 
                 adascale.gain = gain(run.noise.trace, run.noise.gradient_sq, cfg.recipe.base_batch,
                                      cfg.recipe.batch_size)
             pending = []
-            run.milestones.stopped = spent and not last
+            run.milestones.stopped = spent and not (adascale is not None and adascale.done)  # at an epoch's end too
             if not last and not spent and (due or every_steps and i + 1 - saved_at >= every_steps):
                 with run.milestones.paused():
                     save_mid_epoch(i + 1, totals, time.perf_counter() - start)
