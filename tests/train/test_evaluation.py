@@ -48,3 +48,12 @@ def test_a_budget_spent_where_the_loss_is_read_only_at_an_epochs_end_stops_the_r
     summary = json.loads((run / "summary.json").read_text())
     steps = max(r["iter"] for r in read(run / "metrics.jsonl") if r["kind"] == "iter")
     assert summary["stopped_by_time_budget"] and steps == summary["steps_per_epoch"] == 12
+
+
+def test_the_links_count_leaves_out_what_was_sent_while_paused(monkeypatch):
+    sent = iter([100, 150, 400, 500])  # at the start, before and after a checkpoint, at the reading
+    monkeypatch.setattr("scalesgd.train.evaluation.link_bytes_sent", lambda: next(sent))
+    clock = Milestones()
+    with clock.paused():  # a checkpoint gathering every rank's state sends 250 bytes
+        pass
+    assert clock.link_bytes() == 500 - 100 - 250

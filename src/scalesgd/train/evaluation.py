@@ -19,8 +19,8 @@ from scalesgd.train.objective import Objective, throughput_key
 @dataclass
 class Milestones:
     """The run's training clock (seconds since its first step, evaluations and checkpoints left out), the bytes this
-    rank's exchange sent, when to evaluate (`every` steps; 0: at epochs' ends only) and when to stop (`budget_s`
-    seconds on that clock; 0: never)."""
+    rank's exchange sent and its node's link sent (the same left out), when to evaluate (`every` steps; 0: at epochs'
+    ends only) and when to stop (`budget_s` seconds on that clock; 0: never)."""
 
     every: int = 0
     budget_s: float = 0.0
@@ -30,24 +30,27 @@ class Milestones:
 
     def __post_init__(self):
         self._start, self._paused = time.perf_counter(), 0.0
-        self._link_start = link_bytes_sent()
+        self._link_start, self._link_paused = link_bytes_sent(), 0
 
     def link_bytes(self) -> int | None:
         """What this node's testbed link sent since the clock started (every collective's bytes); None off it."""
         now = link_bytes_sent()
-        return now - self._link_start if now is not None and self._link_start is not None else None
+        return now - self._link_start - self._link_paused if now is not None and self._link_start is not None else None
 
     def train_s(self) -> float:
         return self.offset_s + time.perf_counter() - self._start - self._paused
 
     @contextmanager
     def paused(self):
-        """Leave what runs inside (an evaluation, a checkpoint) off the training clock."""
-        start = time.perf_counter()
+        """Leave what runs inside (an evaluation, a checkpoint: periodic synchronisation gathers every rank's state)
+        off the training clock and the link's count."""
+        start, sent = time.perf_counter(), link_bytes_sent()
         try:
             yield
         finally:
             self._paused += time.perf_counter() - start
+            now = link_bytes_sent()
+            self._link_paused += now - sent if now is not None and sent is not None else 0
 
     def count(self, timing: dict) -> None:
         """Add a step's bytes, where the exchange counts them."""
