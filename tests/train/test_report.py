@@ -42,6 +42,8 @@ def test_the_figure_is_titled_by_model_codec_and_batch_and_its_rate_axis_is_loga
 def test_an_auto_run_is_titled_by_the_codec_it_chose():
     cfg = TrainConfig.of(exchange="auto", engine="scalesgd", codec="fp8").to_dict()
     assert "codec fp8 (scalesgd engine, chosen by --exchange auto)" in report.title(cfg)
+    cfg = TrainConfig.of(exchange="auto", codec="fp8", local_steps=16).to_dict()  # auto switched it to periodic
+    assert "fp8 pseudo-gradient every 16 steps (chosen by --exchange auto) · global batch" in report.title(cfg)
 
 
 def test_the_summary_names_the_epochs_adascale_trained_beside_its_base_epochs():

@@ -71,10 +71,11 @@ def periodic_text(cfg: dict) -> str:
 
 def title(cfg: dict) -> str:
     """What a run trained, for report.png's title: model and data, how gradients travelled, the global batch."""
+    chosen = "chosen by --exchange auto" if cfg.get("exchange") == "auto" else ""
     if cfg.get("local_steps"):
-        return (f"{cfg['model']} on {cfg['dataset']} · {cfg['codec']} pseudo-gradient {periodic_text(cfg)} · "
-                f"global batch {cfg['batch_size']}")
-    auto = ", chosen by --exchange auto" if cfg.get("exchange") == "auto" else ""
+        return (f"{cfg['model']} on {cfg['dataset']} · {cfg['codec']} pseudo-gradient {periodic_text(cfg)}"
+                f"{f' ({chosen})' if chosen else ''} · global batch {cfg['batch_size']}")
+    auto = f", {chosen}" if chosen else ""
     workers = f"{cfg['workers']} worker{'s' if cfg['workers'] != 1 else ''}"
     precision = f" · {cfg['precision']}" if cfg.get("precision", "fp32") != "fp32" else ""
     return (f"{cfg['model']} on {cfg['dataset']} · codec {cfg['codec']} ({cfg['engine']} engine{auto}){precision} · "
