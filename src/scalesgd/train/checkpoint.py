@@ -248,12 +248,15 @@ def load(path: Path) -> dict:
 
 
 def _gather(env: DistEnv, tensor: torch.Tensor) -> list[torch.Tensor]:
-    everyone = [torch.empty_like(tensor) for _ in range(env.world_size)]
-    dist.all_gather(everyone, tensor)
-    return everyone
+    """Every rank's `tensor` on rank 0, which writes them ([] elsewhere): the others send, rank 0 sends nothing."""
+    everyone = [torch.empty_like(tensor) for _ in range(env.world_size)] if env.is_main else None
+    dist.gather(tensor, everyone, dst=0)
+    return everyone or []
 
 
 def _gather_objects(env: DistEnv, obj) -> list:
-    everyone: list = [None] * env.world_size
-    dist.all_gather_object(everyone, obj)
-    return everyone
+    """Every rank's `obj` on rank 0 ([] elsewhere): a periodic run's local parameters and inner optimizer state are
+    megabytes, which an all-gather would also send from rank 0 to every other rank for nothing."""
+    everyone: list | None = [None] * env.world_size if env.is_main else None
+    dist.gather_object(obj, everyone, dst=0)
+    return everyone or []
