@@ -61,9 +61,10 @@ class ExchangeConfig:
                                  "there (1-bit Adam, --freeze-variance, --momentum-correction), no earlier than its "
                                  "averaging horizon 1/(1 − β2) steps", check=_steps_or_epochs)
     mode: str = option("manual", "auto: at start-up measure the compute, the link and each exchange of "
-                       "--auto-codecs on this process group, simulate each with every bucket plan, try the closest "
-                       "for real, and use the fastest (engine and codec: ours or DDP's); manual: --engine, --codec "
-                       "and --buckets as given", choices=EXCHANGES, key="exchange")
+                       "--auto-codecs on this process group, simulate each with every bucket plan (and the periodic "
+                       "modes bench quality measured), rank them by predicted time to the target quality, try the "
+                       "closest for real, and use the soonest (engine and codec: ours or DDP's); manual: --engine, "
+                       "--codec and --buckets as given", choices=EXCHANGES, key="exchange")
     auto_codecs: tuple[str, ...] = option(AUTO_CODECS, "the exchanges --exchange auto weighs: our codecs by name, "
                                           "ddp (DDP's fp32 allreduce) and ddp-CODEC (DDP with PyTorch's fp16, bf16 or "
                                           "PowerSGD hook, or ours); low-rank and sparse ones only when listed; "
