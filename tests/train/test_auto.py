@@ -151,6 +151,8 @@ def test_auto_may_choose_a_periodic_mode_only_as_measured_and_only_where_it_chan
     assert periodic_settings(_steps("--local-steps 16 --codec fp8 --outer-momentum 0.5"), GPT) == {
         "local_steps": 16, "codec": "fp8", "outer_momentum": 0.5}
     assert periodic_settings(_steps("--local-steps 16 --codec fp8 --epochs 2"), GPT) is None  # another schedule
+    assert periodic_settings(_steps("--local-steps 16 --codec fp8 --epochs 2"), GPT.replaced(epochs=2)) == {
+        "local_steps": 16, "codec": "fp8"}  # the run's own: auto changes only how it exchanges
     assert periodic_settings(_steps("--local-steps 16 --codec fp8", factor=None), GPT) is None  # missed the target
     assert periodic_settings(_steps("--peer torchft --local-steps 16", key="torchft:periodic@16-fp32"), GPT) is None
     assert periodic_settings(_steps("--local-steps 16 --codec fp8"), GPT.replaced(auto_codecs=("fp16",))) is None

@@ -28,8 +28,8 @@ FINALISTS = 4           # error against the testbed is ~25 %); at most this many
 
 def periodic_settings(steps: StepsToTarget, cfg: TrainConfig) -> dict | None:
     """The options (by flat name) that switch this run to a periodic mode of the table, where auto may choose it: one
-    of ours that reached the target, whose options set only how the run exchanges (no longer schedule), with a codec
-    auto weighs here, valid with the rest of the run; else None (auto may only list it).
+    of ours that reached the target, whose other options (a longer schedule) are this run's own, with a codec auto
+    weighs here, valid with the rest of the run; else None (auto may only list it).
 
     Auto chooses how a run exchanges, never what it trains: a mode measured on another recipe is shown, not imposed.
     """
@@ -37,14 +37,16 @@ def periodic_settings(steps: StepsToTarget, cfg: TrainConfig) -> dict | None:
         return None
     try:
         given = parse(TrainConfig, shlex.split(steps.options), "scalesgd train")
-        exchange_only = {flat.name for cls in (ExchangeConfig, PeriodicConfig) for flat in flat_options(cls)}
-        if set(given) - exchange_only or given.get("peer") or given.get("codec", DENSE.name) not in \
-                rules.auto_fitting(cfg)[0]:
+        exchange = {flat.name for cls in (ExchangeConfig, PeriodicConfig) for flat in flat_options(cls)}
+        own = cfg.to_dict()
+        if any(own[name] != value for name, value in given.items() if name not in exchange) or given.get("peer") \
+                or given.get("codec", DENSE.name) not in rules.auto_fitting(cfg)[0]:
             return None
-        cfg.replaced(exchange="manual", **given).validate()
+        settings = {name: value for name, value in given.items() if name in exchange}
+        cfg.replaced(exchange="manual", **settings).validate()
     except UsageError:
         return None
-    return given
+    return settings
 
 
 def periodic_options(steps_table: dict[str, StepsToTarget], compute: ComputeProfile, cluster: Cluster,
