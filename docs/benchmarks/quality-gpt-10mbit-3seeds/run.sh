@@ -8,6 +8,7 @@ scalesgd bench quality --rates 10mbit --prefix q10 --seeds 0,1,2 --eval-every 16
   --exchanges "ddp;ddp-fp16;diloco-h16-fp8-2x=--local-steps 16 --codec fp8 --outer-momentum 0.5 --epochs 2;\
 streaming-h16-fp8-2x=--local-steps 16 --fragments 4 --overlap-steps 3 --codec fp8 --outer-momentum 0.5 --epochs 2;\
 torchft-h50-2x=--peer torchft --local-steps 50 --outer-momentum 0.5 --epochs 2;\
-torchft-streaming-h16-2x=--peer torchft --local-steps 16 --fragments 4 --overlap-steps 3 --outer-momentum 0.5 --epochs 2" \
+torchft-streaming-h16-2x=--peer torchft --local-steps 16 --fragments 4 --overlap-steps 3 --outer-momentum 0.5 --epochs 2;\
+auto-2x=--exchange auto --epochs 2" \
   --table src/scalesgd/sim/steps_to_target.json \
   --out docs/benchmarks/quality-gpt-10mbit-3seeds -- --workers 2 --model gpt --dataset text --samples 16384 --epochs 1

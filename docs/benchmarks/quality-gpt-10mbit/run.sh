@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Time to quality of the default GPT (834 k parameters, AdamW, batch 64, 256 steps: its reference is DDP fp32 on local
-# workers) on 2 nodes joined at 10 Mbit/s: DDP and its hooks, our per-step codecs, and periodic synchronisation
-# (H = 16), on the same token budget and, marked 2x, on twice its steps. Needs root (network namespaces); about
-# 45 minutes a seed on 2 cores, evaluations included.
+# workers) on 2 nodes joined at 10 Mbit/s, seed 0: every exchange a user could pick. DDP and its hooks, our per-step
+# codecs, torchft's DiLoCo (H 10, 50, 100) and Streaming DiLoCo, and ours, on the same token budget and, marked 2x, on
+# twice its steps (outer momentum 0.5). Needs root (network namespaces); about 80 minutes on 2 cores, evaluations
+# included; finished runs are kept.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 source .venv/bin/activate
@@ -13,5 +14,16 @@ scalesgd bench quality --rates 10mbit --prefix q10 --seeds "$seeds" --eval-every
   --exchanges "ddp;ddp-fp16;ddp-powersgd4;fp8;onebit;diloco-h16=--local-steps 16 --codec fp32;\
 diloco-h16-fp8=--local-steps 16 --codec fp8;\
 diloco-h16-fp8-2x=--local-steps 16 --codec fp8 --outer-momentum 0.5 --epochs 2;\
-streaming-h16-fp8-2x=--local-steps 16 --fragments 4 --overlap-steps 3 --codec fp8 --outer-momentum 0.5 --epochs 2" \
+streaming-h16-fp8-2x=--local-steps 16 --fragments 4 --overlap-steps 3 --codec fp8 --outer-momentum 0.5 --epochs 2;\
+torchft-h10-2x=--peer torchft --local-steps 10 --outer-momentum 0.5 --epochs 2;\
+torchft-h50-2x=--peer torchft --local-steps 50 --outer-momentum 0.5 --epochs 2;\
+torchft-h100-2x=--peer torchft --local-steps 100 --outer-momentum 0.5 --epochs 2;\
+torchft-streaming-h16-2x=--peer torchft --local-steps 16 --fragments 4 --overlap-steps 3 --outer-momentum 0.5 --epochs 2;\
+diloco-h32-fp8-2x=--local-steps 32 --codec fp8 --outer-momentum 0.5 --epochs 2;\
+diloco-h8-fp8=--local-steps 8 --codec fp8 --outer-momentum 0.5;\
+diloco-h16-fp8-m5=--local-steps 16 --codec fp8 --outer-momentum 0.5;\
+streaming-h8-fp8=--local-steps 8 --fragments 4 --overlap-steps 1 --codec fp8 --outer-momentum 0.5;\
+localsgd-h8-fp8=--local-steps 8 --codec fp8 --outer-lr 1 --outer-momentum 0;\
+diloco-h16-topk-2x=--local-steps 16 --codec topk --density 0.05 --density-warmup 0 --outer-momentum 0.5 --epochs 2;\
+fp16;topk-mc;lowrank8" \
   --table src/scalesgd/sim/steps_to_target.json --out docs/benchmarks/quality-gpt-10mbit -- --workers 2 --model gpt --dataset text --samples 16384 --epochs 1
