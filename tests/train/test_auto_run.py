@@ -30,8 +30,8 @@ def test_auto_saves_its_decision_trains_with_it_and_keeps_it_on_resume(tmp_path)
     predicted = {c: min(r["iteration_s"] for r in decided["candidates"] if r["codec"] == c) for c in AUTO_CODECS}
     close = {c for c, s in predicted.items() if s <= finalists[0]["predicted_s"] * (1 + FINALIST_MARGIN)}
     assert {f["codec"] for f in finalists} == close  # every codec the model cannot rank apart is tried
-    if len(finalists) > 1:  # tried for real: the measured fastest is used
-        fastest = min(finalists, key=lambda f: f["measured_s"])
+    if len(finalists) > 1:  # tried for real: the one measured soonest to the target (its step × steps factor) is used
+        fastest = min(finalists, key=lambda f: f["measured_s"] * (f.get("steps_factor") or 1.0))
         assert (decided["codec"], decided["buckets"], decided["trial_s"]) == (
             fastest["codec"], fastest["buckets"], fastest["measured_s"])
     else:
