@@ -19,7 +19,6 @@ import torch.distributed as dist
 from torch import nn
 
 from scalesgd.comm.codecs import CODECS, Channel, CodecSettings, make_codec
-from scalesgd.comm.codecs.cast import DENSE
 from scalesgd.comm.cost import link, profile
 from scalesgd.comm.cost.profile import fit_line
 from scalesgd.comm.engine.buckets import BucketPlan, model_tensors, plan_from_groups
@@ -43,6 +42,7 @@ from scalesgd.train.auto_rank import (
     _uncompressed,
     candidate_mode,
     finalists,
+    periodic_codec,
     periodic_options,
     periodic_row,
     periodic_settings,
@@ -121,7 +121,7 @@ def decide(model: nn.Module, batch, loss_fn, candidates: tuple[str, ...], settin
     handoff = contended_bucket_cost(model, batch, loss_fn, channel, cluster)
     periodic = periodic or {}
     costs = {}
-    for name in (*candidates, *(settings.get("codec", DENSE.name) for settings in periodic.values())):
+    for name in (*candidates, *map(periodic_codec, periodic.values())):
         does_work = proxy(name)
         if does_work not in costs:
             measured = probe(does_work, settings, channel, cluster, compute, device)
@@ -140,9 +140,9 @@ def decide(model: nn.Module, batch, loss_fn, candidates: tuple[str, ...], settin
                               "exposed_comm_s": p.exposed_comm_s, "groups": p.groups, "steps_factor": factor,
                               "missed": bool(steps and steps.missed),
                               "to_target_s": p.iteration_s * (factor or 1.0)})
-        for key, settings in periodic.items():
-            table.append(periodic_row(steps_table[key], settings, compute, cluster,
-                                      costs[proxy(settings.get("codec", DENSE.name))]))
+        for key, options in periodic.items():
+            cost = costs[proxy(periodic_codec(options))]
+            table.append(periodic_row(steps_table[key], options, compute, cluster, cost))
         best = pick(table)
         decision = Decision(best["codec"], best["buckets"], best["groups"], best["iteration_s"],
                             [{k: v for k, v in row.items() if k != "groups"} | {"buckets_n": len(row["groups"])}
@@ -150,8 +150,7 @@ def decide(model: nn.Module, batch, loss_fn, candidates: tuple[str, ...], settin
                             [{"codec": r["codec"], "buckets": r["buckets"], "groups": r["groups"],
                               "predicted_s": r["iteration_s"], "steps_factor": r["steps_factor"]}
                              for r in finalists(table, best)] if "settings" not in best else [],
-                            periodic=[r for r in periodic_options(steps_table or {}, compute, cluster, costs)
-                                      if r["mode"] not in periodic],
+                            periodic=periodic_options(steps_table or {}, compute, cluster, costs, periodic),
                             settings=best.get("settings", {}))
     return broadcast_object(decision, group=group)
 

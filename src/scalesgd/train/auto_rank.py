@@ -40,7 +40,7 @@ def periodic_settings(steps: StepsToTarget, cfg: TrainConfig) -> dict | None:
         exchange = {flat.name for cls in (ExchangeConfig, PeriodicConfig) for flat in flat_options(cls)}
         own = cfg.to_dict()
         if any(own[name] != value for name, value in given.items() if name not in exchange) or given.get("peer") \
-                or given.get("codec", DENSE.name) not in rules.auto_fitting(cfg)[0]:
+                or periodic_codec(given) not in rules.auto_fitting(cfg)[0]:
             return None
         settings = {name: value for name, value in given.items() if name in exchange}
         cfg.replaced(exchange="manual", **settings).validate()
@@ -49,15 +49,21 @@ def periodic_settings(steps: StepsToTarget, cfg: TrainConfig) -> dict | None:
     return settings
 
 
+def periodic_codec(settings: dict) -> str:
+    """The codec a periodic mode's options send its pseudo-gradient through."""
+    return settings.get("codec", DENSE.name)
+
+
 def periodic_options(steps_table: dict[str, StepsToTarget], compute: ComputeProfile, cluster: Cluster,
-                     costs: dict[str, Costs]) -> list[dict]:
+                     costs: dict[str, Costs], candidates: dict | None = None) -> list[dict]:
     """Our periodic modes that reached the target for this model family, each predicted to it on this cluster: what
     auto shows beside its choice where it may not choose them (they reached the target with a recipe of their own,
-    such as a longer schedule, which auto does not impose on a run)."""
+    such as a longer schedule, which auto does not impose on a run); `candidates`: those it ranks instead."""
     rows = []
     for key, steps in steps_table.items():
-        if key.startswith("periodic@") and not steps.missed:
-            p = predict(parse_mode(key), compute, cluster, costs.get(proxy(parse_mode(key).codec), Costs()))
+        if key.startswith("periodic@") and not steps.missed and key not in (candidates or {}):
+            mode = parse_mode(key)
+            p = predict(mode, compute, cluster, costs.get(proxy(mode.codec), Costs()))
             rows.append({"mode": key, "options": steps.options, "iteration_s": p.iteration_s,
                          "to_target_s": p.iteration_s * steps.factor})
     return sorted(rows, key=lambda r: r["to_target_s"])
@@ -68,7 +74,7 @@ def periodic_row(steps: StepsToTarget, settings: dict, compute: ComputeProfile, 
     """A periodic mode auto may choose as a candidate row: its round's share of a step predicted, × its steps to the
     target; named by its codec, its table key in the buckets' place, and the options that switch the run to it."""
     p = predict(parse_mode(steps.key), compute, cluster, costs)
-    return {"codec": settings.get("codec", DENSE.name), "buckets": steps.key, "iteration_s": p.iteration_s,
+    return {"codec": periodic_codec(settings), "buckets": steps.key, "iteration_s": p.iteration_s,
             "exposed_comm_s": p.exposed_comm_s, "groups": [], "steps_factor": steps.factor, "missed": False,
             "to_target_s": p.iteration_s * steps.factor, "settings": settings}
 
