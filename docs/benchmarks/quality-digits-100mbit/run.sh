@@ -1,17 +1,3 @@
 #!/usr/bin/env bash
-set -euo pipefail
-cd "$(dirname "$0")/../../.."
-source .venv/bin/activate
-scalesgd testbed up --nodes 2 --bandwidth 100mbit --prefix q100
-trap 'scalesgd testbed down --prefix q100' EXIT
-scalesgd bench quality --rates 100mbit --prefix q100 --seeds 0,1,2 --eval-every 6 --budget 3 \
-  --exchanges "ddp;ddp-fp16;ddp-powersgd4;ddp-powersgd8;fp16;fp8;topk-mc;onebit;lowrank8;lowrank-acp8;\
-diloco-h4-fp8=--local-steps 4 --codec fp8 --outer-momentum 0.5;\
-diloco-h10-fp8-2x=--local-steps 10 --codec fp8 --outer-momentum 0.5 --epochs 60;\
-streaming-h10-fp8-2x=--local-steps 10 --fragments 2 --overlap-steps 2 --codec fp8 --outer-momentum 0.5 --epochs 60;\
-torchft-h10-2x=--peer torchft --local-steps 10 --outer-momentum 0.5 --epochs 60;\
-torchft-h50-2x=--peer torchft --local-steps 50 --outer-momentum 0.5 --epochs 60;\
-diloco-h50-fp8-2x=--local-steps 50 --codec fp8 --outer-momentum 0.5 --epochs 60;\
-torchft-streaming-h10-2x=--peer torchft --local-steps 10 --fragments 2 --overlap-steps 2 --outer-momentum 0.5 --epochs 60" \
-  --table src/scalesgd/sim/steps_to_target.json \
-  --out docs/benchmarks/quality-digits-100mbit -- --workers 2 --dataset digits --model resnet8 --batch-size 256 --base-batch 64 --epochs 30
+# the image classifier at 100 Mbit/s: the 10 Mbit/s run's script at this rate
+RATE=100 exec bash "$(dirname "$0")/../quality-digits-10mbit/run.sh"

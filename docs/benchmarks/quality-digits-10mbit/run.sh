@@ -2,9 +2,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 source .venv/bin/activate
-scalesgd testbed up --nodes 2 --bandwidth 10mbit --prefix q10
-trap 'scalesgd testbed down --prefix q10' EXIT
-scalesgd bench quality --rates 10mbit --prefix q10 --seeds 0,1,2 --eval-every 6 --budget 3 \
+r=${RATE:-10}  # Mbit/s; ../quality-digits-100mbit/run.sh runs this with RATE=100
+scalesgd testbed up --nodes 2 --bandwidth ${r}mbit --prefix q${r}
+trap "scalesgd testbed down --prefix q${r}" EXIT
+scalesgd bench quality --rates ${r}mbit --prefix q${r} --seeds 0,1,2 --eval-every 6 --budget 3 \
   --exchanges "ddp;ddp-fp16;ddp-powersgd4;ddp-powersgd8;fp16;fp8;topk-mc;onebit;lowrank8;lowrank-acp8;\
 diloco-h4-fp8=--local-steps 4 --codec fp8 --outer-momentum 0.5;\
 diloco-h10-fp8-2x=--local-steps 10 --codec fp8 --outer-momentum 0.5 --epochs 60;\
@@ -14,4 +15,4 @@ torchft-h50-2x=--peer torchft --local-steps 50 --outer-momentum 0.5 --epochs 60;
 diloco-h50-fp8-2x=--local-steps 50 --codec fp8 --outer-momentum 0.5 --epochs 60;\
 torchft-streaming-h10-2x=--peer torchft --local-steps 10 --fragments 2 --overlap-steps 2 --outer-momentum 0.5 --epochs 60" \
   --table src/scalesgd/sim/steps_to_target.json \
-  --out docs/benchmarks/quality-digits-10mbit -- --workers 2 --dataset digits --model resnet8 --batch-size 256 --base-batch 64 --epochs 30
+  --out docs/benchmarks/quality-digits-${r}mbit -- --workers 2 --dataset digits --model resnet8 --batch-size 256 --base-batch 64 --epochs 30
