@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from scalesgd.train.auto import FINALIST_MARGIN
+from scalesgd.train.auto_rank import to_target
 from tests.comm.cost.test_planner_run import scalesgd
 from tests.train.cli import wait_for_checkpoint
 
@@ -27,8 +28,10 @@ def test_auto_saves_its_decision_trains_with_it_and_keeps_it_on_resume(tmp_path)
     assert decided["codec"] in ("fp32", "fp16", "bf16") and len(decided["candidates"]) == 3 * 4
     assert decided["compresses"] == (decided["codec"] != "fp32")  # and says so when it sends fp32
     finalists = decided["finalists"]
-    predicted = {c: min(r["iteration_s"] for r in decided["candidates"] if r["codec"] == c) for c in AUTO_CODECS}
-    close = {c for c, s in predicted.items() if s <= finalists[0]["predicted_s"] * (1 + FINALIST_MARGIN)}
+    predicted = {c: min(to_target(r) for r in decided["candidates"] if r["codec"] == c and not r["missed"])
+                 for c in AUTO_CODECS}
+    best = finalists[0]["predicted_s"] * (finalists[0]["steps_factor"] or 1.0)  # per DDP step to the target
+    close = {c for c, s in predicted.items() if s <= best * (1 + FINALIST_MARGIN)}
     assert {f["codec"] for f in finalists} == close  # every codec the model cannot rank apart is tried
     if len(finalists) > 1:  # tried for real: the one measured soonest to the target (its step × steps factor) is used
         fastest = min(finalists, key=lambda f: f["measured_s"] * (f.get("steps_factor") or 1.0))
