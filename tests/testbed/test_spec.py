@@ -15,6 +15,8 @@ from scalesgd.testbed.spec import TestbedSpec as Spec  # (a Test… name pytest 
     ({"latency": "-1ms"}, "--latency '-1ms'"),
     ({"prefix": "Ab"}, "--prefix 'Ab': 1-8 lower-case letters and digits, starting with a letter"),
     ({"prefix": "abcdefghi"}, "--prefix 'abcdefghi'"),
+    ({"burst": "1kb"}, "--burst '1kb': use a tc size of at least 2kb (one frame)"),
+    ({"burst": "big"}, "--burst 'big'"),
     ({"subnet_index": 256}, "--subnet-index 256: must be in 0..255"),
 ])
 def test_a_spec_names_the_value_it_refuses(changes, message):
@@ -34,3 +36,4 @@ def test_names_and_addresses_follow_the_prefix_and_subnet():
     assert spec.namespaces() == ["t1-sw", "t1-n0", "t1-n1", "t1-n2"]
     assert [spec.address(i) for i in range(3)] == ["10.213.7.1", "10.213.7.2", "10.213.7.3"]
     assert spec.switch_port(2) == "t1p2" and Spec(**spec.to_dict()) == spec
+    assert Spec(burst="16kb").validate().burst_bytes == 16384 and Spec().burst_bytes == 256 * 1024

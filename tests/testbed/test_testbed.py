@@ -28,7 +28,7 @@ def leftovers() -> list[str]:
 @pytest.fixture
 def testbed():
     up = scalesgd("testbed", "up", "--nodes", "2", "--procs-per-node", "1", "--bandwidth", "500mbit",
-                  "--prefix", PREFIX)
+                  "--burst", "16kb", "--prefix", PREFIX)
     assert up.returncode == 0, up.stderr
     try:
         yield PREFIX
@@ -40,11 +40,12 @@ def testbed():
 
 def test_up_is_idempotent_and_status_shows_shaped_nodes(testbed):
     again = scalesgd("testbed", "up", "--nodes", "2", "--procs-per-node", "1", "--bandwidth", "500mbit",
-                     "--prefix", testbed)
+                     "--burst", "16kb", "--prefix", testbed)
     assert again.returncode == 0
     status = json.loads(scalesgd("testbed", "status", "--prefix", testbed).stdout)
     assert [n["address"] for n in status["nodes"]] == ["10.213.0.1", "10.213.0.2"]
-    assert all(n["up"] and "tbf" in n["qdisc"] and "500Mbit" in n["qdisc"] for n in status["nodes"])
+    assert all(n["up"] and "tbf" in n["qdisc"] and "500Mbit" in n["qdisc"] and "burst 16Kb" in n["qdisc"]
+               for n in status["nodes"])
     assert sorted(leftovers()) == sorted([f"{testbed}-sw", f"{testbed}-n0", f"{testbed}-n1"])
 
 

@@ -71,10 +71,12 @@ FP8_RANGES = ["--fp8-period", "7", "--fp8-samples", "64"]  # ranges re-estimated
                                      "--compress-after", "10", "--samples", "800"],  # errors, frozen
                                     # variance, loss scale saved
                                     ["--local-steps", "6", "--fragments", "2", "--overlap-steps", "1", "--mix",
-                                     "0.25", "--codec", "topk", "--density", "0.05"]],  # local parameters and inner
-                         # state per rank, global ones, outer momentum, residuals, an exchange in flight
+                                     "0.25", "--codec", "topk", "--density", "0.05"],  # local parameters and inner
+                                    # state per rank, global ones, outer momentum, residuals, an exchange in flight
+                                    ["--engine", "fsdp", "--codec", "bf16", "--accumulate", "2"]],  # sharded
+                         # parameters and momentum, kept whole
                          ids=["scalesgd-fp8-growing", "ddp-fp8-hook-lars-arccot", "scalesgd-topk-dgc",
-                              "onebit-adam-fp16-accumulated", "periodic-streaming-topk"])
+                              "onebit-adam-fp16-accumulated", "periodic-streaming-topk", "fsdp-bf16-accumulated"])
 def test_interrupted_and_resumed_run_ends_with_the_same_parameters(tmp_path, engine):
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     run = [*RESUME_RUN, *engine]

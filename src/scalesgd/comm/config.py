@@ -48,7 +48,8 @@ def _steps_or_epochs(text: str) -> str | None:
 class ExchangeConfig:
     """How a run's gradients travel between its workers."""
 
-    engine: str = option("ddp", "gradient exchange", choices=ENGINES)
+    engine: str = option("ddp", "gradient exchange: PyTorch DDP, ours (scalesgd), or FSDP2 sharding parameters, "
+                         "gradients and optimizer state (fsdp)", choices=ENGINES)
     codec: str = option("fp32", "what travels; with ddp, fp16/bf16/powersgd are PyTorch's own comm hooks, the "
                         "others ours", choices=CODECS, check_choices=False)
     algorithm: str = option("ring", "scalesgd engine's allreduce", choices=ALGORITHMS)

@@ -18,7 +18,7 @@ from scalesgd.comm.engine.exchange import exchange_names, parse_exchange
 from scalesgd.data import DATASETS, DataError, check_text_file
 from scalesgd.errors import UsageError
 from scalesgd.models import IMAGE, MODELS, TEXT
-from scalesgd.optim import early_freeze, variance_horizon
+from scalesgd.optim import OPTIMIZERS, early_freeze, variance_horizon
 from scalesgd.options import field_default, flat_options, flatten, refuse, require_choice
 from scalesgd.recipe.scaling import scaled_lr
 
@@ -50,6 +50,8 @@ def auto_problem(name: str) -> str | None:
 def exchange(cfg) -> None:
     """`exchange` auto and its candidates, or the codec on its engine; the processes per node."""
     x, rt = cfg.exchange, cfg.runtime
+    if x.engine == "fsdp" and not x.auto:
+        sharded(cfg)
     if cfg.periodic.on:
         periodic(cfg)
     else:
@@ -207,6 +209,25 @@ def periodic(cfg) -> None:
     if p.overlap_steps >= period:
         raise UsageError(f"`overlap_steps` {p.overlap_steps}: give 0 to {period - 1}, so a fragment's exchange lands "
                          f"before its next one starts (every `local_steps`/`fragments` = {period} steps)")
+
+
+def sharded(cfg) -> None:
+    """`engine` fsdp: what the sharded engine does not run yet is refused, saying why."""
+    r = cfg.recipe
+    if cfg.periodic.on:
+        raise UsageError(f"`local_steps` {cfg.periodic.local_steps} with `engine` fsdp: periodic synchronisation of "
+                         "shards is not built; give `engine` scalesgd or ddp")
+    if r.precision == "fp16":
+        raise UsageError("`precision` fp16 with `engine` fsdp: a loss scaler over shards is not built; give bf16 "
+                         "(FSDP's mixed precision: bf16 compute, fp32 shards) or fp32")
+    if OPTIMIZERS[r.optimizer].per_layer_norms or r.freeze_variance:
+        what = "freezes Adam's variance (1-bit Adam's update)" if r.freeze_variance else (
+            "scales each layer by its whole norm")
+        raise UsageError(f"`optimizer` {r.optimizer} {what}, which the sharded engine does not do yet; give "
+                         "sgd or adamw with `engine` fsdp")
+    if cfg.measures_noise:
+        raise UsageError("`noise_scale` and `lr_scaling` adascale read each rank's local gradient norm, which the "
+                         "sharded engine does not keep; give `engine` scalesgd or ddp")
 
 
 def torchft_peer(cfg) -> None:

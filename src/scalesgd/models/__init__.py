@@ -37,6 +37,8 @@ class ModelEntry:
     build: Callable[[int, int, ModelOptions], nn.Module]
     data: str = IMAGE
     recipe: dict = field(default_factory=dict)  # `scalesgd train` options (by flat name) it runs at unless given
+    # the modules `--engine fsdp` shards one by one before the rest (a block, a stage: gathered one at a time)
+    shard_units: Callable[[nn.Module], list[nn.Module]] = lambda model: []
 
 
 # the GPT on text as transformers are trained (docs/results.md#language-model): AdamW, 512 steps of 64 sequences,
@@ -45,17 +47,25 @@ GPT_RECIPE = {"optimizer": "adamw", "batch_size": 64, "base_batch": 64, "samples
               "warmup_epochs": 0.125, "schedule": "cosine"}
 
 
-def _image(builder: Callable[[int, int], nn.Module]) -> ModelEntry:
-    return ModelEntry(lambda classes, channels, options: builder(classes, channels))
+def _image(builder: Callable[[int, int], nn.Module], units: tuple[str, ...]) -> ModelEntry:
+    return ModelEntry(lambda classes, channels, options: builder(classes, channels),
+                      shard_units=lambda model: [model.get_submodule(name) for name in units])
 
 
+CIFAR_STAGES = ("layer1", "layer2", "layer3")
 MODELS: Registry[ModelEntry] = Registry("model")
-MODELS.add("resnet8", _image(resnet8))
-MODELS.add("resnet20", _image(resnet20))
-MODELS.add("resnet56", _image(resnet56))
-MODELS.add("resnet50", _image(resnet50))
-MODELS.add("vgg16", _image(vgg16))
-MODELS.add("gpt", ModelEntry(lambda vocab, channels, options: gpt(vocab, options["gpt"]), TEXT, GPT_RECIPE))
+MODELS.add("resnet8", _image(resnet8, CIFAR_STAGES))
+MODELS.add("resnet20", _image(resnet20, CIFAR_STAGES))
+MODELS.add("resnet56", _image(resnet56, CIFAR_STAGES))
+MODELS.add("resnet50", _image(resnet50, (*CIFAR_STAGES, "layer4")))
+MODELS.add("vgg16", _image(vgg16, ("features", "classifier")))
+
+
+def _gpt(vocab: int, channels: int, options: ModelOptions) -> nn.Module:
+    return gpt(vocab, options["gpt"])
+
+
+MODELS.add("gpt", ModelEntry(_gpt, TEXT, GPT_RECIPE, shard_units=lambda model: list(model.blocks)))
 
 
 def build_model(name: str, num_classes: int, in_channels: int, options: ModelOptions | None = None) -> nn.Module:

@@ -34,10 +34,12 @@ class TestbedUp(Options):
     procs_per_node: int = option(1, "worker processes per node")
     bandwidth: str = option("1gbit", "each node's link rate, both ways")
     latency: str = option("0", "one-way delay added to each node's uplink, needs netem")
+    burst: str = option("256kb", "bytes a link sends at line rate after an idle spell (tc's token bucket); a real "
+                        "link has none, so small rounds pay the link only with a burst of a few ms of its rate")
     prefix: str = option("ssgd", PREFIX_HELP)
 
     def spec(self) -> TestbedSpec:
-        return TestbedSpec(self.nodes, self.procs_per_node, self.bandwidth, self.latency, self.prefix)
+        return TestbedSpec(self.nodes, self.procs_per_node, self.bandwidth, self.latency, self.prefix, burst=self.burst)
 
     def validate(self) -> TestbedUp:
         super().validate()
@@ -49,7 +51,7 @@ def up(cfg: TestbedUp, argv: list[str]) -> int:
     spec = cfg.spec()
     _said_once(lambda: netns.up(spec))
     print(f"testbed {spec.prefix}: {spec.nodes} nodes × {spec.procs_per_node} processes, "
-          f"{spec.bandwidth} links, {spec.latency} added latency, node 0 at {spec.address(0)}")
+          f"{spec.bandwidth} links ({spec.burst} burst), {spec.latency} added latency, node 0 at {spec.address(0)}")
     return 0
 
 

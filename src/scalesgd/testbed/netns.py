@@ -15,7 +15,6 @@ from scalesgd.testbed.spec import TestbedSpec
 STATE_DIR = Path("/run/scalesgd")
 NETNS_ETC = Path("/etc/netns")  # `ip netns exec NAME` mounts the files of NETNS_ETC/NAME over /etc's
 DEVICE = NODE_DEVICE  # every node's link, also what gloo binds to (GLOO_SOCKET_IFNAME)
-BURST = "256kb"
 TBF_LATENCY = "100ms"
 
 
@@ -125,7 +124,7 @@ def _remove_hosts(names: list[str]) -> None:
 
 def _shape_node(spec: TestbedSpec, i: int, verb: str) -> None:
     """Upload: (delay, then) rate on the node's side; download: rate on the switch's side."""
-    rate = ["tbf", "rate", spec.bandwidth, "burst", BURST, "latency", TBF_LATENCY]
+    rate = ["tbf", "rate", spec.bandwidth, "burst", spec.burst, "latency", TBF_LATENCY]
     where = ["parent", "1:", "handle", "2:"] if spec.delayed else ["root"]
     sh("tc", "-n", spec.node(i), "qdisc", verb, "dev", DEVICE, *where, *rate)
     sh("tc", "-n", spec.switch, "qdisc", verb, "dev", spec.switch_port(i), "root", *rate)

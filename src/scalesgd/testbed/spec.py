@@ -8,6 +8,9 @@ from dataclasses import asdict, dataclass
 from scalesgd.units import RATE, mbit_s
 
 DELAY = re.compile(r"^(0|\d+(\.\d+)?(us|ms|s))$")
+BURST = re.compile(r"^(\d+)(b|kb|mb)$")
+BYTES_PER_UNIT = {"b": 1, "kb": 1024, "mb": 1024 ** 2}  # tc's sizes
+MIN_BURST = 2048  # one full frame (1514 B) must fit, or tbf stalls the link
 MIN_MBIT, MAX_MBIT = 1e-3, 1e5  # tbf shapes 1 kbit/s to 100 Gbit/s; 0 would stall every link
 SUBNET = "10.213.{index}"  # a /24 inside namespaces this testbed creates, never a real network
 
@@ -22,6 +25,7 @@ class TestbedSpec:
     latency: str = "0"
     prefix: str = "ssgd"
     subnet_index: int = 0
+    burst: str = "256kb"  # what the token bucket sends at line rate after an idle spell
 
     def validate(self) -> TestbedSpec:
         if not 1 <= self.nodes <= 64:
@@ -33,6 +37,8 @@ class TestbedSpec:
                              "100mbit, 500kbit")
         if not DELAY.match(self.latency):
             raise ValueError(f"--latency {self.latency!r}: use 0 or a tc delay such as 100us, 1ms")
+        if not BURST.match(self.burst) or self.burst_bytes < MIN_BURST:
+            raise ValueError(f"--burst {self.burst!r}: use a tc size of at least 2kb (one frame), such as 16kb, 256kb")
         if not re.fullmatch(r"[a-z][a-z0-9]{0,7}", self.prefix):
             raise ValueError(f"--prefix {self.prefix!r}: 1-8 lower-case letters and digits, starting with a letter")
         if not 0 <= self.subnet_index <= 255:
@@ -43,6 +49,11 @@ class TestbedSpec:
     def delayed(self) -> bool:
         """Whether links get an added delay (netem) besides the rate limit (tbf)."""
         return float(re.sub(r"[a-z]+$", "", self.latency)) > 0
+
+    @property
+    def burst_bytes(self) -> int:
+        number, unit = BURST.match(self.burst).groups()
+        return int(number) * BYTES_PER_UNIT[unit]
 
     @property
     def world_size(self) -> int:

@@ -53,9 +53,10 @@ def save(run_dir: Path, cfg: TrainConfig, model: nn.Module, exchange: GradientEx
     """Gather every rank's RNG and codec state; rank 0 writes the checkpoint (collective: every rank calls it)."""
     rng_states = _gather(env, torch.get_rng_state())  # data augmentation draws from it
     state = exchange.state_dict()
+    whole = exchange.model_state(model)  # (collective where the engine shards it)
     codec_states = _gather_objects(env, state["codec"]) if exchange.codec is not None else []  # residuals differ
     if env.is_main:
-        save_atomic({"model": model.state_dict(), "optimizer": state["optimizer"], "scheduler": scheduler.state_dict(),
+        save_atomic({"model": whole, "optimizer": state["optimizer"], "scheduler": scheduler.state_dict(),
                      "epoch": progress.epoch, "rng": {"torch": rng_states}, "config": cfg.to_dict(),
                      "best_test_acc": progress.best_test_acc, "elapsed_s": progress.elapsed_s,
                      "step": progress.step, "totals": list(progress.totals), "epoch_s": progress.epoch_s,
@@ -67,7 +68,7 @@ def save(run_dir: Path, cfg: TrainConfig, model: nn.Module, exchange: GradientEx
 def restore(run_dir: Path, model: nn.Module, exchange: GradientExchange, scheduler, env: DistEnv) -> Progress:
     """Put this rank back where the last checkpoint left it (its own codec state and RNG); where it stood."""
     state = load_latest(run_dir)
-    model.load_state_dict(state["model"])
+    exchange.load_model_state(model, state["model"])
     codec_states = state.get("codec_states") or []
     if codec_states and len(codec_states) != env.world_size:  # resumed on another number of workers
         codec_states = [mean_state(codec_states)] * env.world_size

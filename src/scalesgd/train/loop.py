@@ -17,6 +17,7 @@ from torch import nn
 
 from scalesgd.comm.cost import planner
 from scalesgd.comm.engine.exchange import GradientExchange
+from scalesgd.comm.engine.fsdp import shard_model
 from scalesgd.comm.engine.policies import GradientNorms
 from scalesgd.config import NO_PLANNER, TrainConfig
 from scalesgd.data import (
@@ -30,7 +31,7 @@ from scalesgd.data import (
 )
 from scalesgd.data.pipeline import FolderPipeline, MemoryPipeline
 from scalesgd.errors import NonFiniteLoss
-from scalesgd.models import build_model
+from scalesgd.models import MODELS, build_model
 from scalesgd.recipe import build_scheduler, global_batch_loss, initialize, use_ghost_batch
 from scalesgd.recipe.adascale import AdaScaleFactor, gain
 from scalesgd.recipe.noise_scale import NoiseScale
@@ -152,6 +153,8 @@ def setup(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool) 
     use_ghost_batch(model, cfg.recipe.bn_batch)
     env = env.result() if isinstance(env, Future) else env
     model.to(env.device)
+    if cfg.exchange.engine == "fsdp":  # the optimizer is built on the shards
+        shard_model(model, MODELS[cfg.model.name].shard_units(model), cfg.recipe.precision)
     sampler = GlobalBatchSampler(len(data.train), cfg.recipe.batch_size, env.world_size, env.rank, seed=cfg.recipe.seed)
     pipeline = open_pipeline(data, sampler, cfg.recipe.accumulate, loader_settings(cfg, env, data), env.rank,
                              env.world_size)

@@ -8,6 +8,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from scalesgd.comm.codecs import CODECS, CodecSettings, TopkOptions
 from scalesgd.comm.engine.exchange import ENGINES, DdpExchange, EngineExchange, ExchangeSetup, build_exchange
+from scalesgd.comm.engine.fsdp import FsdpExchange, shard_model
 from scalesgd.comm.engine.optimizer import DistributedOptimizer, IterationStats
 from scalesgd.models import build_model
 from tests.spawn_util import run_workers
@@ -65,9 +66,17 @@ def test_both_engines_answer_the_same_questions():
 
 
 def test_own_groups_and_engine_compatibility_come_from_the_registry():
-    assert set(ENGINES) == {"ddp", "scalesgd"}
+    assert set(ENGINES) == {"ddp", "scalesgd", "fsdp"}
+    assert [name for name, entry in CODECS.items() if entry.runs_on("fsdp")] == ["fp32", "fp16", "bf16"]
+    assert not FsdpExchange.uses_own_group(CODECS["fp16"])  # the reduce-scatter runs in FSDP's mesh
     assert EngineExchange.uses_own_group(CODECS["fp16"])
     assert not DdpExchange.uses_own_group(CODECS["fp16"]) and DdpExchange.uses_own_group(CODECS["fp8"])
+    with pytest.raises(ValueError, match="codec 'fp8' does not run on engine 'fsdp'"):
+        build_exchange("fsdp", torch.nn.Linear(2, 2), None, ExchangeSetup("fp8"))
+    with pytest.raises(ValueError, match="takes a model sharded by shard_model"):
+        build_exchange("fsdp", torch.nn.Linear(2, 2), None, ExchangeSetup("fp16"))
+    with pytest.raises(ValueError, match="precision 'fp16': the sharded engine computes in fp32 or bf16"):
+        shard_model(torch.nn.Linear(2, 2), precision="fp16")
     with pytest.raises(ValueError, match="codec 'powersgd' does not run on engine 'scalesgd'"):
         build_exchange("scalesgd", torch.nn.Linear(2, 2), None, ExchangeSetup("powersgd"))
 

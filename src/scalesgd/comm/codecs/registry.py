@@ -84,6 +84,10 @@ class LowRankCost:
 Cost = DenseCost | SparseCost | LowRankCost
 
 
+WHOLE_GRADIENT_ENGINES = ("ddp", "scalesgd")  # a codec runs in the sharded engine's reduce-scatter only where it says
+SHARDED_TOO = (*WHOLE_GRADIENT_ENGINES, "fsdp")  # where a codec's registration says it does
+
+
 @dataclass(frozen=True)
 class CodecEntry:
     """A codec's registration: how to build it, and every fact about it that code outside its package needs — the
@@ -92,7 +96,7 @@ class CodecEntry:
     help: str
     build: Callable[[CodecSettings], Codec] | None  # None: only a PyTorch hook under DDP stands for it
     family: str | None = None  # the option family it is built with (its options checked before it is built)
-    engines: tuple[str, ...] | None = None  # the engines that take it (None: every one)
+    engines: tuple[str, ...] | None = None  # the engines that take it (None: every one exchanging whole gradients)
     # under DDP, PyTorch's own, given whether the model is on CUDA and the run's settings (a `DdpHook`; None: its
     # allreduce)
     torch_hook: Callable[[bool, "CodecSettings"], object] | None = None
@@ -111,7 +115,7 @@ class CodecEntry:
     cost_proxy: str | None = None  # the codec of ours whose measured costs stand for this one's (a PyTorch hook's)
 
     def runs_on(self, engine: str) -> bool:
-        return self.engines is None or engine in self.engines
+        return engine in (self.engines or WHOLE_GRADIENT_ENGINES)
 
     @property
     def simulated(self) -> bool:

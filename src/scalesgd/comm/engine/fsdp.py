@@ -1,0 +1,145 @@
+"""The sharded engine: PyTorch's FSDP2 (`fully_shard`) keeps each rank's shard of the parameters, their gradients and
+the optimizer's state, and the gradients' reduce-scatter travels on the codec's wire.
+
+    model = shard_model(model, units=model.blocks, precision="bf16")   # before the optimizer: it needs the shards
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    exchange = build_exchange("fsdp", model, optimizer, ExchangeSetup(codec="bf16"))
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter  # the documented `set_custom_reduce_scatter`'s
+
+from scalesgd.comm.codecs import make_codec
+from scalesgd.comm.engine.base import ExchangeSetup, GradientExchange
+from scalesgd.comm.engine.optimizer import IterationStats
+
+COMPUTE = {"fp32": None, "bf16": torch.bfloat16}  # --precision → the dtype the shards are gathered to for compute
+GATHERED = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors on rank 0, as a checkpoint keeps
+WHOLE = StateDictOptions(full_state_dict=True)  # every rank reads the whole tensors and keeps its shard
+
+
+def shard_model(model: nn.Module, units: Iterable[nn.Module] = (), precision: str = "fp32", mesh=None) -> nn.Module:
+    """Shard each unit (a GPT block, a ResNet stage: one all-gather and one reduce-scatter each), then the root (what
+    is left: embeddings, head); under bf16 the units compute with bf16 copies of fp32 shards, the root returns fp32.
+
+    Collective: every rank, together, before the optimizer is built on `model.parameters()` (the shards)."""
+    if precision not in COMPUTE:
+        raise ValueError(f"precision {precision!r}: the sharded engine computes in fp32 or bf16 (fp16 would need a "
+                         "loss scaler over the shards)")
+    dtype = COMPUTE[precision]
+    for unit in units:
+        fully_shard(unit, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32))
+    fully_shard(model, mesh=mesh, mp_policy=MixedPrecisionPolicy(
+        param_dtype=dtype, reduce_dtype=torch.float32, output_dtype=torch.float32 if dtype is not None else None))
+    return model
+
+
+class CodecReduceScatter(ReduceScatter):
+    """One FSDP module's gradient reduce-scatter on a cast codec's wire (fp32, fp16, bf16): cast, divided by the
+    world size where FSDP asks for the mean (PyTorch's fp16 hook's order), summed; its time and bytes counted."""
+
+    def __init__(self, codec):
+        self.codec = codec
+        self.seconds, self.bytes_sent = 0.0, 0
+
+    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group, op, async_op: bool = False):
+        start = time.perf_counter()
+        dtype = self.codec.wire_dtype or input_tensor.dtype
+        wire = input_tensor.to(dtype)
+        if dtype != input_tensor.dtype:
+            self.codec.count_overflow(input_tensor, wire)
+        if op == dist.ReduceOp.AVG:  # FSDP asks for the mean (fp32, bf16 reduce dtypes); gloo sums
+            wire.div_(group.size())
+        out = output_tensor if dtype == output_tensor.dtype else torch.empty_like(output_tensor, dtype=dtype)
+        dist.reduce_scatter_single(output=out, input=wire, group=group, op=dist.ReduceOp.SUM)  # FSDP waits on none
+        if out is not output_tensor:
+            output_tensor.copy_(out)
+        self.bytes_sent += wire.numel() * wire.element_size() * (group.size() - 1) // group.size()  # a ring's
+        self.seconds += time.perf_counter() - start
+        return None
+
+
+class FsdpExchange(GradientExchange):
+    """FSDP2 on a model `shard_model` sharded: accumulation without the reduce-scatter
+    (`set_requires_gradient_sync`), each module's reduce-scatter through `CodecReduceScatter`; checkpoints hold the
+    whole parameters and optimizer state, so a run resumes on any number of ranks."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, setup: ExchangeSetup):
+        if not isinstance(model, FSDPModule):
+            raise ValueError("the sharded engine takes a model sharded by shard_model (FSDP2's fully_shard), and an "
+                             "optimizer built on its parameters after that")
+        self._codec = make_codec(setup.codec, setup.settings)
+        self._comm = CodecReduceScatter(self._codec)
+        for module in model.modules():  # each unit's parameter group (a module with none has nothing to set)
+            if isinstance(module, FSDPModule):
+                module.set_custom_reduce_scatter(self._comm)
+        self._counted = (0.0, 0)
+        # bf16 compute is FSDP's own (`shard_model`'s policy), so the base's autocast stays off
+        super().__init__(model, optimizer, None, bare=model, norms=setup.norms)
+
+    @staticmethod
+    def uses_own_group(codec) -> bool:
+        return False  # the reduce-scatter runs in the default group, FSDP's mesh
+
+    def autocast(self) -> AbstractContextManager:
+        return nullcontext()
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        self.model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            self.model.set_requires_gradient_sync(True)
+
+    def stats(self) -> IterationStats:
+        """The reduce-scatters' bytes and time since the last call (on CPU they run inside backward, exposed)."""
+        seconds, sent = self._comm.seconds - self._counted[0], self._comm.bytes_sent - self._counted[1]
+        self._counted = (self._comm.seconds, self._comm.bytes_sent)
+        return IterationStats(comm_s=seconds, exposed_s=seconds, bytes_sent=sent)
+
+    def counters(self) -> dict[str, float]:
+        return self._codec.counters()
+
+    def _resharded(self) -> None:
+        """Every unit back to its shards: the root keeps its parameters gathered after a forward without backward
+        (an evaluation's), and state dicts name the shards the optimizer steps."""
+        for module in self.model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
+
+    def model_state(self, model: nn.Module) -> dict:
+        self._resharded()
+        return get_model_state_dict(model, options=GATHERED)
+
+    def load_model_state(self, model: nn.Module, state: dict) -> None:
+        self._resharded()
+        set_model_state_dict(model, state, options=WHOLE)
+
+    def state_dict(self) -> dict:
+        self._resharded()
+        return {"optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=GATHERED), "codec": None,
+                "scaler": self.scaler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._resharded()
+        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=WHOLE)
