@@ -178,7 +178,6 @@ REFUSED = [
     ((*TRAIN, "--engine", "fsdp", "--codec", "fp8"), "--codec 'fp8' (with --engine fsdp) is not known; choose from "
                                                      "fp32, fp16, bf16"),
     ((*TRAIN, "--engine", "fsdp", "--precision", "fp16"), "--precision fp16 with --engine fsdp: a loss scaler over "),
-    ((*TRAIN, "--engine", "fsdp", "--optimizer", "lars"), "--optimizer lars scales each layer by its whole norm"),
     ((*TRAIN, "--engine", "fsdp", "--local-steps", "4"), "--local-steps 4 with --engine fsdp: periodic "),
     ((*TRAIN, "--dataset", "imagefolder"), "--dataset imagefolder needs --data-dir: the folder holding train/<class>"),
     ((*TRAIN, "--dataset", "imagefolder", "--data-dir", "f"),

@@ -18,7 +18,7 @@ from scalesgd.comm.engine.exchange import exchange_names, parse_exchange
 from scalesgd.data import DATASETS, DataError, check_text_file
 from scalesgd.errors import UsageError
 from scalesgd.models import IMAGE, MODELS, TEXT
-from scalesgd.optim import OPTIMIZERS, early_freeze, variance_horizon
+from scalesgd.optim import early_freeze, variance_horizon
 from scalesgd.options import field_default, flat_options, flatten, refuse, require_choice
 from scalesgd.recipe.scaling import scaled_lr
 
@@ -220,11 +220,9 @@ def sharded(cfg) -> None:
     if r.precision == "fp16":
         raise UsageError("`precision` fp16 with `engine` fsdp: a loss scaler over shards is not built; give bf16 "
                          "(FSDP's mixed precision: bf16 compute, fp32 shards) or fp32")
-    if OPTIMIZERS[r.optimizer].per_layer_norms or r.freeze_variance:
-        what = "freezes Adam's variance (1-bit Adam's update)" if r.freeze_variance else (
-            "scales each layer by its whole norm")
-        raise UsageError(f"`optimizer` {r.optimizer} {what}, which the sharded engine does not do yet; give "
-                         "sgd or adamw with `engine` fsdp")
+    if r.freeze_variance:
+        raise UsageError("`freeze_variance` steps with 1-bit Adam's update, which the sharded engine does not run "
+                         "yet; drop it with `engine` fsdp")
     if cfg.measures_noise:
         raise UsageError("`noise_scale` and `lr_scaling` adascale read each rank's local gradient norm, which the "
                          "sharded engine does not keep; give `engine` scalesgd or ddp")

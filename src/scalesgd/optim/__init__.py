@@ -36,7 +36,6 @@ class OptimizerEntry:
     build: Callable[[list[dict], OptimizerSettings], torch.optim.Optimizer]
     recipe: dict = field(default_factory=dict)
     freezes_variance: bool = False  # Adam's variance frozen where compression starts, always (1-bit Adam)
-    per_layer_norms: bool = False  # it scales each layer by the layer's whole norm (LARS, LAMB): not a shard's
 
 
 # Adam's kinds (Loshchilov and Hutter 2019, "Decoupled Weight Decay Regularization"): a rate of Adam's order, the
@@ -50,11 +49,10 @@ OPTIMIZERS.add("sgd", OptimizerEntry(lambda groups, s: torch.optim.SGD(groups, l
                                                                        nesterov=s.nesterov)))
 OPTIMIZERS.add("lars", OptimizerEntry(lambda groups, s: LARS(groups, lr=s.lr, momentum=s.momentum,
                                                              nesterov=s.nesterov,
-                                                             trust_coefficient=s.trust_coefficient),
-                                      per_layer_norms=True))
+                                                             trust_coefficient=s.trust_coefficient)))
 # the rate measured best at 32× (0.004 at a base batch of 32, docs/results.md#large-batch), at the base batch 256
 OPTIMIZERS.add("lamb", OptimizerEntry(lambda groups, s: LAMB(groups, lr=s.lr, betas=s.betas),
-                                      {"base_lr": 0.032, "schedule": "cosine"}, per_layer_norms=True))
+                                      {"base_lr": 0.032, "schedule": "cosine"}))
 OPTIMIZERS.add("adamw", OptimizerEntry(
     lambda groups, s: OneBitAdam(groups, lr=s.lr, betas=s.betas, freeze_step=s.freeze_step, grad_is_momentum=False)
     if s.freeze_variance else torch.optim.AdamW(groups, lr=s.lr, betas=s.betas), ADAM_RECIPE))

@@ -5,6 +5,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
 
@@ -91,3 +93,20 @@ def cache_chunks(params: list, budget: int) -> list[slice]:
         size += p.numel() * p.element_size()
     parts.append(slice(start, len(params)))
     return parts
+
+
+def local(tensors: list) -> list:
+    """Each tensor's own part, which foreach ops take: a sharded tensor's (FSDP2's DTensor) shard, else itself."""
+    return [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+
+
+def whole_norms(*lists: list, sharded_as=None) -> list[torch.Tensor]:
+    """Each tensor's whole norm, a vector per list: where the parameters are sharded (`sharded_as` one of them, an
+    FSDP2 DTensor), from the shards' partial squares summed over its mesh in one allreduce for every list (the
+    layer-wise ratios need the layer's norm, not a shard's)."""
+    norms = [torch.stack(torch._foreach_norm(local(tensors))) for tensors in lists]
+    if not isinstance(sharded_as, DTensor):
+        return norms
+    squares = torch.cat(norms).square()
+    dist.all_reduce(squares, group=sharded_as.device_mesh.get_group())
+    return list(squares.sqrt().split([len(tensors) for tensors in lists]))

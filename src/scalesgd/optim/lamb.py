@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from scalesgd.optim._batched import BatchedOptimizer, batches, cache_chunks, check_adam
+from scalesgd.optim._batched import BatchedOptimizer, batches, cache_chunks, check_adam, local, whole_norms
 
 # Runs of about 1 MiB of parameters, as LARS's (lars.CHUNK_BYTES): after the Adam kernel's pass over a run, the
 # decay term, both norms and the update find its w and u in cache; u's buffer is one run (or one tensor) long.
@@ -49,20 +49,22 @@ class LAMB(BatchedOptimizer):
                 "maximize": False}
         for params, grads in batches(group["params"], "LAMB"):
             m, v, steps = self._state(params)
+            chunks = cache_chunks(params, CHUNK_BYTES)  # by whole sizes: the same runs on every rank of a sharded model
+            first = params[0]
+            params, grads, m, v = local(params), local(grads), local(m), local(v)
             torch._foreach_add_(steps, 1)
             # the kernel corrects by 1 − β^t; at t = ∞ that is 1, no correction
             t = steps if group["bias_correction"] else [self._never(params[0].device)] * len(steps)
             if not wd:
                 torch._fused_adam_(params, grads, m, v, [], t, lr=lr, **adam)
                 continue
-            for part in cache_chunks(params, CHUNK_BYTES):
+            for part in chunks:
                 w, u = params[part], self._buffers(params[part])
                 torch._foreach_zero_(u)
                 # Adam's step w − lr·m̂/(√v̂ + eps) taken from u = 0 with lr = −1 leaves u = m̂/(√v̂ + eps)
                 torch._fused_adam_(u, grads[part], m[part], v[part], [], t[part], lr=-1.0, **adam)
                 torch._foreach_add_(u, w, alpha=wd)
-                w_norm = torch.stack(torch._foreach_norm(w))
-                u_norm = torch.stack(torch._foreach_norm(u))
+                w_norm, u_norm = whole_norms(w, u, sharded_as=first)
                 ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
                 torch._foreach_addcmul_(w, u, list((-lr * ratio).unbind()))
 

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import torch
 
-from scalesgd.optim._batched import BatchedOptimizer, batches, cache_chunks, check_fraction, check_lr_and_decay, require
+from scalesgd.optim._batched import (
+    BatchedOptimizer,
+    batches,
+    cache_chunks,
+    check_fraction,
+    check_lr_and_decay,
+    local,
+    require,
+    whole_norms,
+)
 
 # Whole-group foreach passes stream every tensor from memory once per pass; over runs of about 1 MiB the
 # buffer, weight and gradient stay in cache between the update's passes (resnet50 on CPU: ~1.4× → ~1.2× SGD).
@@ -39,7 +48,9 @@ class LARS(_TrustRatioSGD):
                 ratios = trust_ratios(params, grads, wd, group["trust_coefficient"], group["eps"])
                 factors = [list(f.unbind()) for f in (ratios, ratios * wd, -group["lr"] * ratios,
                                                       -group["lr"] * wd * ratios)]
-            for part in _cache_chunks(params):
+            chunks = _cache_chunks(params)  # by whole sizes: the same runs on every rank of a sharded model
+            params, grads, bufs = local(params), local(grads), None if bufs is None else local(bufs)
+            for part in chunks:
                 part_bufs = None if bufs is None else bufs[part]
                 if wd:
                     _lars_update(params[part], grads[part], part_bufs, [f[part] for f in factors], group)
@@ -109,8 +120,7 @@ def _momentum_step(params: list, grads: list, bufs: list | None, group: dict) ->
 def trust_ratios(params: list, grads: list, weight_decay: float, trust_coefficient: float,
                  eps: float) -> torch.Tensor:
     """ρ of every tensor as one vector, computed on the device so that no value crosses to the host."""
-    w = torch.stack(torch._foreach_norm(params))
-    g = torch.stack(torch._foreach_norm(grads))
+    w, g = whole_norms(params, grads, sharded_as=params[0])
     ratio = trust_coefficient * w / (g + weight_decay * w + eps)
     return torch.where((w > 0) & (g > 0), ratio, torch.ones_like(ratio))
 

@@ -9,6 +9,7 @@ from scalesgd.comm.engine.exchange import ExchangeSetup, build_exchange
 from scalesgd.comm.engine.fsdp import shard_model
 from scalesgd.models import MODELS, GPT
 from scalesgd.models.gpt import GptOptions
+from scalesgd.optim import LAMB, LARS
 from tests.spawn_util import run_workers
 
 VOCAB, STEPS, MICRO = 64, 3, 2
@@ -96,3 +97,33 @@ def test_sharded_adamw_steps_the_gpt_as_ddp_does_and_sends_the_shards_on_the_cod
     parameters = sum(p.numel() for p in gpt().parameters())  # the tied head once; every dim 0 is even here
     assert first["fp32"]["sent"] == STEPS * 4 * parameters // 2 and first["bf16"]["sent"] == STEPS * 2 * parameters // 2
     assert first["fp32"]["local"] + ranks[1]["fp32"]["local"] == parameters  # each rank holds its half
+
+
+def layerwise_sharded_and_not(rank, world):
+    """LARS and LAMB (momentum, weight decay) a few steps on a model whose dims 0 do not divide by the ranks."""
+    out = {}
+    for name, build in (("lars", lambda ps: LARS(ps, lr=0.5, momentum=0.9, weight_decay=1e-2)),
+                        ("lamb", lambda ps: LAMB(ps, lr=1e-2, weight_decay=1e-2))):
+        for engine in ("ddp", "fsdp"):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
+            if engine == "fsdp":
+                shard_model(model, [model[0]])
+            exchange = build_exchange(engine, model, build(model.parameters()), ExchangeSetup())
+            g = torch.Generator().manual_seed(rank)
+            for _ in range(3):
+                x, y = torch.randn(4, 5, generator=g), torch.randn(4, 3, generator=g)
+                exchange.backward(torch.nn.functional.mse_loss(exchange.model(x), y))
+                exchange.step()
+                exchange.optimizer.zero_grad(set_to_none=True)
+            out[name, engine] = whole(exchange, model)
+    return out
+
+
+def test_lars_and_lamb_on_shards_take_each_layers_whole_norm_and_equal_the_unsharded_steps():
+    first = run_workers(layerwise_sharded_and_not, 2)[0]
+    for name in ("lars", "lamb"):
+        unsharded, sharded = first[name, "ddp"], first[name, "fsdp"]
+        assert sharded.keys() == unsharded.keys()
+        for key, tensor in unsharded.items():  # a shard's own norm would scale each half differently
+            assert torch.allclose(sharded[key], tensor, rtol=0, atol=1e-6), (name, key)
