@@ -9,7 +9,7 @@ bad-input error of a training run comes from `validate`, naming options in backt
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from torch import nn
 
@@ -111,10 +111,13 @@ class TrainConfig:
         epoch-long schedules (top-k's density warm-up) count rounds, and it compresses from the first."""
         if self.periodic.on:
             rounds = max(1, steps_per_epoch // self.periodic.local_steps)
-            return self.exchange.setup(self.codec_settings(rounds), 0, self.recipe.precision, group, topology, tracer,
-                                       plan, norms)
-        return self.exchange.setup(self.codec_settings(steps_per_epoch), self.compress_after_steps(steps_per_epoch),
-                                   self.recipe.precision, group, topology, tracer, plan, norms)
+            setup = self.exchange.setup(self.codec_settings(rounds), 0, self.recipe.precision, group, topology,
+                                        tracer, plan, norms)
+        else:
+            setup = self.exchange.setup(self.codec_settings(steps_per_epoch),
+                                        self.compress_after_steps(steps_per_epoch), self.recipe.precision, group,
+                                        topology, tracer, plan, norms)
+        return replace(setup, clip_norm=self.recipe.clip_norm)
 
     # ---- saving and resuming ---------------------------------------------------------------------
     def to_dict(self) -> dict:

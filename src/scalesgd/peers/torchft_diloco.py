@@ -79,7 +79,7 @@ class TorchftExchange(GradientExchange):
                                     fragment_update_alpha=periodic.mix)
         self.diloco.__enter__()
         self._bytes, self._landed = 0, 0.0
-        super().__init__(model, optimizer, None, bare=model, precision=setup.precision)
+        super().__init__(model, optimizer, None, bare=model, precision=setup.precision, clip_norm=setup.clip_norm)
 
     def _replica(self) -> dict:
         return {"model": self.model.state_dict(), "inner": self.optimizer.state_dict()}

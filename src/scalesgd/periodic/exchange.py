@@ -33,7 +33,7 @@ class PeriodicExchange(GradientExchange):
         self.diloco.__enter__()
         self._bytes = self.diloco.bytes_sent
         self._landed = 0.0
-        super().__init__(model, optimizer, None, bare=model, precision=setup.precision)
+        super().__init__(model, optimizer, None, bare=model, precision=setup.precision, clip_norm=setup.clip_norm)
         # the pseudo-gradient is no loss-scaled gradient: the driver is not told of fp16's scaler
         self.driver, self.codec = self.diloco.driver, self.diloco.codec
 

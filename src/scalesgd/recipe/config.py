@@ -90,6 +90,9 @@ class RecipeConfig:
                                                     "of the new batch's statistics"))
     bn_batch: int = option(0, "BN statistics over groups of N samples, as N samples per worker would give "
                            "(ghost batch norm); 0: each worker's whole batch")
+    clip_norm: float = option(0.0, "clip the mean gradient's global norm (over every parameter, a sharded one's "
+                              "whole) to this before each step; 0: never (GPT trainers take 1.0)",
+                              check=checks.finite_non_negative)
     label_smoothing: float = option(0.0, "cross-entropy label smoothing: weight of the uniform target, in [0, 1)",
                                     check=checks.within(0, 1, high_open=True))
     seed: int = option(0, "seeds the initial weights, each epoch's shuffle and the codecs' sampling", check=checks.seed)

@@ -127,3 +127,29 @@ def test_lars_and_lamb_on_shards_take_each_layers_whole_norm_and_equal_the_unsha
         assert sharded.keys() == unsharded.keys()
         for key, tensor in unsharded.items():  # a shard's own norm would scale each half differently
             assert torch.allclose(sharded[key], tensor, rtol=0, atol=1e-6), (name, key)
+
+
+def clipped_on_every_engine(rank, world):
+    out = {}
+    for engine, clip in (("ddp", 0.0), ("ddp", 0.05), ("scalesgd", 0.05), ("fsdp", 0.05)):
+        model = gpt()
+        if engine == "fsdp":
+            shard_model(model, MODELS["gpt"].shard_units(model))
+        exchange = build_exchange(engine, model, torch.optim.SGD(model.parameters(), lr=1.0),
+                                  ExchangeSetup(clip_norm=clip))
+        train(exchange, batches(rank), steps=1)
+        out[engine, clip] = whole(exchange, model)
+        exchange.close()
+    return out
+
+
+def test_clipping_scales_the_mean_gradient_to_its_global_norm_on_every_engine():
+    first = run_workers(clipped_on_every_engine, 2)[0]
+    start, free = gpt().state_dict(), first["ddp", 0.0]
+    moved = {k: (free[k] - start[k]) for k in start}  # the mean gradient itself (SGD at rate 1)
+    norm = torch.linalg.vector_norm(torch.cat([v.flatten() for k, v in moved.items() if k != "head.weight"]))
+    assert norm > 0.05  # so clipping at 0.05 acts
+    for engine in ("ddp", "scalesgd", "fsdp"):
+        clipped = first[engine, 0.05]
+        for key in start:
+            assert torch.allclose(clipped[key] - start[key], moved[key] * 0.05 / norm, rtol=0, atol=1e-6), (engine, key)

@@ -31,6 +31,7 @@ class ExchangeSetup:
     tracer: Tracer = field(default_factory=Tracer)
     norms: GradientNorms | None = None  # given: each step's local and mean squared norms are counted into it
     precision: str = "fp32"  # forward and backward under autocast to bf16 or fp16 (with a gradient scaler)
+    clip_norm: float = 0.0  # the mean gradient's global norm clipped to this before each step (0: never)
 
 
 AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # precision → autocast dtype
@@ -45,7 +46,8 @@ class GradientExchange(ABC):
     a non-finite bucket non-finite on every rank, and keeps its state as it was)."""
 
     def __init__(self, model: nn.Module, optimizer, driver: BucketDriver | None, plan: BucketPlan | None = None,
-                 bare: nn.Module | None = None, norms: GradientNorms | None = None, precision: str = "fp32"):
+                 bare: nn.Module | None = None, norms: GradientNorms | None = None, precision: str = "fp32",
+                 clip_norm: float = 0.0):
         self.model = model
         self.norms = norms
         self.optimizer = optimizer
@@ -55,6 +57,7 @@ class GradientExchange(ABC):
         self._names = {id(p): name for name, p in (bare or model).named_parameters()}
         self.device = next((bare or model).parameters()).device
         self.precision = precision
+        self.clip_norm = clip_norm
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=precision == "fp16")
         if driver is not None:
             driver.follow(self.scaler)
@@ -76,15 +79,27 @@ class GradientExchange(ABC):
         """Wait until the mean gradients are in `.grad` (DDP's backward already waits for them)."""
 
     def step(self) -> bool:
-        """Step the optimizer with the mean gradients; False where fp16's scaler found an overflow and skipped it."""
+        """Step the optimizer with the mean gradients (their global norm clipped to `clip_norm` where given); False
+        where fp16's scaler found an overflow and skipped it."""
         if not self.scaler.is_enabled():
+            self._clip()
             self.optimizer.step()
             return True
         self.synchronize()
+        if self.clip_norm:
+            self.scaler.unscale_(self.optimizer)  # the norm of the gradient itself, not of the scaled one
+        self._clip()
         before = self.scaler.get_scale()
         self.scaler.step(self.optimizer)
         self.scaler.update()
         return self.scaler.get_scale() >= before
+
+    def _clip(self) -> None:
+        """The mean gradients scaled down to `clip_norm` where their norm (over every parameter; a sharded one's
+        from its shards) exceeds it."""
+        if self.clip_norm:
+            self.synchronize()
+            torch.nn.utils.clip_grad_norm_(list(self.model.parameters()), self.clip_norm)
 
     @staticmethod
     def uses_own_group(codec: CodecEntry) -> bool:

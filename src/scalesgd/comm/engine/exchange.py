@@ -55,7 +55,7 @@ class DdpExchange(GradientExchange):
             ddp.register_comm_hook(hook.state, hook.hook)
         self._hook = hook
         super().__init__(ddp, optimizer, self._hook_state.driver if self._hook_state is not None else None,
-                         bare=model, norms=setup.norms, precision=setup.precision)
+                         bare=model, norms=setup.norms, precision=setup.precision, clip_norm=setup.clip_norm)
 
     @staticmethod
     def uses_own_group(codec: CodecEntry) -> bool:
@@ -78,7 +78,8 @@ class EngineExchange(GradientExchange):
                                       algorithm=setup.algorithm, buckets=entry.buckets or setup.buckets,
                                       group=setup.group, topology=setup.topology, tracer=setup.tracer,
                                       compress_after=setup.compress_after, norms=setup.norms)
-        super().__init__(model, engine, engine.driver, engine.plan, norms=setup.norms, precision=setup.precision)
+        super().__init__(model, engine, engine.driver, engine.plan, norms=setup.norms, precision=setup.precision,
+                         clip_norm=setup.clip_norm)
 
     def no_sync(self) -> AbstractContextManager:
         return self.optimizer.no_sync()

@@ -94,7 +94,7 @@ class FsdpExchange(GradientExchange):
                 module.set_custom_reduce_scatter(self._comm)
         self._counted = (0.0, 0)
         # bf16 compute is FSDP's own (`shard_model`'s policy), so the base's autocast stays off
-        super().__init__(model, optimizer, None, bare=model, norms=setup.norms)
+        super().__init__(model, optimizer, None, bare=model, norms=setup.norms, clip_norm=setup.clip_norm)
 
     @staticmethod
     def uses_own_group(codec) -> bool:
