@@ -90,3 +90,11 @@ def test_the_transformer_trainer_with_diloco_learns_and_sends_a_pseudo_gradient_
     assert sum(losses[-5:]) / 5 < 0.65 * losses[0] and summary["validation_loss"] < losses[0]
     assert summary["ranks_agree"] and summary["rounds"] == 40 // 8
     assert summary["bytes_sent"] == summary["rounds"] * 4 * n  # a ring on 2 ranks: one fp32 pseudo-gradient a round
+
+
+def test_the_transformer_trainer_sharded_by_fsdp2_learns_holds_half_and_reduces_bf16_shards(tmp_path):
+    summary = run(["transformer_fsdp.py", "--codec", "bf16", "--steps", "40"], tmp_path)
+    losses, n = summary["losses"], summary["parameters"]
+    assert sum(losses[-5:]) / 5 < 0.65 * losses[0] and summary["validation_loss"] < losses[0]
+    assert sum(summary["held"]) == n and max(summary["held"]) < 0.55 * n  # each rank holds its half
+    assert summary["bytes_per_step"] == 2 * n / 2  # a ring's reduce-scatter: half of the bf16 gradient, once a step
