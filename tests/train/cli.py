@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 FAST = ["--quiet", "--dataset", "digits", "--batch-size", "128", "--base-batch", "32", "--warmup-epochs", "1"]
 
@@ -16,7 +17,14 @@ def scalesgd(*argv, cwd=None, timeout=240, **kw):
 
 
 def load_ckpt(run: Path) -> dict:
-    return torch.load(run / "checkpoint.pt", weights_only=True)
+    """A run's latest checkpoint; a sharded run's whole model read from the shard folder it names."""
+    state = torch.load(run / "checkpoint.pt", weights_only=True)
+    if state.get("shards"):
+        whole = run / "whole.pt"
+        dcp_to_torch_save(run / state["shards"], whole)  # as a user exports a sharded run's model
+        state["model"] = torch.load(whole, weights_only=True)["model"]
+        whole.unlink()
+    return state
 
 
 def wait_for_checkpoint(run: Path, proc: subprocess.Popen, timeout: float = 180) -> None:

@@ -20,6 +20,7 @@ from scalesgd.errors import UsageError, as_flags
 from scalesgd.options import flatten
 from scalesgd.recipe.adascale import AdaScaleFactor
 from scalesgd.runtime.process_group import DistEnv
+from scalesgd.train import shards
 from scalesgd.train.rundir import CHECKPOINT_NAME, PREVIOUS_CHECKPOINT_NAME, disk_full
 
 REQUIRED_KEYS = ("model", "optimizer", "scheduler", "epoch", "rng", "config")
@@ -53,22 +54,33 @@ def save(run_dir: Path, cfg: TrainConfig, model: nn.Module, exchange: GradientEx
     """Gather every rank's RNG and codec state; rank 0 writes the checkpoint (collective: every rank calls it)."""
     rng_states = _gather(env, torch.get_rng_state())  # data augmentation draws from it
     state = exchange.state_dict()
-    whole = exchange.model_state(model)  # (collective where the engine shards it)
     codec_states = _gather_objects(env, state["codec"]) if exchange.codec is not None else []  # residuals differ
+    sharded = exchange.sharded_state(model)  # each rank's shards of the model and optimizer, where it keeps shards
+    folder = None
+    if sharded is not None:
+        folder = shards.folder_name(progress.epoch, progress.step)
+        shards.save(sharded, Path(run_dir) / folder, env)
     if env.is_main:
-        save_atomic({"model": whole, "optimizer": state["optimizer"], "scheduler": scheduler.state_dict(),
+        save_atomic({"model": exchange.model_state(model) if sharded is None else None, "shards": folder,
+                     "optimizer": state["optimizer"], "scheduler": scheduler.state_dict(),
                      "epoch": progress.epoch, "rng": {"torch": rng_states}, "config": cfg.to_dict(),
                      "best_test_acc": progress.best_test_acc, "elapsed_s": progress.elapsed_s,
                      "step": progress.step, "totals": list(progress.totals), "epoch_s": progress.epoch_s,
                      "noise": list(progress.noise), "scaler": state["scaler"],
                      "codec_states": codec_states}, Path(run_dir) / CHECKPOINT_NAME,
                     keep_previous=Path(run_dir) / PREVIOUS_CHECKPOINT_NAME)
+        if folder is not None:  # the previous checkpoint's folder stays: it is the fallback where this file is torn
+            previous = Path(run_dir) / PREVIOUS_CHECKPOINT_NAME
+            shards.prune(run_dir, {folder, load(previous).get("shards") if previous.is_file() else None})
 
 
 def restore(run_dir: Path, model: nn.Module, exchange: GradientExchange, scheduler, env: DistEnv) -> Progress:
     """Put this rank back where the last checkpoint left it (its own codec state and RNG); where it stood."""
     state = load_latest(run_dir)
-    exchange.load_model_state(model, state["model"])
+    if state.get("shards"):
+        exchange.load_sharded_state(model, Path(run_dir) / state["shards"])
+    else:
+        exchange.load_model_state(model, state["model"])
     codec_states = state.get("codec_states") or []
     if codec_states and len(codec_states) != env.world_size:  # resumed on another number of workers
         codec_states = [mean_state(codec_states)] * env.world_size

@@ -2,7 +2,7 @@
 shards' on the codec's wire; a checkpoint of whole tensors resumes a sharded run exactly."""
 
 import torch
-import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 
 from scalesgd.comm.codecs import CodecSettings
 from scalesgd.comm.engine.exchange import ExchangeSetup, build_exchange
@@ -48,7 +48,7 @@ def whole(exchange, model) -> dict:
     return {k: v.clone() for k, v in exchange.model_state(model).items()}
 
 
-def sharded_against_ddp(rank, world):
+def sharded_against_ddp(rank, world, folder):
     data = batches(rank)
     out = {}
     for engine, codec in (("ddp", "fp32"), ("scalesgd", "bf16")):  # the unsharded runs
@@ -72,17 +72,16 @@ def sharded_against_ddp(rank, world):
             first = shard_gpt()
             partway = build_exchange("fsdp", first, torch.optim.AdamW(first.parameters(), lr=1e-2), ExchangeSetup())
             train(partway, data, steps=2)
-            kept = [whole(partway, first), partway.state_dict()["optimizer"]]
-            dist.broadcast_object_list(kept, src=0)  # every rank reads the one file rank 0 wrote
-            resumed.load_model_state(again, kept[0])
-            resumed.load_state_dict({"optimizer": kept[1]})
+            dcp.save(partway.sharded_state(first), checkpoint_id=folder)  # each rank writes its own shards
+            out["saved"] = (whole(partway, first), partway.optimizer_state())
+            resumed.load_sharded_state(again, folder)
             train(resumed, data[2 * MICRO:], steps=1)
             out["resumed"] = whole(resumed, again)
     return out
 
 
-def test_sharded_adamw_steps_the_gpt_as_ddp_does_and_sends_the_shards_on_the_codecs_wire():
-    ranks = run_workers(sharded_against_ddp, 2)
+def test_sharded_adamw_steps_the_gpt_as_ddp_does_and_sends_the_shards_on_the_codecs_wire(tmp_path):
+    ranks = run_workers(sharded_against_ddp, 2, str(tmp_path / "shards"))
     first = ranks[0]
     reference, fp32, bf16 = first["ddp"], first["fp32"]["state"], first["bf16"]["state"]
     assert ranks[1]["fp32"]["state"] == {}  # the whole tensors are gathered to rank 0 alone
@@ -97,6 +96,20 @@ def test_sharded_adamw_steps_the_gpt_as_ddp_does_and_sends_the_shards_on_the_cod
     parameters = sum(p.numel() for p in gpt().parameters())  # the tied head once; every dim 0 is even here
     assert first["fp32"]["sent"] == STEPS * 4 * parameters // 2 and first["bf16"]["sent"] == STEPS * 2 * parameters // 2
     assert first["fp32"]["local"] + ranks[1]["fp32"]["local"] == parameters  # each rank holds its half
+    # the shards two ranks wrote, laid out again for four: the same whole parameters and AdamW state
+    model, optimizer = run_workers(resharded, 4, str(tmp_path / "shards"))[0]
+    saved_model, saved_optimizer = first["saved"]
+    assert model.keys() == saved_model.keys() and all(torch.equal(model[k], saved_model[k]) for k in model)
+    assert optimizer["state"].keys() == saved_optimizer["state"].keys()
+    for name, moments in saved_optimizer["state"].items():
+        assert all(torch.equal(optimizer["state"][name][k], v) for k, v in moments.items()), name
+
+
+def resharded(rank, world, folder):
+    model = shard_gpt()
+    exchange = build_exchange("fsdp", model, torch.optim.AdamW(model.parameters(), lr=1e-2), ExchangeSetup())
+    exchange.load_sharded_state(model, folder)
+    return whole(exchange, model), exchange.optimizer_state()
 
 
 def layerwise_sharded_and_not(rank, world):

@@ -146,6 +146,15 @@ class GradientExchange(ABC):
         """Put a checkpoint's whole parameters and buffers into `model` (each rank takes its own shard of them)."""
         model.load_state_dict(state)
 
+    def sharded_state(self, model: nn.Module) -> dict | None:
+        """This rank's shards of the model and the optimizer's state, for `torch.distributed.checkpoint` (collective);
+        None where every rank holds them whole (the checkpoint file keeps them)."""
+        return None
+
+    def load_sharded_state(self, model: nn.Module, folder) -> None:
+        """This rank's shards from a checkpoint's folder, whatever the world size that wrote it (collective)."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no shards")
+
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         if self.driver is not None and state.get("codec") is not None:

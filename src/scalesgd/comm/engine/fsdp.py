@@ -15,12 +15,15 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 import torch
 import torch.distributed as dist
 from torch import nn
+import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
+    get_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
+    set_state_dict,
 )
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter  # the documented `set_custom_reduce_scatter`'s
@@ -80,8 +83,9 @@ class CodecReduceScatter(ReduceScatter):
 
 class FsdpExchange(GradientExchange):
     """FSDP2 on a model `shard_model` sharded: accumulation without the reduce-scatter
-    (`set_requires_gradient_sync`), each module's reduce-scatter through `CodecReduceScatter`; checkpoints hold the
-    whole parameters and optimizer state, so a run resumes on any number of ranks."""
+    (`set_requires_gradient_sync`), each module's reduce-scatter through `CodecReduceScatter`; checkpoints keep each
+    rank's shards of the parameters and the optimizer's state (`torch.distributed.checkpoint`), which any number of
+    ranks loads."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, setup: ExchangeSetup):
         if not isinstance(model, FSDPModule):
@@ -136,10 +140,25 @@ class FsdpExchange(GradientExchange):
         set_model_state_dict(model, state, options=WHOLE)
 
     def state_dict(self) -> dict:
-        self._resharded()
-        return {"optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=GATHERED), "codec": None,
-                "scaler": self.scaler.state_dict()}
+        """The optimizer's state is in the shards (`sharded_state`)."""
+        return {"optimizer": None, "codec": None, "scaler": self.scaler.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        if state.get("optimizer") is not None:  # whole, as `optimizer_state` gathers it
+            self._resharded()
+            set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=WHOLE)
+
+    def optimizer_state(self) -> dict:
+        """The optimizer's state whole on rank 0 (collective), keyed by parameter names: any world size loads it."""
         self._resharded()
-        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=WHOLE)
+        return get_optimizer_state_dict(self.model, self.optimizer, options=GATHERED)
+
+    def sharded_state(self, model: nn.Module) -> dict:
+        self._resharded()
+        weights, optimizer = get_state_dict(model, self.optimizer)
+        return {"model": weights, "optimizer": optimizer}
+
+    def load_sharded_state(self, model: nn.Module, folder) -> None:
+        state = self.sharded_state(model)
+        dcp.load(state, checkpoint_id=folder)
+        set_state_dict(model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
