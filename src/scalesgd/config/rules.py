@@ -135,6 +135,10 @@ def manual(cfg) -> None:
     optimizer and of the dense start."""
     r, x = cfg.recipe, cfg.exchange
     runs_here = [name for name, entry in CODECS.items() if entry.runs_on(x.engine)]
+    if x.engine == "fsdp" and x.codec in CODECS and x.codec not in runs_here:
+        elsewhere = " and ".join(e for e in ("scalesgd", "ddp") if CODECS[x.codec].runs_on(e))
+        raise UsageError(f"`codec` {x.codec} has no reduce-scatter of shards yet, so `engine` fsdp sends "
+                         f"{', '.join(runs_here)}; {x.codec} runs with `engine` {elsewhere}")
     require_choice("codec", x.codec, runs_here, f" (with `engine` {x.engine})")
     if x.engine == "ddp" and x.codec_entry.torch_hook_needs_cuda and not torch.cuda.is_available():
         raise UsageError(f"`codec` {x.codec} with `engine` ddp is PyTorch's own hook, which runs only on CUDA with "
