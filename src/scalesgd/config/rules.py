@@ -50,7 +50,10 @@ def auto_problem(name: str) -> str | None:
 def exchange(cfg) -> None:
     """`exchange` auto and its candidates, or the codec on its engine; the processes per node."""
     x, rt = cfg.exchange, cfg.runtime
-    if x.engine == "fsdp" and not x.auto:
+    if x.engine == "fsdp" and x.auto:
+        raise UsageError("`exchange` auto chooses among exchanges of whole gradients (DDP's and ours); with `engine` "
+                         "fsdp give `codec` (the reduce-scatter's wire)")
+    if x.engine == "fsdp":
         sharded(cfg)
     if cfg.periodic.on:
         periodic(cfg)
