@@ -38,7 +38,7 @@ from scalesgd.recipe.noise_scale import NoiseScale
 from scalesgd.runtime import process_group
 from scalesgd.runtime.process_group import DistEnv
 from scalesgd.trace import Tracer, write_chrome_trace
-from scalesgd.train import auto, checkpoint, metrics, report
+from scalesgd.train import auto, checkpoint, memory, metrics, report
 from scalesgd.train.checkpoint import Progress
 from scalesgd.train.exchange import open_exchange
 from scalesgd.train.evaluation import (
@@ -345,6 +345,7 @@ def finish(run: Run, done: Progress, record: dict, images_per_s: list[float], pr
     """Write the trace, stop the exchange, and (rank 0) write summary.json and report.png; the summary."""
     if run.cfg.output.trace:
         save_trace(run.cfg.output.trace, run.tracer, run.env)
+    held = memory.per_rank(run.exchange.optimizer, run.env.device, run.env.world_size)
     run.exchange.close()
     run.pipeline.close()
     timed = run.timings[SKIP_ITERS:] or run.timings
@@ -357,6 +358,7 @@ def finish(run: Run, done: Progress, record: dict, images_per_s: list[float], pr
         "epochs": run.cfg.recipe.epochs, "epochs_trained": done.epoch, "steps_per_epoch": len(run.sampler),
         "peak_lr": run.cfg.recipe.peak_lr, "world_size": run.env.world_size, "run_dir": str(run.run_dir),
         "iteration": {**breakdown(timed), "first_iteration_s": run.timings[0]["iteration_s"] if run.timings else 0.0},
+        "memory": held,
         "config": run.cfg.to_dict(),
     }
     if run.planned:

@@ -10,6 +10,7 @@ from scalesgd.comm.engine.fsdp import shard_model
 from scalesgd.models import MODELS, GPT
 from scalesgd.models.gpt import GptOptions
 from scalesgd.optim import LAMB, LARS
+from scalesgd.train import memory
 from tests.spawn_util import run_workers
 
 VOCAB, STEPS, MICRO = 64, 3, 2
@@ -58,6 +59,7 @@ def sharded_against_ddp(rank, world, folder):
         train(unsharded, data)
         unsharded.close()
         out[engine] = {k: v.clone() for k, v in reference.state_dict().items()}
+        out[engine, "held"] = memory.state_bytes(unsharded.optimizer)
     for codec in ("fp32", "bf16"):
         model = shard_gpt()
         exchange = build_exchange("fsdp", model, torch.optim.AdamW(model.parameters(), lr=1e-2),
@@ -65,7 +67,8 @@ def sharded_against_ddp(rank, world, folder):
         exchange.stats()
         train(exchange, data)
         out[codec] = {"state": whole(exchange, model), "sent": exchange.stats().bytes_sent,
-                      "local": sum(p.to_local().numel() for p in model.parameters())}
+                      "local": sum(p.to_local().numel() for p in model.parameters()),
+                      "held": memory.state_bytes(exchange.optimizer)}
         if codec == "fp32":  # a checkpoint after 2 steps resumes into a fresh sharded run: the same third step
             again = shard_gpt()
             resumed = build_exchange("fsdp", again, torch.optim.AdamW(again.parameters(), lr=1e-2), ExchangeSetup())
@@ -96,6 +99,7 @@ def test_sharded_adamw_steps_the_gpt_as_ddp_does_and_sends_the_shards_on_the_cod
     parameters = sum(p.numel() for p in gpt().parameters())  # the tied head once; every dim 0 is even here
     assert first["fp32"]["sent"] == STEPS * 4 * parameters // 2 and first["bf16"]["sent"] == STEPS * 2 * parameters // 2
     assert first["fp32"]["local"] + ranks[1]["fp32"]["local"] == parameters  # each rank holds its half
+    assert all(rank["fp32"]["held"] < 0.51 * first["ddp", "held"] for rank in ranks)  # of AdamW's moments too
     # the shards two ranks wrote, laid out again for four: the same whole parameters and AdamW state
     model, optimizer = run_workers(resharded, 4, str(tmp_path / "shards"))[0]
     saved_model, saved_optimizer = first["saved"]

@@ -1,0 +1,40 @@
+"""What each rank holds: its peak memory (the process's resident set on a CPU, the allocator's peak on a GPU) and the
+training state it keeps (parameters and optimizer state, a shard's where they are sharded), for the summary."""
+
+from __future__ import annotations
+
+import resource
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+MB = 2**20
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def state_bytes(optimizer) -> int:
+    """The bytes of the parameters an optimizer steps and of its state (momenta, Adam's moments), this rank's own."""
+    inner = getattr(optimizer, "optimizer", optimizer)  # our engine wraps the torch optimizer
+    params = {id(p): p for group in inner.param_groups for p in group["params"]}
+    tensors = [_local(p) for p in params.values()]
+    tensors += [_local(v) for state in inner.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def peak_bytes(device: torch.device) -> int:
+    """This process's peak: the CUDA allocator's on a GPU, else the resident set's high-water mark (Linux: KiB)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def per_rank(optimizer, device: torch.device, world_size: int) -> dict:
+    """Every rank's peak and state in MiB, gathered (collective)."""
+    mine = [peak_bytes(device) / MB, state_bytes(optimizer) / MB]
+    everyone: list = [None] * world_size
+    dist.all_gather_object(everyone, mine)
+    return {"peak_mb": [round(p, 1) for p, _ in everyone], "state_mb": [round(s, 2) for _, s in everyone]}
