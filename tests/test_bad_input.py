@@ -181,6 +181,7 @@ REFUSED = [
     ((*TRAIN, "--engine", "fsdp", "--precision", "fp16"), "--precision fp16 with --engine fsdp: a loss scaler over "),
     ((*TRAIN, "--engine", "fsdp", "--local-steps", "4"), "--local-steps 4 with --engine fsdp: periodic "),
     ((*TRAIN, "--engine", "fsdp", "--exchange", "auto"), "--exchange auto chooses among exchanges of whole gradients"),
+    ((*TRAIN, "--shard", "node"), "--shard node lays out the sharded engine's shards: add --engine fsdp"),
     ((*TRAIN, "--dataset", "imagefolder"), "--dataset imagefolder needs --data-dir: the folder holding train/<class>"),
     ((*TRAIN, "--dataset", "imagefolder", "--data-dir", "f"),
      "image folder f is a file, not a folder (expected a directory with "),

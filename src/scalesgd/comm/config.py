@@ -19,6 +19,7 @@ from scalesgd.options import expanded, option, words
 from scalesgd.trace import Tracer
 
 EXCHANGES = ("manual", "auto")
+SHARDING = ("all", "node")  # --engine fsdp: over every rank, or within each node (hybrid: replicated across nodes)
 MAX_DENSE = 1_000_000_000  # dense steps or epochs before compression: past any run, and an int64 once multiplied
 # what --exchange auto weighs unless told: the exchanges that keep fp32's accuracy, ours and PyTorch's DDP's (ddp-bf16
 # where CUDA runs it). The low-rank and sparse ones change what is learned (PyTorch's PowerSGD hook: +6.9 % validation
@@ -55,6 +56,9 @@ class ExchangeConfig:
     algorithm: str = option("ring", "scalesgd engine's allreduce", choices=ALGORITHMS)
     buckets: str = option("size:1", "scalesgd engine's bucket plan: size:MB | growing[:FIRST_MB[:FACTOR]] | layer "
                           "| single", check=spec_problem)
+    shard: str = option("all", "--engine fsdp: shard over every rank (all), or within each node and replicate across "
+                        "nodes (node: hybrid sharding; the cross-node sum on the codec's wire, the node's in fp32)",
+                        choices=SHARDING)
     procs_per_node: int = option(0, "processes per node for hierarchical exchange", shown_default="LOCAL_WORLD_SIZE",
                                  check=checks.at_least(0, "0 reads LOCAL_WORLD_SIZE"))
     compress_after: str = option("warmup", "a lossy codec compresses after this many dense (fp32) steps: STEPS, "
@@ -103,7 +107,12 @@ class ExchangeConfig:
         --exchange auto may choose)."""
         codecs = [parse_exchange(c)[1] for c in self.auto_candidates] if self.auto else (self.codec,)
         return (ALGORITHMS[self.algorithm].needs_topology and self.engine == "scalesgd"
-                or any(CODECS[c].needs_topology for c in codecs))
+                or self.hybrid or any(CODECS[c].needs_topology for c in codecs))
+
+    @property
+    def hybrid(self) -> bool:
+        """Whether the sharded engine shards within each node and sums across nodes (FSDP2's hybrid layout)."""
+        return self.engine == "fsdp" and self.shard == "node"
 
     @property
     def momentum_in_exchange(self) -> bool:

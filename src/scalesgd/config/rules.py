@@ -55,6 +55,8 @@ def exchange(cfg) -> None:
                          "fsdp give `codec` (the reduce-scatter's wire)")
     if x.engine == "fsdp":
         sharded(cfg)
+    elif x.shard != "all":
+        raise UsageError(f"`shard` {x.shard} lays out the sharded engine's shards: add `engine` fsdp")
     if cfg.periodic.on:
         periodic(cfg)
     else:

@@ -6,7 +6,8 @@ import torch.distributed.checkpoint as dcp
 
 from scalesgd.comm.codecs import CodecSettings
 from scalesgd.comm.engine.exchange import ExchangeSetup, build_exchange
-from scalesgd.comm.engine.fsdp import shard_model
+from scalesgd.comm.engine.fsdp import node_mesh, shard_model
+from scalesgd.comm.wire.topology import Topology, build_groups
 from scalesgd.models import MODELS, GPT
 from scalesgd.models.gpt import GptOptions
 from scalesgd.optim import LAMB, LARS
@@ -170,3 +171,35 @@ def test_clipping_scales_the_mean_gradient_to_its_global_norm_on_every_engine():
         clipped = first[engine, 0.05]
         for key in start:
             assert torch.allclose(clipped[key] - start[key], moved[key] * 0.05 / norm, rtol=0, atol=1e-6), (engine, key)
+
+
+def hybrid_against_ddp(rank, world):
+    """2 nodes × 2 ranks: shards within each node, the cross-node sum on the codec's wire (SGD: the key bias's
+    gradient is rounding noise, which AdamW would blow up to a step; the sums here run in another order)."""
+    groups = build_groups(Topology(world, rank, 2))
+    data, out = batches(rank), {}
+    reference = gpt()
+    ddp = build_exchange("ddp", reference, torch.optim.SGD(reference.parameters(), lr=0.5, momentum=0.9), ExchangeSetup())
+    train(ddp, data)
+    out["ddp"] = {k: v.clone() for k, v in reference.state_dict().items()}
+    for codec in ("fp32", "bf16"):
+        model = gpt()
+        shard_model(model, MODELS["gpt"].shard_units(model), mesh=node_mesh(groups, torch.device("cpu")))
+        exchange = build_exchange("fsdp", model, torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9),
+                                  ExchangeSetup(codec, CodecSettings(), topology=groups))
+        train(exchange, data)
+        out[codec] = {"state": whole(exchange, model), "sent": exchange.stats().bytes_sent,
+                      "local": sum(p.to_local().numel() for p in model.parameters())}
+    return out
+
+
+def test_hybrid_sharding_shards_within_nodes_and_sums_across_them_on_the_codecs_wire():
+    ranks = run_workers(hybrid_against_ddp, 4)
+    first, parameters = ranks[0], sum(p.numel() for p in gpt().parameters())
+    for name, tensor in first["ddp"].items():
+        assert torch.allclose(first["fp32"]["state"][name], tensor, rtol=0, atol=1e-6), name
+    assert all(rank["fp32"]["local"] == parameters // 2 for rank in ranks)  # a node's half, on both nodes
+    # a step: the node's fp32 reduce-scatter sends half the gradient (4 bytes an element), then the cross-node sum of
+    # this rank's half on the codec's wire, a ring of 2 nodes sending it once
+    assert first["fp32"]["sent"] == STEPS * (2 * parameters + 2 * parameters)
+    assert first["bf16"]["sent"] == STEPS * (2 * parameters + parameters)

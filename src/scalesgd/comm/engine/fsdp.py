@@ -25,10 +25,12 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
     set_state_dict,
 )
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter  # the documented `set_custom_reduce_scatter`'s
 
 from scalesgd.comm.codecs import make_codec
+from scalesgd.comm.codecs.cast import DENSE
 from scalesgd.comm.engine.base import ExchangeSetup, GradientExchange
 from scalesgd.comm.engine.optimizer import IterationStats
 
@@ -51,6 +53,34 @@ def shard_model(model: nn.Module, units: Iterable[nn.Module] = (), precision: st
     fully_shard(model, mesh=mesh, mp_policy=MixedPrecisionPolicy(
         param_dtype=dtype, reduce_dtype=torch.float32, output_dtype=torch.float32 if dtype is not None else None))
     return model
+
+
+def node_mesh(groups, device: torch.device) -> DeviceMesh:
+    """The mesh of this rank's node (`TopologyGroups.node_group`): the hybrid layout shards within it."""
+    return DeviceMesh.from_group(groups.node_group, device.type)
+
+
+class CrossNodeSum:
+    """The hybrid layout's sum across nodes of one unit's gradient shard, after the node's reduce-scatter averaged
+    it (FSDP2's all-reduce hook, in place): cast to the codec's wire, divided by the nodes, summed over the ranks
+    holding the same shard on every node."""
+
+    def __init__(self, codec, group):
+        self.codec, self.group = codec, group
+        self.seconds, self.bytes_sent = 0.0, 0
+
+    def __call__(self, shard: torch.Tensor) -> None:
+        start = time.perf_counter()
+        nodes = dist.get_world_size(self.group)
+        wire = shard.to(self.codec.wire_dtype or shard.dtype)
+        if wire.dtype != shard.dtype:
+            self.codec.count_overflow(shard, wire)
+        wire.div_(nodes)
+        dist.all_reduce(wire, group=self.group)
+        if wire is not shard:
+            shard.copy_(wire)
+        self.bytes_sent += 2 * wire.numel() * wire.element_size() * (nodes - 1) // nodes  # a ring's
+        self.seconds += time.perf_counter() - start
 
 
 class CodecReduceScatter(ReduceScatter):
@@ -92,10 +122,17 @@ class FsdpExchange(GradientExchange):
             raise ValueError("the sharded engine takes a model sharded by shard_model (FSDP2's fully_shard), and an "
                              "optimizer built on its parameters after that")
         self._codec = make_codec(setup.codec, setup.settings)
-        self._comm = CodecReduceScatter(self._codec)
+        mesh = next(model.parameters()).device_mesh
+        hybrid = mesh.size() < dist.get_world_size()  # sharded within each node: the codec's wire is the nodes' sum
+        if hybrid and setup.topology is None:
+            raise ValueError("a model sharded within each node needs the node and cross-node groups (`topology`)")
+        self._comm = CodecReduceScatter(make_codec(DENSE.name, setup.settings) if hybrid else self._codec)
+        self._across = CrossNodeSum(self._codec, setup.topology.cross_group) if hybrid else None
         for module in model.modules():  # each unit's parameter group (a module with none has nothing to set)
             if isinstance(module, FSDPModule):
                 module.set_custom_reduce_scatter(self._comm)
+                if hybrid:
+                    module.set_all_reduce_hook(self._across)
         self._counted = (0.0, 0)
         # bf16 compute is FSDP's own (`shard_model`'s policy), so the base's autocast stays off
         super().__init__(model, optimizer, None, bare=model, norms=setup.norms, clip_norm=setup.clip_norm)
@@ -116,9 +153,12 @@ class FsdpExchange(GradientExchange):
             self.model.set_requires_gradient_sync(True)
 
     def stats(self) -> IterationStats:
-        """The reduce-scatters' bytes and time since the last call (on CPU they run inside backward, exposed)."""
-        seconds, sent = self._comm.seconds - self._counted[0], self._comm.bytes_sent - self._counted[1]
-        self._counted = (self._comm.seconds, self._comm.bytes_sent)
+        """The reduce-scatters' (and cross-node sums') bytes and time since the last call (on CPU they run inside
+        backward, exposed)."""
+        parts = [self._comm] + ([self._across] if self._across is not None else [])
+        total = (sum(p.seconds for p in parts), sum(p.bytes_sent for p in parts))
+        seconds, sent = total[0] - self._counted[0], total[1] - self._counted[1]
+        self._counted = total
         return IterationStats(comm_s=seconds, exposed_s=seconds, bytes_sent=sent)
 
     def counters(self) -> dict[str, float]:
