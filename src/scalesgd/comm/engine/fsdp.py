@@ -14,8 +14,8 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 import torch
 import torch.distributed as dist
-from torch import nn
 import torch.distributed.checkpoint as dcp
+from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -139,7 +139,7 @@ class FsdpExchange(GradientExchange):
 
     @staticmethod
     def uses_own_group(codec) -> bool:
-        return False  # the reduce-scatter runs in the default group, FSDP's mesh
+        return False  # the reduce-scatter runs in FSDP's mesh (every rank, or the node's), no group of its own
 
     def autocast(self) -> AbstractContextManager:
         return nullcontext()
