@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
-source .venv/bin/activate  # seed 0's runs were copied from ../quality-gpt-10mbit and ../quality-gpt-10mbit-torchft
+source .venv/bin/activate  # seed 0's runs were copied from ../quality-gpt-10mbit (ddp-powersgd4 too)
 scalesgd testbed up --nodes 2 --bandwidth 10mbit --prefix q10
 trap 'scalesgd testbed down --prefix q10' EXIT
 scalesgd bench quality --rates 10mbit --prefix q10 --seeds 0,1,2 --eval-every 16 --budget 3 \
-  --exchanges "ddp;ddp-fp16;diloco-h16-fp8-2x=--local-steps 16 --codec fp8 --outer-momentum 0.5 --epochs 2;\
+  --exchanges "ddp;ddp-fp16;ddp-powersgd4;ddp-powersgd8;diloco-h16-fp8-2x=--local-steps 16 --codec fp8 --outer-momentum 0.5 --epochs 2;\
 streaming-h16-fp8-2x=--local-steps 16 --fragments 4 --overlap-steps 3 --codec fp8 --outer-momentum 0.5 --epochs 2;\
 torchft-h50-2x=--peer torchft --local-steps 50 --outer-momentum 0.5 --epochs 2;\
 torchft-streaming-h16-2x=--peer torchft --local-steps 16 --fragments 4 --overlap-steps 3 --outer-momentum 0.5 --epochs 2;\
