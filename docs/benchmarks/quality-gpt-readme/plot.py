@@ -1,5 +1,5 @@
 """The README's picture: validation loss against the training clock, one panel per link rate, from the 10 Mbit/s
-(3 seeds), 100 Mbit/s and 1 Gbit/s (seed 0) `bench quality` records (the same reference, so the same target and bound).
+100 Mbit/s and 1 Gbit/s `bench quality` records, 3 seeds each (the same reference, so the same target and bound).
 Run from the repository root: python docs/benchmarks/quality-gpt-readme/plot.py"""
 
 import json
@@ -9,7 +9,7 @@ from scalesgd.bench.quality_report import plot
 
 HERE = Path(__file__).parent
 records = [json.loads((HERE.parent / name / "quality.json").read_text())
-           for name in ("quality-gpt-10mbit-3seeds", "quality-gpt-100mbit", "quality-gpt-1gbit")]
+           for name in ("quality-gpt-10mbit-3seeds", "quality-gpt-100mbit-3seeds", "quality-gpt-1gbit")]
 assert len({r["target"] for r in records}) == 1, "the records must share a reference"
 runs = [run for record in records for run in record["runs"]]
 first = records[0]

@@ -159,7 +159,11 @@ def plot(path: Path, runs: list[dict], target: float, bound_s: float, budget_s: 
         ax.set_xlabel("training seconds (evaluations left out)")
         ax.set_ylabel("validation loss" if text else "test accuracy")
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7, loc="upper right" if text else "lower right")
+    named = {}  # every exchange once, whichever panel drew it: a rate's panel may lack some
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            named.setdefault(label, handle)
+    axes[0][-1].legend(named.values(), named.keys(), fontsize=7, loc="upper right" if text else "lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
