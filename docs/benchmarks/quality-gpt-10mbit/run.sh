@@ -25,5 +25,7 @@ diloco-h16-fp8-m5=--local-steps 16 --codec fp8 --outer-momentum 0.5;\
 streaming-h8-fp8=--local-steps 8 --fragments 4 --overlap-steps 1 --codec fp8 --outer-momentum 0.5;\
 localsgd-h8-fp8=--local-steps 8 --codec fp8 --outer-lr 1 --outer-momentum 0;\
 diloco-h16-topk-2x=--local-steps 16 --codec topk --density 0.05 --density-warmup 0 --outer-momentum 0.5 --epochs 2;\
-fp16;topk-mc;lowrank8;lowrank-acp8" \
+fp16;topk-mc;lowrank8;lowrank-acp8;\
+ddp-powersgd4-2x=--engine ddp --codec powersgd --rank 4 --epochs 2;\
+ddp-powersgd8-2x=--engine ddp --codec powersgd --rank 8 --epochs 2" \
   --table src/scalesgd/sim/steps_to_target.json --out docs/benchmarks/quality-gpt-10mbit -- --workers 2 --model gpt --dataset text --samples 16384 --epochs 1
