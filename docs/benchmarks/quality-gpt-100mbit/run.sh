@@ -8,7 +8,6 @@ trap 'scalesgd testbed down --prefix q100' EXIT
 scalesgd bench quality --rates 100mbit --prefix q100 --seeds 0 --eval-every 16 --budget 3 \
   --exchanges "ddp;ddp-fp16;fp8;diloco-h16-fp8-2x=--local-steps 16 --codec fp8 --outer-momentum 0.5 --epochs 2;\
 streaming-h16-fp8-2x=--local-steps 16 --fragments 4 --overlap-steps 3 --codec fp8 --outer-momentum 0.5 --epochs 2;\
-torchft-h50-2x=--peer torchft --local-steps 50 --outer-momentum 0.5 --epochs 2;ddp-powersgd8;\
-ddp-powersgd8-2x=--engine ddp --codec powersgd --rank 8 --epochs 2" \
+torchft-h50-2x=--peer torchft --local-steps 50 --outer-momentum 0.5 --epochs 2" \
   --table src/scalesgd/sim/steps_to_target.json \
   --out docs/benchmarks/quality-gpt-100mbit -- --workers 2 --model gpt --dataset text --samples 16384 --epochs 1
