@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,7 +29,7 @@ def leftovers() -> list[str]:
 @pytest.fixture
 def testbed():
     up = scalesgd("testbed", "up", "--nodes", "2", "--procs-per-node", "1", "--bandwidth", "500mbit",
-                  "--burst", "16kb", "--prefix", PREFIX)
+                  "--prefix", PREFIX)
     assert up.returncode == 0, up.stderr
     try:
         yield PREFIX
@@ -38,14 +39,25 @@ def testbed():
         assert list(Path("/etc/netns").glob(f"{PREFIX}-*")) == []  # the nodes' hosts files too
 
 
+def burst(qdisc: str) -> int:
+    """tbf's bucket in KiB, as `tc` shows it (in bytes rounded through its clock ticks, or in Kb)."""
+    number, unit = re.search(r"burst (\d+)(b|Kb|Mb)", qdisc).groups()
+    return round(int(number) * {"b": 1, "Kb": 1024, "Mb": 1024**2}[unit] / 1024)
+
+
 def test_up_is_idempotent_and_status_shows_shaped_nodes(testbed):
     again = scalesgd("testbed", "up", "--nodes", "2", "--procs-per-node", "1", "--bandwidth", "500mbit",
-                     "--burst", "16kb", "--prefix", testbed)
+                     "--prefix", testbed)
     assert again.returncode == 0
     status = json.loads(scalesgd("testbed", "status", "--prefix", testbed).stdout)
     assert [n["address"] for n in status["nodes"]] == ["10.213.0.1", "10.213.0.2"]
-    assert all(n["up"] and "tbf" in n["qdisc"] and "500Mbit" in n["qdisc"] and "burst 16Kb" in n["qdisc"]
+    assert all(n["up"] and "tbf" in n["qdisc"] and "500Mbit" in n["qdisc"] and burst(n["qdisc"]) == 256
                for n in status["nodes"])
+    smaller = scalesgd("testbed", "up", "--nodes", "2", "--bandwidth", "500mbit", "--burst", "64kb", "--prefix",
+                       testbed)
+    assert smaller.returncode == 0 and "(64kb burst)" in smaller.stdout  # another spec: rebuilt with its bucket
+    status = json.loads(scalesgd("testbed", "status", "--prefix", testbed).stdout)
+    assert all(burst(n["qdisc"]) == 64 for n in status["nodes"]) and status["spec"]["burst"] == "64kb"
     assert sorted(leftovers()) == sorted([f"{testbed}-sw", f"{testbed}-n0", f"{testbed}-n1"])
 
 
