@@ -80,7 +80,7 @@ def restore(run_dir: Path, model: nn.Module, exchange: GradientExchange, schedul
     if state.get("shards"):
         exchange.load_sharded_state(model, Path(run_dir) / state["shards"])
     else:
-        exchange.load_model_state(model, state["model"])
+        model.load_state_dict(state["model"])
     codec_states = state.get("codec_states") or []
     if codec_states and len(codec_states) != env.world_size:  # resumed on another number of workers
         codec_states = [mean_state(codec_states)] * env.world_size

@@ -7,21 +7,18 @@ import resource
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
+
+from scalesgd.optim._batched import local
 
 MB = 2**20
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
 def state_bytes(optimizer) -> int:
     """The bytes of the parameters an optimizer steps and of its state (momenta, Adam's moments), this rank's own."""
     inner = getattr(optimizer, "optimizer", optimizer)  # our engine wraps the torch optimizer
     params = {id(p): p for group in inner.param_groups for p in group["params"]}
-    tensors = [_local(p) for p in params.values()]
-    tensors += [_local(v) for state in inner.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+    tensors = local([*params.values(), *(v for state in inner.state.values() for v in state.values()
+                                         if isinstance(v, torch.Tensor))])
     return sum(t.numel() * t.element_size() for t in tensors)
 
 

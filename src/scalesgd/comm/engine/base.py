@@ -142,10 +142,6 @@ class GradientExchange(ABC):
         """`model`'s parameters and buffers whole, as a checkpoint keeps them (collective where they are sharded)."""
         return model.state_dict()
 
-    def load_model_state(self, model: nn.Module, state: dict) -> None:
-        """Put a checkpoint's whole parameters and buffers into `model` (each rank takes its own shard of them)."""
-        model.load_state_dict(state)
-
     def sharded_state(self, model: nn.Module) -> dict | None:
         """This rank's shards of the model and the optimizer's state, for `torch.distributed.checkpoint` (collective);
         None where every rank holds them whole (the checkpoint file keeps them)."""

@@ -21,8 +21,6 @@ from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
     get_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
     set_state_dict,
 )
 from torch.distributed.device_mesh import DeviceMesh
@@ -36,7 +34,6 @@ from scalesgd.comm.engine.optimizer import IterationStats
 
 COMPUTE = {"fp32": None, "bf16": torch.bfloat16}  # --precision → the dtype the shards are gathered to for compute
 GATHERED = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors on rank 0, as a checkpoint keeps
-WHOLE = StateDictOptions(full_state_dict=True)  # every rank reads the whole tensors and keeps its shard
 
 
 def shard_model(model: nn.Module, units: Iterable[nn.Module] = (), precision: str = "fp32", mesh=None) -> nn.Module:
@@ -175,18 +172,12 @@ class FsdpExchange(GradientExchange):
         self._resharded()
         return get_model_state_dict(model, options=GATHERED)
 
-    def load_model_state(self, model: nn.Module, state: dict) -> None:
-        self._resharded()
-        set_model_state_dict(model, state, options=WHOLE)
-
     def state_dict(self) -> dict:
         """The optimizer's state is in the shards (`sharded_state`)."""
         return {"optimizer": None, "codec": None, "scaler": self.scaler.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("optimizer") is not None:  # whole, as `optimizer_state` gathers it
-            self._resharded()
-            set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=WHOLE)
+        """Nothing to load: the optimizer's state comes back with the shards (`load_sharded_state`)."""
 
     def optimizer_state(self) -> dict:
         """The optimizer's state whole on rank 0 (collective), keyed by parameter names: any world size loads it."""
