@@ -8,6 +8,7 @@ the gradients' reduce-scatter on a scalesgd codec's wire: each rank holds 1/N of
 """
 
 import argparse
+import gc
 import json
 import math
 
@@ -74,6 +75,9 @@ def main():
         print(json.dumps({"losses": losses, "codec": args.codec, "validation_loss": float(val),
                           "perplexity": math.exp(float(val)), "parameters": parameters,
                           "held": [int(h) for h in everyone], "bytes_per_step": sent / args.steps}))
+    del exchange, schedule, optimizer, model  # FSDP's state holds the process group: left alive to Python's exit,
+    gc.collect()  # gloo's threads would free their last work (and its tensors) during it, which aborts the process
+    dist.barrier()  # no rank tears its connections down under a peer
     dist.destroy_process_group()
 
 
