@@ -13,6 +13,7 @@ streaming-h10-fp8-2x=--local-steps 10 --fragments 2 --overlap-steps 2 --codec fp
 torchft-h10-2x=--peer torchft --local-steps 10 --outer-momentum 0.5 --epochs 60;\
 torchft-h50-2x=--peer torchft --local-steps 50 --outer-momentum 0.5 --epochs 60;\
 diloco-h50-fp8-2x=--local-steps 50 --codec fp8 --outer-momentum 0.5 --epochs 60;\
-torchft-streaming-h10-2x=--peer torchft --local-steps 10 --fragments 2 --overlap-steps 2 --outer-momentum 0.5 --epochs 60" \
+torchft-streaming-h10-2x=--peer torchft --local-steps 10 --fragments 2 --overlap-steps 2 --outer-momentum 0.5 --epochs 60;\
+ddp-fp16-2x=--engine ddp --codec fp16 --epochs 60;ddp-powersgd4-2x=--engine ddp --codec powersgd --rank 4 --epochs 60" \
   --table src/scalesgd/sim/steps_to_target.json \
   --out docs/benchmarks/quality-digits-${r}mbit -- --workers 2 --dataset digits --model resnet8 --batch-size 256 --base-batch 64 --epochs 30
