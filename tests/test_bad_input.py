@@ -175,12 +175,14 @@ REFUSED = [
                                                         "which runs only on CUDA with NCCL (this machine has no GPU)")]
       if not torch.cuda.is_available() else []),
     ((*TRAIN, "--precision", "fp8"), "--precision 'fp8' is not known; choose from fp32, bf16, fp16"),
-    ((*TRAIN, "--engine", "fsdp", "--codec", "fp8"), "--codec fp8 has no reduce-scatter of shards yet, so --engine "
-                                                     "fsdp sends fp32, fp16, bf16; fp8 runs with --engine scalesgd and "
-                                                     "ddp"),
+    ((*TRAIN, "--engine", "fsdp", "--codec", "fp8"), "--codec fp8: --engine fsdp has no reduce-scatter of shards for "
+                                                     "fp8 yet, so it sends fp32, fp16, bf16; fp8 runs with --engine "
+                                                     "scalesgd and ddp"),
     ((*TRAIN, "--engine", "fsdp", "--precision", "fp16"), "--precision fp16 with --engine fsdp: a loss scaler over "),
     ((*TRAIN, "--engine", "fsdp", "--local-steps", "4"), "--local-steps 4 with --engine fsdp: periodic "),
     ((*TRAIN, "--engine", "fsdp", "--exchange", "auto"), "--exchange auto chooses among exchanges of whole gradients"),
+    ((*TRAIN, "--engine", "fsdp2", "--codec", "topk"), "--codec topk: --engine fsdp2 is FSDP2 as it comes, its "
+                                                       "reduce-scatter in fp32, fp16, bf16; topk runs with --engine "),
     ((*TRAIN, "--shard", "node"), "--shard node lays out the sharded engine's shards: add --engine fsdp"),
     ((*TRAIN, "--dataset", "imagefolder"), "--dataset imagefolder needs --data-dir: the folder holding train/<class>"),
     ((*TRAIN, "--dataset", "imagefolder", "--data-dir", "f"),

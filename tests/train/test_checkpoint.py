@@ -56,11 +56,9 @@ RESUME_RUN = ["--quiet", "--dataset", "synthetic", "--samples", "1600", "--image
 FP8_RANGES = ["--fp8-period", "7", "--fp8-samples", "64"]  # ranges re-estimated, from samples, within epochs
 
 
-# Each case covers what another would repeat: DDP's engine with a hook's state under LARS and the arc-cotangent
-# schedule, ours with growing buckets, top-k's reused thresholds with DGC's momentum (each state a resume must
-# restore).
-@pytest.mark.parametrize("engine", [["--engine", "scalesgd", "--codec", "fp8", "--buckets", "growing", *FP8_RANGES],
-                                    ["--codec", "fp8", *FP8_RANGES, "--optimizer", "lars", "--weight-decay", "5e-4",
+# Each case covers what another would repeat: DDP's engine with a hook's state (fp8's ranges) under LARS and the
+# arc-cotangent schedule, ours with top-k's reused thresholds and DGC's momentum (each state a resume must restore).
+@pytest.mark.parametrize("engine", [["--codec", "fp8", *FP8_RANGES, "--optimizer", "lars", "--weight-decay", "5e-4",
                                      "--schedule", "arccot", "--arccot-epoch", "2", "--label-smoothing", "0.1",
                                      "--bn-momentum", "0.05", "--bn-batch", "8"],
                                     ["--engine", "scalesgd", "--codec", "topk", "--topk-reuse", "3", "--density",
@@ -75,7 +73,7 @@ FP8_RANGES = ["--fp8-period", "7", "--fp8-samples", "64"]  # ranges re-estimated
                                     # state per rank, global ones, outer momentum, residuals, an exchange in flight
                                     ["--engine", "fsdp", "--codec", "bf16", "--accumulate", "2"]],  # sharded
                          # parameters and momentum, kept whole
-                         ids=["scalesgd-fp8-growing", "ddp-fp8-hook-lars-arccot", "scalesgd-topk-dgc",
+                         ids=["ddp-fp8-hook-lars-arccot", "scalesgd-topk-dgc",
                               "onebit-adam-fp16-accumulated", "periodic-streaming-topk", "fsdp-bf16-accumulated"])
 def test_interrupted_and_resumed_run_ends_with_the_same_parameters(tmp_path, engine):
     whole, broken = tmp_path / "whole", tmp_path / "broken"

@@ -13,7 +13,7 @@ from scalesgd import checks
 from scalesgd.comm.codecs import CODEC_OPTIONS, CODECS, CodecEntry, CodecOptions, CodecSettings
 from scalesgd.comm.cost.planner import NO_PLANNER, PLANNERS
 from scalesgd.comm.engine.buckets import spec_problem
-from scalesgd.comm.engine.exchange import ENGINES, ExchangeSetup, exchange_names, parse_exchange
+from scalesgd.comm.engine.exchange import ENGINES, SHARDED, ExchangeSetup, exchange_names, parse_exchange
 from scalesgd.comm.wire.collectives import ALGORITHMS
 from scalesgd.options import expanded, option, words
 from scalesgd.trace import Tracer
@@ -50,7 +50,8 @@ class ExchangeConfig:
     """How a run's gradients travel between its workers."""
 
     engine: str = option("ddp", "gradient exchange: PyTorch DDP, ours (scalesgd), or FSDP2 sharding parameters, "
-                         "gradients and optimizer state (fsdp)", choices=ENGINES)
+                         "gradients and optimizer state with the codec on its reduce-scatter (fsdp) or as it comes, "
+                         "its own reduce-scatter in the codec's dtype, for comparison (fsdp2)", choices=ENGINES)
     codec: str = option("fp32", "what travels; with ddp, fp16/bf16/powersgd are PyTorch's own comm hooks, the "
                         "others ours", choices=CODECS, check_choices=False)
     algorithm: str = option("ring", "scalesgd engine's allreduce", choices=ALGORITHMS)
@@ -112,7 +113,12 @@ class ExchangeConfig:
     @property
     def hybrid(self) -> bool:
         """Whether the sharded engine shards within each node and sums across nodes (FSDP2's hybrid layout)."""
-        return self.engine == "fsdp" and self.shard == "node"
+        return self.sharded and self.shard == "node"
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the engine shards the model (FSDP2), with the codec on its reduce-scatter or as it comes."""
+        return self.engine in SHARDED
 
     @property
     def momentum_in_exchange(self) -> bool:

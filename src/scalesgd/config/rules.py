@@ -50,10 +50,10 @@ def auto_problem(name: str) -> str | None:
 def exchange(cfg) -> None:
     """`exchange` auto and its candidates, or the codec on its engine; the processes per node."""
     x, rt = cfg.exchange, cfg.runtime
-    if x.engine == "fsdp" and x.auto:
+    if x.sharded and x.auto:
         raise UsageError("`exchange` auto chooses among exchanges of whole gradients (DDP's and ours); with `engine` "
-                         "fsdp give `codec` (the reduce-scatter's wire)")
-    if x.engine == "fsdp":
+                         f"{x.engine} give `codec` (the reduce-scatter's wire)")
+    if x.sharded:
         sharded(cfg)
     elif x.shard != "all":
         raise UsageError(f"`shard` {x.shard} lays out the sharded engine's shards: add `engine` fsdp")
@@ -140,10 +140,12 @@ def manual(cfg) -> None:
     optimizer and of the dense start."""
     r, x = cfg.recipe, cfg.exchange
     runs_here = [name for name, entry in CODECS.items() if entry.runs_on(x.engine)]
-    if x.engine == "fsdp" and x.codec in CODECS and x.codec not in runs_here:
+    if x.sharded and x.codec in CODECS and x.codec not in runs_here:
         elsewhere = " and ".join(e for e in ("scalesgd", "ddp") if CODECS[x.codec].runs_on(e))
-        raise UsageError(f"`codec` {x.codec} has no reduce-scatter of shards yet, so `engine` fsdp sends "
-                         f"{', '.join(runs_here)}; {x.codec} runs with `engine` {elsewhere}")
+        why = ("is FSDP2 as it comes, its reduce-scatter in" if x.engine == "fsdp2" else
+               f"has no reduce-scatter of shards for {x.codec} yet, so it sends")
+        raise UsageError(f"`codec` {x.codec}: `engine` {x.engine} {why} {', '.join(runs_here)}; {x.codec} runs with "
+                         f"`engine` {elsewhere}")
     require_choice("codec", x.codec, runs_here, f" (with `engine` {x.engine})")
     if x.engine == "ddp" and x.codec_entry.torch_hook_needs_cuda and not torch.cuda.is_available():
         raise UsageError(f"`codec` {x.codec} with `engine` ddp is PyTorch's own hook, which runs only on CUDA with "
@@ -221,17 +223,17 @@ def periodic(cfg) -> None:
 
 
 def sharded(cfg) -> None:
-    """`engine` fsdp: what the sharded engine does not run yet is refused, saying why."""
-    r = cfg.recipe
+    """`engine` fsdp or fsdp2: what the sharded engines do not run yet is refused, saying why."""
+    r, engine = cfg.recipe, cfg.exchange.engine
     if cfg.periodic.on:
-        raise UsageError(f"`local_steps` {cfg.periodic.local_steps} with `engine` fsdp: periodic synchronisation of "
-                         "shards is not built; give `engine` scalesgd or ddp")
+        raise UsageError(f"`local_steps` {cfg.periodic.local_steps} with `engine` {engine}: periodic synchronisation "
+                         "of shards is not built; give `engine` scalesgd or ddp")
     if r.precision == "fp16":
-        raise UsageError("`precision` fp16 with `engine` fsdp: a loss scaler over shards is not built; give bf16 "
+        raise UsageError(f"`precision` fp16 with `engine` {engine}: a loss scaler over shards is not built; give bf16 "
                          "(FSDP's mixed precision: bf16 compute, fp32 shards) or fp32")
     if r.freeze_variance:
-        raise UsageError("`freeze_variance` steps with 1-bit Adam's update, which the sharded engine does not run "
-                         "yet; drop it with `engine` fsdp")
+        raise UsageError("`freeze_variance` steps with 1-bit Adam's update, which the sharded engines do not run "
+                         f"yet; drop it with `engine` {engine}")
     if cfg.measures_noise:
         raise UsageError("`noise_scale` and `lr_scaling` adascale read each rank's local gradient norm, which the "
                          "sharded engine does not keep; give `engine` scalesgd or ddp")

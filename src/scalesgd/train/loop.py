@@ -16,8 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from scalesgd.comm.cost import planner
-from scalesgd.comm.engine.exchange import GradientExchange
-from scalesgd.comm.engine.fsdp import node_mesh, shard_model
+from scalesgd.comm.engine.exchange import ENGINES, GradientExchange
 from scalesgd.comm.engine.policies import GradientNorms
 from scalesgd.config import NO_PLANNER, TrainConfig
 from scalesgd.data import (
@@ -153,9 +152,10 @@ def setup(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool) 
     use_ghost_batch(model, cfg.recipe.bn_batch)
     env = env.result() if isinstance(env, Future) else env
     model.to(env.device)
-    if cfg.exchange.engine == "fsdp":  # the optimizer is built on the shards (within each node where hybrid)
-        shard_model(model, MODELS[cfg.model.name].shard_units(model), cfg.recipe.precision,
-                    node_mesh(env.topology_groups, env.device) if cfg.exchange.hybrid else None)
+    if cfg.exchange.sharded:  # the optimizer is built on the shards (within each node where hybrid)
+        ENGINES[cfg.exchange.engine].shard(model, MODELS[cfg.model.name].shard_units(model), cfg.recipe.precision,
+                                           cfg.exchange.codec, env.topology_groups if cfg.exchange.hybrid else None,
+                                           env.device)
     sampler = GlobalBatchSampler(len(data.train), cfg.recipe.batch_size, env.world_size, env.rank, seed=cfg.recipe.seed)
     pipeline = open_pipeline(data, sampler, cfg.recipe.accumulate, loader_settings(cfg, env, data), env.rank,
                              env.world_size)

@@ -66,8 +66,9 @@ def test_both_engines_answer_the_same_questions():
 
 
 def test_own_groups_and_engine_compatibility_come_from_the_registry():
-    assert set(ENGINES) == {"ddp", "scalesgd", "fsdp"}
-    assert [name for name, entry in CODECS.items() if entry.runs_on("fsdp")] == ["fp32", "fp16", "bf16"]
+    assert set(ENGINES) == {"ddp", "scalesgd", "fsdp", "fsdp2"}
+    for sharded in ("fsdp", "fsdp2"):
+        assert [name for name, entry in CODECS.items() if entry.runs_on(sharded)] == ["fp32", "fp16", "bf16"]
     assert not FsdpExchange.uses_own_group(CODECS["fp16"])  # the reduce-scatter runs in FSDP's mesh
     assert EngineExchange.uses_own_group(CODECS["fp16"])
     assert not DdpExchange.uses_own_group(CODECS["fp16"]) and DdpExchange.uses_own_group(CODECS["fp8"])

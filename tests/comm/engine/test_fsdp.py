@@ -6,7 +6,7 @@ import torch.distributed.checkpoint as dcp
 
 from scalesgd.comm.codecs import CodecSettings
 from scalesgd.comm.engine.exchange import ExchangeSetup, build_exchange
-from scalesgd.comm.engine.fsdp import node_mesh, shard_model
+from scalesgd.comm.engine.fsdp import Fsdp2Exchange, node_mesh, shard_model
 from scalesgd.comm.wire.topology import Topology, build_groups
 from scalesgd.models import MODELS, GPT
 from scalesgd.models.gpt import GptOptions
@@ -46,6 +46,11 @@ def shard_gpt():
     return shard_model(model, MODELS["gpt"].shard_units(model))
 
 
+def fsdp2_gpt(codec, groups=None):
+    model = gpt()
+    return Fsdp2Exchange.shard(model, MODELS["gpt"].shard_units(model), "fp32", codec, groups)
+
+
 def whole(exchange, model) -> dict:
     return {k: v.clone() for k, v in exchange.model_state(model).items()}
 
@@ -70,6 +75,10 @@ def sharded_against_ddp(rank, world, folder):
         out[codec] = {"state": whole(exchange, model), "sent": exchange.stats().bytes_sent,
                       "local": sum(p.to_local().numel() for p in model.parameters()),
                       "held": memory.state_bytes(exchange.optimizer)}
+        model = fsdp2_gpt(codec)  # FSDP2's own reduce-scatter in the codec's dtype
+        own = build_exchange("fsdp2", model, torch.optim.AdamW(model.parameters(), lr=1e-2), ExchangeSetup(codec))
+        train(own, data)
+        out["fsdp2", codec] = (whole(own, model), own.stats())
         if codec == "fp32":  # a checkpoint after 2 steps resumes into a fresh sharded run: the same third step
             again = shard_gpt()
             resumed = build_exchange("fsdp", again, torch.optim.AdamW(again.parameters(), lr=1e-2), ExchangeSetup())
@@ -95,7 +104,11 @@ def test_sharded_adamw_steps_the_gpt_as_ddp_does_and_sends_the_shards_on_the_cod
         assert torch.allclose(first["resumed"][name], fp32[name], rtol=0, atol=1e-6), name
     for name, tensor in first["scalesgd"].items():  # our engine's bf16 wire: the same roundings, sharded or not
         assert torch.allclose(bf16[name], tensor, rtol=0, atol=1e-6), name
-    assert max((bf16[k] - reference[k]).abs().max().item() for k in reference) > 1e-4  # and bf16 is no fp32
+    own, counted = first["fsdp2", "fp32"]  # FSDP2's own reduce-scatter: in fp32 the same sums as ours
+    assert counted is None and all(torch.allclose(own[k], fp32[k], rtol=0, atol=1e-6) for k in own)
+    own, _ = first["fsdp2", "bf16"]  # in bf16 its own roundings (AdamW makes a step of a rounded near-zero
+    apart = lambda a, b: max((a[k] - b[k]).abs().max().item() for k in b)  # gradient): as far from fp32 as ours
+    assert 1e-5 < apart(own, fp32) < 3 * apart(bf16, fp32), (apart(own, fp32), apart(bf16, fp32))
     # a ring's reduce-scatter sends half of each rank's padded input at 2 ranks, once per step (not per micro-batch)
     parameters = sum(p.numel() for p in gpt().parameters())  # the tied head once; every dim 0 is even here
     assert first["fp32"]["sent"] == STEPS * 4 * parameters // 2 and first["bf16"]["sent"] == STEPS * 2 * parameters // 2
@@ -182,6 +195,10 @@ def hybrid_against_ddp(rank, world):
     ddp = build_exchange("ddp", reference, torch.optim.SGD(reference.parameters(), lr=0.5, momentum=0.9), ExchangeSetup())
     train(ddp, data)
     out["ddp"] = {k: v.clone() for k, v in reference.state_dict().items()}
+    model = fsdp2_gpt("fp32", groups)  # FSDP2's own hybrid layout: a 2-D mesh, its all-reduce across nodes
+    own = build_exchange("fsdp2", model, torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9), ExchangeSetup())
+    train(own, data)
+    out["fsdp2"] = (whole(own, model), sum(p.to_local().numel() for p in model.parameters()))
     for codec in ("fp32", "bf16"):
         model = gpt()
         shard_model(model, MODELS["gpt"].shard_units(model), mesh=node_mesh(groups, torch.device("cpu")))
@@ -198,7 +215,8 @@ def test_hybrid_sharding_shards_within_nodes_and_sums_across_them_on_the_codecs_
     first, parameters = ranks[0], sum(p.numel() for p in gpt().parameters())
     for name, tensor in first["ddp"].items():
         assert torch.allclose(first["fp32"]["state"][name], tensor, rtol=0, atol=1e-6), name
-    assert all(rank["fp32"]["local"] == parameters // 2 for rank in ranks)  # a node's half, on both nodes
+        assert torch.allclose(first["fsdp2"][0][name], tensor, rtol=0, atol=1e-6), name
+    assert all(rank["fp32"]["local"] == rank["fsdp2"][1] == parameters // 2 for rank in ranks)  # a node's half
     # a step: the node's fp32 reduce-scatter sends half the gradient (4 bytes an element), then the cross-node sum of
     # this rank's half on the codec's wire, a ring of 2 nodes sending it once
     assert first["fp32"]["sent"] == STEPS * (2 * parameters + 2 * parameters)

@@ -85,7 +85,7 @@ Cost = DenseCost | SparseCost | LowRankCost
 
 
 WHOLE_GRADIENT_ENGINES = ("ddp", "scalesgd")  # a codec runs in the sharded engine's reduce-scatter only where it says
-SHARDED_TOO = (*WHOLE_GRADIENT_ENGINES, "fsdp")  # where a codec's registration says it does
+SHARDED_TOO = (*WHOLE_GRADIENT_ENGINES, "fsdp", "fsdp2")  # where a codec's registration says it does
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
-"""The engines by name: PyTorch DDP (its allreduce, its hooks or ours), ours (`DistributedOptimizer`) and the
-sharded one (FSDP2, `comm/engine/fsdp.py`); each is a `GradientExchange` (`comm/engine/base.py`), the one object a
-loop talks to:
+"""The engines by name: PyTorch DDP (its allreduce, its hooks or ours), ours (`DistributedOptimizer`), the sharded
+one (FSDP2 with the codec on its reduce-scatter, `comm/engine/fsdp.py`) and FSDP2 as it comes (fsdp2); each is a
+`GradientExchange` (`comm/engine/base.py`), the one object a loop talks to:
 
     exchange = build_exchange("scalesgd", model, optimizer, ExchangeSetup(codec="fp8", precision="bf16"))
     with exchange.no_sync():                       # micro-batches before the last: gradients only summed
@@ -25,12 +25,13 @@ from scalesgd.comm.codecs.cast import DENSE
 from scalesgd.comm.codecs.pytorch import allreduce
 from scalesgd.comm.engine.base import ExchangeSetup, GradientExchange
 from scalesgd.comm.engine.ddp_hook import CodecHookState, codec_hook
-from scalesgd.comm.engine.fsdp import FsdpExchange
+from scalesgd.comm.engine.fsdp import Fsdp2Exchange, FsdpExchange
 from scalesgd.comm.engine.optimizer import DistributedOptimizer, IterationStats
 from scalesgd.comm.engine.policies import MeasuredHook, measured_hook
 from scalesgd.registry import Registry
 
-__all__ = ["ENGINES", "ExchangeSetup", "GradientExchange", "build_exchange", "exchange_names", "parse_exchange"]
+__all__ = ["ENGINES", "SHARDED", "ExchangeSetup", "GradientExchange", "build_exchange", "exchange_names",
+           "parse_exchange"]
 
 
 class DdpExchange(GradientExchange):
@@ -98,6 +99,8 @@ ENGINES: Registry[type[GradientExchange]] = Registry("engine")
 ENGINES.add("ddp", DdpExchange)
 ENGINES.add("scalesgd", EngineExchange)
 ENGINES.add("fsdp", FsdpExchange)
+ENGINES.add("fsdp2", Fsdp2Exchange)
+SHARDED = ("fsdp", "fsdp2")  # the engines that shard the model (`shard_model`), and lay it out with `shard`
 
 
 def parse_exchange(name: str) -> tuple[str, str]:

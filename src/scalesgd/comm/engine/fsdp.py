@@ -36,9 +36,11 @@ COMPUTE = {"fp32": None, "bf16": torch.bfloat16}  # --precision → the dtype th
 GATHERED = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors on rank 0, as a checkpoint keeps
 
 
-def shard_model(model: nn.Module, units: Iterable[nn.Module] = (), precision: str = "fp32", mesh=None) -> nn.Module:
+def shard_model(model: nn.Module, units: Iterable[nn.Module] = (), precision: str = "fp32", mesh=None,
+                reduce_dtype: torch.dtype = torch.float32) -> nn.Module:
     """Shard each unit (a GPT block, a ResNet stage: one all-gather and one reduce-scatter each), then the root (what
     is left: embeddings, head); under bf16 the units compute with bf16 copies of fp32 shards, the root returns fp32.
+    `reduce_dtype` is what FSDP2's own reduce-scatter sends (the codec's wire replaces it under `--engine fsdp`).
 
     Collective: every rank, together, before the optimizer is built on `model.parameters()` (the shards)."""
     if precision not in COMPUTE:
@@ -46,15 +48,24 @@ def shard_model(model: nn.Module, units: Iterable[nn.Module] = (), precision: st
                          "loss scaler over the shards)")
     dtype = COMPUTE[precision]
     for unit in units:
-        fully_shard(unit, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32))
+        fully_shard(unit, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=reduce_dtype))
     fully_shard(model, mesh=mesh, mp_policy=MixedPrecisionPolicy(
-        param_dtype=dtype, reduce_dtype=torch.float32, output_dtype=torch.float32 if dtype is not None else None))
+        param_dtype=dtype, reduce_dtype=reduce_dtype, output_dtype=torch.float32 if dtype is not None else None))
     return model
 
 
 def node_mesh(groups, device: torch.device) -> DeviceMesh:
     """The mesh of this rank's node (`TopologyGroups.node_group`): the hybrid layout shards within it."""
     return DeviceMesh.from_group(groups.node_group, device.type)
+
+
+def hybrid_mesh(groups, device: torch.device) -> DeviceMesh:
+    """FSDP2's own hybrid layout: replicated across nodes (`cross_group`, dim 0), sharded within each (dim 1); ranks
+    are numbered node by node."""
+    per_node, world = dist.get_world_size(groups.node_group), dist.get_world_size()
+    return DeviceMesh.from_group([groups.cross_group, groups.node_group], device.type,
+                                 mesh=torch.arange(world).view(world // per_node, per_node),
+                                 mesh_dim_names=("replicate", "shard"))
 
 
 class CrossNodeSum:
@@ -119,20 +130,34 @@ class FsdpExchange(GradientExchange):
             raise ValueError("the sharded engine takes a model sharded by shard_model (FSDP2's fully_shard), and an "
                              "optimizer built on its parameters after that")
         self._codec = make_codec(setup.codec, setup.settings)
-        mesh = next(model.parameters()).device_mesh
-        hybrid = mesh.size() < dist.get_world_size()  # sharded within each node: the codec's wire is the nodes' sum
-        if hybrid and setup.topology is None:
-            raise ValueError("a model sharded within each node needs the node and cross-node groups (`topology`)")
-        self._comm = CodecReduceScatter(make_codec(DENSE.name, setup.settings) if hybrid else self._codec)
-        self._across = CrossNodeSum(self._codec, setup.topology.cross_group) if hybrid else None
-        for module in model.modules():  # each unit's parameter group (a module with none has nothing to set)
-            if isinstance(module, FSDPModule):
-                module.set_custom_reduce_scatter(self._comm)
-                if hybrid:
-                    module.set_all_reduce_hook(self._across)
+        self._parts = self._install(model, setup)
         self._counted = (0.0, 0)
         # bf16 compute is FSDP's own (`shard_model`'s policy), so the base's autocast stays off
         super().__init__(model, optimizer, None, bare=model, norms=setup.norms, clip_norm=setup.clip_norm)
+
+    def _install(self, model: FSDPModule, setup: ExchangeSetup) -> list:
+        """Each unit's reduce-scatter on the codec's wire (hybrid: the node's in fp32, then the cross-node sum on the
+        codec's); the parts that count their bytes and time."""
+        hybrid = next(model.parameters()).device_mesh.size() < dist.get_world_size()  # sharded within each node
+        if hybrid and setup.topology is None:
+            raise ValueError("a model sharded within each node needs the node and cross-node groups (`topology`)")
+        parts = [CodecReduceScatter(make_codec(DENSE.name, setup.settings) if hybrid else self._codec)]
+        if hybrid:
+            parts.append(CrossNodeSum(self._codec, setup.topology.cross_group))
+        for module in model.modules():  # each unit's parameter group (a module with none has nothing to set)
+            if isinstance(module, FSDPModule):
+                module.set_custom_reduce_scatter(parts[0])
+                if hybrid:
+                    module.set_all_reduce_hook(parts[1])
+        return parts
+
+    @classmethod
+    def shard(cls, model: nn.Module, units: Iterable[nn.Module], precision: str, codec: str, groups=None,
+              device: torch.device = torch.device("cpu")) -> nn.Module:
+        """`shard_model` as this engine lays it out: over every rank, or within each node where `groups` are given
+        (the cross-node sum is the codec's all-reduce hook); FSDP2's reduce dtype fp32 (the codec's wire replaces
+        it)."""
+        return shard_model(model, units, precision, node_mesh(groups, device) if groups is not None else None)
 
     @staticmethod
     def uses_own_group(codec) -> bool:
@@ -152,8 +177,7 @@ class FsdpExchange(GradientExchange):
     def stats(self) -> IterationStats:
         """The reduce-scatters' (and cross-node sums') bytes and time since the last call (on CPU they run inside
         backward, exposed)."""
-        parts = [self._comm] + ([self._across] if self._across is not None else [])
-        total = (sum(p.seconds for p in parts), sum(p.bytes_sent for p in parts))
+        total = (sum(p.seconds for p in self._parts), sum(p.bytes_sent for p in self._parts))
         seconds, sent = total[0] - self._counted[0], total[1] - self._counted[1]
         self._counted = total
         return IterationStats(comm_s=seconds, exposed_s=seconds, bytes_sent=sent)
@@ -193,3 +217,21 @@ class FsdpExchange(GradientExchange):
         state = self.sharded_state(model)
         dcp.load(state, checkpoint_id=folder)
         set_state_dict(model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+class Fsdp2Exchange(FsdpExchange):
+    """FSDP2 as it comes, for comparison (as `ddp` is DDP): its own reduce-scatter in the codec's dtype (the mixed
+    precision policy's `reduce_dtype`) and its own hybrid layout on a 2-D mesh (`hybrid_mesh`); nothing counted from
+    inside (on the testbed the link counts its bytes)."""
+
+    def _install(self, model: FSDPModule, setup: ExchangeSetup) -> list:
+        return []
+
+    @classmethod
+    def shard(cls, model: nn.Module, units: Iterable[nn.Module], precision: str, codec: str, groups=None,
+              device: torch.device = torch.device("cpu")) -> nn.Module:
+        mesh = hybrid_mesh(groups, device) if groups is not None else None
+        return shard_model(model, units, precision, mesh, make_codec(codec).wire_dtype or torch.float32)
+
+    def stats(self) -> IterationStats | None:
+        return None
