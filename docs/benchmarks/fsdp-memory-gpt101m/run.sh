@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Each rank's peak memory and training state, DDP against the sharded engine (every rank's shard, and 2 shards a node
+# replicated across nodes), on a 101 M-parameter GPT with AdamW: 2 nodes x 2 processes on the testbed at 1 Gbit/s,
+# one run a mode (a rank's peak resident set; the spread is over the 4 ranks).
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+source .venv/bin/activate
+text=$(python -c "import typing; print(typing.__file__)")  # a small file every machine has: evaluations stay short
+out=docs/benchmarks/fsdp-memory-gpt101m
+scalesgd testbed up --nodes 2 --procs-per-node 2 --bandwidth 1gbit --prefix fm
+trap 'scalesgd testbed down --prefix fm' EXIT
+for seed in 0; do
+  for mode in "ddp:--engine ddp --codec fp32" "fsdp:--engine fsdp --codec fp32" "fsdp-node:--engine fsdp --shard node --codec fp32"; do
+    name=${mode%%:*}; args=${mode#*:}
+    [ -f $out/$name-seed$seed/summary.json ] && continue
+    rm -rf $out/$name-seed$seed
+    scalesgd testbed run --prefix fm -- scalesgd train --model gpt --dataset text --data-file "$text" --samples 96 --batch-size 32 \
+      --epochs 1 --gpt-layers 8 --gpt-width 1024 --gpt-heads 8 --seed $seed $args --run-dir $out/$name-seed$seed --quiet
+  done
+done
+python - "$out" <<'PY'
+import json, pathlib, statistics, sys
+out = pathlib.Path(sys.argv[1])
+rows = {s.parent.name.rsplit("-seed", 1)[0]: json.loads(s.read_text())["memory"] for s in out.glob("*/summary.json")}
+ddp = statistics.median(rows["ddp"]["peak_mb"])
+for name, m in rows.items():  # one run a mode: the spread is over its 4 ranks
+    peaks, state = sorted(m["peak_mb"]), sorted(m["state_mb"])
+    print(f"{name}: peak {statistics.median(peaks):.0f} MiB a rank ({peaks[0]:.0f}-{peaks[-1]:.0f}), parameters and "
+          f"optimizer state {statistics.median(state):.0f} MiB ({state[0]:.0f}-{state[-1]:.0f}), "
+          f"{statistics.median(peaks) / ddp:.2f}x DDP's median peak")
+PY
