@@ -108,5 +108,6 @@ def whole_norms(*lists: list, sharded_as=None) -> list[torch.Tensor]:
     if not isinstance(sharded_as, DTensor):
         return norms
     squares = torch.cat(norms).square()
-    dist.all_reduce(squares, group=sharded_as.device_mesh.get_group())
+    mesh = sharded_as.device_mesh  # sharded over its last dim (FSDP2's hybrid mesh replicates over the first)
+    dist.all_reduce(squares, group=mesh.get_group(mesh.ndim - 1))
     return list(squares.sqrt().split([len(tensors) for tensors in lists]))

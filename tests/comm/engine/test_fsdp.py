@@ -195,8 +195,13 @@ def hybrid_against_ddp(rank, world):
     ddp = build_exchange("ddp", reference, torch.optim.SGD(reference.parameters(), lr=0.5, momentum=0.9), ExchangeSetup())
     train(ddp, data)
     out["ddp"] = {k: v.clone() for k, v in reference.state_dict().items()}
-    model = fsdp2_gpt("fp32", groups)  # FSDP2's own hybrid layout: a 2-D mesh, its all-reduce across nodes
-    own = build_exchange("fsdp2", model, torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9), ExchangeSetup())
+    lars = lambda ps: LARS(ps, lr=0.5, momentum=0.9, weight_decay=1e-2)
+    reference = gpt()
+    ddp = build_exchange("ddp", reference, lars(reference.parameters()), ExchangeSetup())
+    train(ddp, data)
+    out["ddp", "lars"] = {k: v.clone() for k, v in reference.state_dict().items()}
+    model = fsdp2_gpt("fp32", groups)  # FSDP2's own hybrid layout: a 2-D mesh, its all-reduce across nodes; LARS's
+    own = build_exchange("fsdp2", model, lars(model.parameters()), ExchangeSetup())  # norms over its shard dim
     train(own, data)
     out["fsdp2"] = (whole(own, model), sum(p.to_local().numel() for p in model.parameters()))
     for codec in ("fp32", "bf16"):
@@ -215,7 +220,7 @@ def test_hybrid_sharding_shards_within_nodes_and_sums_across_them_on_the_codecs_
     first, parameters = ranks[0], sum(p.numel() for p in gpt().parameters())
     for name, tensor in first["ddp"].items():
         assert torch.allclose(first["fp32"]["state"][name], tensor, rtol=0, atol=1e-6), name
-        assert torch.allclose(first["fsdp2"][0][name], tensor, rtol=0, atol=1e-6), name
+        assert torch.allclose(first["fsdp2"][0][name], first["ddp", "lars"][name], rtol=0, atol=1e-6), name
     assert all(rank["fp32"]["local"] == rank["fsdp2"][1] == parameters // 2 for rank in ranks)  # a node's half
     # a step: the node's fp32 reduce-scatter sends half the gradient (4 bytes an element), then the cross-node sum of
     # this rank's half on the codec's wire, a ring of 2 nodes sending it once
