@@ -11,8 +11,7 @@ import torch
 
 from scalesgd.comm.codecs import CODECS, CodecSettings, TopkOptions
 from scalesgd.comm.cost.profile import time_layers
-from scalesgd.comm.engine.exchange import ExchangeSetup, build_exchange
-from scalesgd.comm.engine.fsdp import shard_model
+from scalesgd.comm.engine.exchange import ENGINES, SHARDED, ExchangeSetup, build_exchange
 from scalesgd.models import MODELS, build_model
 from tests.spawn_util import CUDA_BACKEND, run_workers
 
@@ -127,14 +126,15 @@ def test_periodic_synchronisation_runs_on_the_gpu_and_learns(codec):
 
 
 def sharded_and_not(rank, world):
-    """One SGD step of resnet8 on this rank's GPU, whole (DDP) and sharded (FSDP2 on NCCL, fp32 and bf16 wires)."""
+    """One SGD step of resnet8 on this rank's GPU, whole (DDP) and sharded (FSDP2 on NCCL, fp32 and bf16 wires; and
+    FSDP2's own reduce-scatter)."""
     out = {}
-    for engine, codec in (("ddp", "fp32"), ("fsdp", "fp32"), ("fsdp", "bf16")):
+    for engine, codec in (("ddp", "fp32"), ("fsdp", "fp32"), ("fsdp", "bf16"), ("fsdp2", "fp32")):
         torch.manual_seed(0)
         device = torch.device("cuda", rank)
         model = build_model("resnet8", 10, 3).to(device)
-        if engine == "fsdp":
-            shard_model(model, MODELS["resnet8"].shard_units(model))
+        if engine in SHARDED:
+            ENGINES[engine].shard(model, MODELS["resnet8"].shard_units(model), "fp32", codec, device=device)
         exchange = build_exchange(engine, model, torch.optim.SGD(model.parameters(), lr=0.1),
                                   ExchangeSetup(codec, CodecSettings()))
         g = torch.Generator().manual_seed(rank)
@@ -149,7 +149,7 @@ def sharded_and_not(rank, world):
 def test_the_sharded_engine_steps_as_ddp_on_nccl():
     first = run_workers(sharded_and_not, gpus(), backend=CUDA_BACKEND)[0]
     whole = first["ddp", "fp32"]
-    for codec, atol in (("fp32", 1e-5), ("bf16", 1e-2)):
-        sharded = first["fsdp", codec]
+    for engine, codec, atol in (("fsdp", "fp32", 1e-5), ("fsdp", "bf16", 1e-2), ("fsdp2", "fp32", 1e-5)):
+        sharded = first[engine, codec]
         assert sharded.keys() == whole.keys()
         assert all(torch.allclose(sharded[k].float(), whole[k].float(), atol=atol) for k in whole), codec
