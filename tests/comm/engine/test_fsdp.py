@@ -104,6 +104,7 @@ def test_sharded_adamw_steps_the_gpt_as_ddp_does_and_sends_the_shards_on_the_cod
         assert torch.allclose(first["resumed"][name], fp32[name], rtol=0, atol=1e-6), name
     for name, tensor in first["scalesgd"].items():  # our engine's bf16 wire: the same roundings, sharded or not
         assert torch.allclose(bf16[name], tensor, rtol=0, atol=1e-6), name
+    assert max((bf16[k] - reference[k]).abs().max().item() for k in reference) > 1e-4  # and bf16 is no fp32
     own, counted = first["fsdp2", "fp32"]  # FSDP2's own reduce-scatter: in fp32 the same sums as ours
     assert counted is None and all(torch.allclose(own[k], fp32[k], rtol=0, atol=1e-6) for k in own)
     own, _ = first["fsdp2", "bf16"]  # in bf16 its own roundings (AdamW makes a step of a rounded near-zero

@@ -100,7 +100,8 @@ ENGINES.add("ddp", DdpExchange)
 ENGINES.add("scalesgd", EngineExchange)
 ENGINES.add("fsdp", FsdpExchange)
 ENGINES.add("fsdp2", Fsdp2Exchange)
-SHARDED = ("fsdp", "fsdp2")  # the engines that shard the model (`shard_model`), and lay it out with `shard`
+# the engines that shard the model before the optimizer is built (each lays it out with its `shard`)
+SHARDED = tuple(name for name, engine in ENGINES.items() if issubclass(engine, FsdpExchange))
 
 
 def parse_exchange(name: str) -> tuple[str, str]:
