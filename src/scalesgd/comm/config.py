@@ -11,6 +11,7 @@ import torch
 
 from scalesgd import checks
 from scalesgd.comm.codecs import CODEC_OPTIONS, CODECS, CodecEntry, CodecOptions, CodecSettings
+from scalesgd.comm.codecs.registry import CROSS_NODE_SHARDS
 from scalesgd.comm.cost.planner import NO_PLANNER, PLANNERS
 from scalesgd.comm.engine.buckets import spec_problem
 from scalesgd.comm.engine.exchange import ENGINES, SHARDED, ExchangeSetup, exchange_names, parse_exchange
@@ -114,6 +115,12 @@ class ExchangeConfig:
     def hybrid(self) -> bool:
         """Whether the sharded engine shards within each node and sums across nodes (FSDP2's hybrid layout)."""
         return self.sharded and self.shard == "node"
+
+    @property
+    def codec_site(self) -> str:
+        """Where the codec runs: in the engine's exchange, or, where ours shards within each node, in the cross-node
+        sum of the shards (`CROSS_NODE_SHARDS`: any codec of ours; FSDP2 as it comes sums in its reduce dtype)."""
+        return CROSS_NODE_SHARDS if self.hybrid and self.engine == "fsdp" else self.engine
 
     @property
     def sharded(self) -> bool:

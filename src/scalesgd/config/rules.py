@@ -13,6 +13,7 @@ import torch
 from scalesgd import checks
 from scalesgd.comm.codecs import CODECS
 from scalesgd.comm.codecs.cast import DENSE
+from scalesgd.comm.codecs.registry import CROSS_NODE_SHARDS
 from scalesgd.comm.cost.planner import NO_PLANNER
 from scalesgd.comm.engine.exchange import exchange_names, parse_exchange
 from scalesgd.data import DATASETS, DataError, check_text_file
@@ -139,13 +140,18 @@ def manual(cfg) -> None:
     """The codec on its engine, the planner, a codec family's own options, and what the codec needs of the
     optimizer and of the dense start."""
     r, x = cfg.recipe, cfg.exchange
-    runs_here = [name for name, entry in CODECS.items() if entry.runs_on(x.engine)]
+    runs_here = [name for name, entry in CODECS.items() if entry.runs_on(x.codec_site)]
     if x.sharded and x.codec in CODECS and x.codec not in runs_here:
         elsewhere = " and ".join(e for e in ("scalesgd", "ddp") if CODECS[x.codec].runs_on(e))
+        if x.codec_site == CROSS_NODE_SHARDS:
+            raise UsageError(f"`codec` {x.codec} groups whole gradients its own way, and the sum across nodes of "
+                             f"shards takes each unit's shard as it comes: give one of {', '.join(runs_here)}")
         why = ("is FSDP2 as it comes, its reduce-scatter in" if x.engine == "fsdp2" else
                f"has no reduce-scatter of shards for {x.codec} yet, so it sends")
-        raise UsageError(f"`codec` {x.codec}: `engine` {x.engine} {why} {', '.join(runs_here)}; {x.codec} runs with "
-                         f"`engine` {elsewhere}")
+        across = (f" (or `shard` node: {x.codec} across nodes)" if x.engine == "fsdp"
+                  and CODECS[x.codec].runs_on(CROSS_NODE_SHARDS) else "")
+        raise UsageError(f"`codec` {x.codec}: `engine` {x.engine} {why} {', '.join(runs_here)}{across}; {x.codec} "
+                         f"runs with `engine` {elsewhere}")
     require_choice("codec", x.codec, runs_here, f" (with `engine` {x.engine})")
     if x.engine == "ddp" and x.codec_entry.torch_hook_needs_cuda and not torch.cuda.is_available():
         raise UsageError(f"`codec` {x.codec} with `engine` ddp is PyTorch's own hook, which runs only on CUDA with "
@@ -231,9 +237,9 @@ def sharded(cfg) -> None:
     if r.precision == "fp16":
         raise UsageError(f"`precision` fp16 with `engine` {engine}: a loss scaler over shards is not built; give bf16 "
                          "(FSDP's mixed precision: bf16 compute, fp32 shards) or fp32")
-    if r.freeze_variance:
-        raise UsageError("`freeze_variance` steps with 1-bit Adam's update, which the sharded engines do not run "
-                         f"yet; drop it with `engine` {engine}")
+    if r.freeze_variance and cfg.exchange.codec_site != CROSS_NODE_SHARDS:
+        raise UsageError("`freeze_variance` steps with 1-bit Adam's update for a sparse exchange, which the sharded "
+                         "engine runs only across nodes: add `shard` node with `engine` fsdp")
     if cfg.measures_noise:
         raise UsageError("`noise_scale` and `lr_scaling` adascale read each rank's local gradient norm, which the "
                          "sharded engine does not keep; give `engine` scalesgd or ddp")

@@ -26,7 +26,7 @@ import warnings
 import torch
 from torch.optim.adam import adam
 
-from scalesgd.optim._batched import BatchedOptimizer, batches, check_adam, require
+from scalesgd.optim._batched import BatchedOptimizer, batches, check_adam, local, require
 
 
 class EarlyFreezeWarning(UserWarning):
@@ -102,7 +102,8 @@ class OneBitAdam(BatchedOptimizer):
                      beta1: float, beta2_n: float, grad_is_momentum: bool = True) -> None:
         """exp_avg ← grad (the averaged momentum), or Adam's m ← β1·m + (1 − β1)·grad where the grad is a gradient
         (a sparse codec's); decoupled decay, the step with the frozen v̂."""
-        m, v = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
+        m, v = local([s["exp_avg"] for s in states]), local([s["exp_avg_sq"] for s in states])
+        params, grads = local(params), local(grads)  # a sharded model's (FSDP2's) shards: foreach ops take them
         torch._foreach_add_([s["step"] for s in states], 1)
         if grad_is_momentum:
             torch._foreach_copy_(m, grads)

@@ -7,6 +7,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from scalesgd.comm.codecs import CODECS, CodecSettings, TopkOptions
+from scalesgd.comm.codecs.registry import CROSS_NODE_SHARDS
 from scalesgd.comm.engine.exchange import ENGINES, DdpExchange, EngineExchange, ExchangeSetup, build_exchange
 from scalesgd.comm.engine.fsdp import FsdpExchange, shard_model
 from scalesgd.comm.engine.optimizer import DistributedOptimizer, IterationStats
@@ -69,6 +70,8 @@ def test_own_groups_and_engine_compatibility_come_from_the_registry():
     assert set(ENGINES) == {"ddp", "scalesgd", "fsdp", "fsdp2"}
     for sharded in ("fsdp", "fsdp2"):
         assert [name for name, entry in CODECS.items() if entry.runs_on(sharded)] == ["fp32", "fp16", "bf16"]
+    assert [name for name, entry in CODECS.items() if not entry.runs_on(CROSS_NODE_SHARDS)] == [
+        "powersgd", "topk-global", "lags"]  # across nodes, each unit's shard as it comes: not PyTorch's, not regrouped
     assert not FsdpExchange.uses_own_group(CODECS["fp16"])  # the reduce-scatter runs in FSDP's mesh
     assert EngineExchange.uses_own_group(CODECS["fp16"])
     assert not DdpExchange.uses_own_group(CODECS["fp16"]) and DdpExchange.uses_own_group(CODECS["fp8"])

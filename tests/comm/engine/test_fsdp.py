@@ -1,16 +1,20 @@
 """The sharded engine: FSDP2 steps the GPT as DDP does, accumulation included; its reduce-scatter's bytes are the
 shards' on the codec's wire; a checkpoint of whole tensors resumes a sharded run exactly."""
 
+import warnings
+
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from scalesgd.comm.codecs import CodecSettings
+from scalesgd.comm.codecs import CodecSettings, TopkOptions
 from scalesgd.comm.engine.exchange import ExchangeSetup, build_exchange
 from scalesgd.comm.engine.fsdp import Fsdp2Exchange, node_mesh, shard_model
 from scalesgd.comm.wire.topology import Topology, build_groups
 from scalesgd.models import MODELS, GPT
 from scalesgd.models.gpt import GptOptions
 from scalesgd.optim import LAMB, LARS
+from scalesgd.optim.onebit_adam import EarlyFreezeWarning, OneBitAdam
 from scalesgd.train import memory
 from tests.spawn_util import run_workers
 
@@ -205,18 +209,44 @@ def hybrid_against_ddp(rank, world):
     own = build_exchange("fsdp2", model, lars(model.parameters()), ExchangeSetup())  # norms over its shard dim
     train(own, data)
     out["fsdp2"] = (whole(own, model), sum(p.to_local().numel() for p in model.parameters()))
-    for codec in ("fp32", "bf16"):
-        model = gpt()
-        shard_model(model, MODELS["gpt"].shard_units(model), mesh=node_mesh(groups, torch.device("cpu")))
-        exchange = build_exchange("fsdp", model, torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9),
-                                  ExchangeSetup(codec, CodecSettings(), topology=groups))
+    reference = gpt()
+    ours = build_exchange("scalesgd", reference, torch.optim.SGD(reference.parameters(), lr=0.5, momentum=0.9),
+                          ExchangeSetup("fp8", topology=groups))
+    train(ours, data)
+    out["ours", "fp8"] = {k: v.clone() for k, v in reference.state_dict().items()}
+    for codec in ("fp32", "bf16", "fp8", "onebit"):
+        model = within_nodes(groups)
+        with warnings.catch_warnings(category=EarlyFreezeWarning, action="ignore"):  # its variance: a step of SGD's
+            optimizer = (OneBitAdam(model.parameters(), lr=1e-3, freeze_step=1) if codec == "onebit" else
+                         torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9))
+        exchange = build_exchange("fsdp", model, optimizer, ExchangeSetup(codec, CodecSettings(), topology=groups))
         train(exchange, data)
         out[codec] = {"state": whole(exchange, model), "sent": exchange.stats().bytes_sent,
                       "local": sum(p.to_local().numel() for p in model.parameters())}
+    delivered = {}  # one backward's mean gradient shards: fp32's, top-k's, and top-k's residuals averaged over nodes
+    for codec in ("fp32", "topk"):
+        model = within_nodes(groups)
+        exchange = build_exchange("fsdp", model, torch.optim.SGD(model.parameters(), lr=0.0), ExchangeSetup(
+            codec, CodecSettings(TopkOptions(density=0.1)), topology=groups))
+        logits = model(data[0][:, :-1])
+        exchange.backward(torch.nn.functional.cross_entropy(logits.flatten(0, 1), data[0][:, 1:].flatten()))
+        delivered[codec] = [p.grad.to_local().flatten() for p in model.parameters()]
+    residuals = exchange.state_dict()["codec"]["driver"]["flat"]["params"]
+    delivered["residual"] = []
+    for key, shard in enumerate(delivered["topk"]):
+        residual = residuals[key]["residual"][:shard.numel()].clone()  # the padded shard's first elements are its own
+        dist.all_reduce(residual, group=groups.cross_group)
+        delivered["residual"].append(residual / 2)
+    out["delivered"] = {k: torch.cat(v) for k, v in delivered.items()}
     return out
 
 
-def test_hybrid_sharding_shards_within_nodes_and_sums_across_them_on_the_codecs_wire():
+def within_nodes(groups):
+    model = gpt()
+    return shard_model(model, MODELS["gpt"].shard_units(model), mesh=node_mesh(groups, torch.device("cpu")))
+
+
+def test_hybrid_sharding_shards_within_nodes_and_sums_across_them_through_any_codec():
     ranks = run_workers(hybrid_against_ddp, 4)
     first, parameters = ranks[0], sum(p.numel() for p in gpt().parameters())
     for name, tensor in first["ddp"].items():
@@ -227,3 +257,17 @@ def test_hybrid_sharding_shards_within_nodes_and_sums_across_them_on_the_codecs_
     # this rank's half on the codec's wire, a ring of 2 nodes sending it once
     assert first["fp32"]["sent"] == STEPS * (2 * parameters + 2 * parameters)
     assert first["bf16"]["sent"] == STEPS * (2 * parameters + parameters)
+    # fp8 across nodes, relative to each shard's weights: a quarter of fp32's bytes there (and a flag byte a tensor),
+    # no farther from fp32 than our engine's fp8 over the whole gradients
+    node = 2 * parameters  # a step's node reduce-scatter, fp32
+    assert STEPS * (node + parameters // 2) < first["fp8"]["sent"] < STEPS * (1.05 * node + parameters // 2)
+    start, ddp = (torch.cat([s[k].flatten() for k in first["ddp"]]) for s in ({**gpt().state_dict()}, first["ddp"]))
+    off = {m: (torch.cat([s[k].flatten() for k in first["ddp"]]) - ddp).norm() / (ddp - start).norm()
+           for m, s in (("hybrid", first["fp8"]["state"]), ("ours", first["ours", "fp8"]))}
+    assert off["hybrid"] < 1.25 * off["ours"], off
+    # 1-bit Adam's momentum across nodes: more than 16x fewer bytes there than fp32's
+    assert (first["onebit"]["sent"] - STEPS * node) * 16 < STEPS * 2 * parameters
+    # top-k with error feedback on each rank's shard: what it delivers and what it keeps sum to the mean gradient
+    got = first["delivered"]
+    assert torch.allclose(got["topk"] + got["residual"], got["fp32"], rtol=0, atol=1e-6)
+    assert (got["topk"] != 0).float().mean() < 0.5 < (got["residual"] != 0).float().mean()

@@ -86,6 +86,9 @@ Cost = DenseCost | SparseCost | LowRankCost
 
 WHOLE_GRADIENT_ENGINES = ("ddp", "scalesgd")  # a codec runs in the sharded engine's reduce-scatter only where it says
 SHARDED_TOO = (*WHOLE_GRADIENT_ENGINES, "fsdp", "fsdp2")  # where a codec's registration says it does
+# the sharded engine's cross-node sum where it shards within each node: every node holds the same shards, so each
+# unit's shard is a bucket like any other, and every codec of ours that sums bucket by bucket runs there
+CROSS_NODE_SHARDS = "fsdp:node"
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,9 @@ class CodecEntry:
     cost_proxy: str | None = None  # the codec of ours whose measured costs stand for this one's (a PyTorch hook's)
 
     def runs_on(self, engine: str) -> bool:
+        """Whether `engine` (or `CROSS_NODE_SHARDS`) takes it."""
+        if engine == CROSS_NODE_SHARDS:  # ours, on buckets as they come (not a grouping of its own)
+            return self.build is not None and self.buckets is None
         return engine in (self.engines or WHOLE_GRADIENT_ENGINES)
 
     @property

@@ -138,6 +138,12 @@ class GradientExchange(ABC):
                 "codec": self.driver.state_dict() if self.driver is not None else None,
                 "scaler": self.scaler.state_dict()}
 
+    @classmethod
+    def codec_site(cls, model: nn.Module) -> str | None:
+        """Where the codec runs on `model` when not in the engine's own exchange (`registry.CROSS_NODE_SHARDS`: the
+        sharded engine's cross-node sum); None: in the engine's."""
+        return None
+
     def model_state(self, model: nn.Module) -> dict:
         """`model`'s parameters and buffers whole, as a checkpoint keeps them (collective where they are sharded)."""
         return model.state_dict()

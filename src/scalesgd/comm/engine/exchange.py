@@ -124,6 +124,8 @@ def exchange_names() -> list[str]:
 def build_exchange(engine: str, model: nn.Module, optimizer: torch.optim.Optimizer,
                    setup: ExchangeSetup) -> GradientExchange:
     """Wrap `model` and `optimizer` in the registered engine (collective: every rank, together)."""
-    if not CODECS[setup.codec].runs_on(engine):
-        raise ValueError(f"codec {setup.codec!r} does not run on engine {engine!r}")
+    site = ENGINES[engine].codec_site(model) if engine in ENGINES else None
+    if not CODECS[setup.codec].runs_on(site or engine):
+        where = "the cross-node sum of a model sharded within each node" if site else f"engine {engine!r}"
+        raise ValueError(f"codec {setup.codec!r} does not run on {where}")
     return ENGINES[engine](model, optimizer, setup)

@@ -8,6 +8,7 @@ the optimizer's state, and the gradients' reduce-scatter travels on the codec's 
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -27,10 +28,14 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter  # the documented `set_custom_reduce_scatter`'s
 
-from scalesgd.comm.codecs import make_codec
+from scalesgd.comm.codecs import BucketView, Channel, make_codec
 from scalesgd.comm.codecs.cast import DENSE
+from scalesgd.comm.codecs.registry import CROSS_NODE_SHARDS, needs_topology
 from scalesgd.comm.engine.base import ExchangeSetup, GradientExchange
+from scalesgd.comm.engine.driver import BucketDriver
 from scalesgd.comm.engine.optimizer import IterationStats
+from scalesgd.comm.wire.groups import own_group
+from scalesgd.comm.wire.topology import Topology, TopologyGroups
 
 COMPUTE = {"fp32": None, "bf16": torch.bfloat16}  # --precision → the dtype the shards are gathered to for compute
 GATHERED = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors on rank 0, as a checkpoint keeps
@@ -54,6 +59,12 @@ def shard_model(model: nn.Module, units: Iterable[nn.Module] = (), precision: st
     return model
 
 
+def sharded_within_nodes(model: nn.Module) -> bool:
+    """Whether `shard_model` sharded `model` over fewer ranks than the world (each node's: the hybrid layout)."""
+    mesh = getattr(next(model.parameters(), None), "device_mesh", None)
+    return mesh is not None and mesh.size() < dist.get_world_size()
+
+
 def node_mesh(groups, device: torch.device) -> DeviceMesh:
     """The mesh of this rank's node (`TopologyGroups.node_group`): the hybrid layout shards within it."""
     return DeviceMesh.from_group(groups.node_group, device.type)
@@ -69,26 +80,38 @@ def hybrid_mesh(groups, device: torch.device) -> DeviceMesh:
 
 
 class CrossNodeSum:
-    """The hybrid layout's sum across nodes of one unit's gradient shard, after the node's reduce-scatter averaged
-    it (FSDP2's all-reduce hook, in place): cast to the codec's wire, divided by the nodes, summed over the ranks
-    holding the same shard on every node."""
+    """The hybrid layout's mean across nodes of each unit's gradient shard, after the node's reduce-scatter averaged
+    it (FSDP2's all-reduce hook, in place): every node holds the same shards, so a unit's shard is one bucket through
+    the codec's driver, as a bucket of whole gradients is — fp8 relative to the shard's weights, top-k with this
+    rank's residual of its shard, low rank of its rows, 1-bit Adam's momentum of its shard."""
 
-    def __init__(self, codec, group):
-        self.codec, self.group = codec, group
+    def __init__(self, driver: BucketDriver):
+        self.driver = driver
         self.seconds, self.bytes_sent = 0.0, 0
 
-    def __call__(self, shard: torch.Tensor) -> None:
+    def hook(self, unit: int, params: list, keys: tuple[int, ...]):
+        """The all-reduce hook of the `unit`-th sharded module, whose FSDP parameters are `params` (their codec state
+        keyed by `keys`, their places in the model's parameters: the same in every run, whatever the world size)."""
+        return lambda shard: self(shard, unit, params, keys)
+
+    def __call__(self, shard: torch.Tensor, unit: int, params: list, keys: tuple[int, ...]) -> None:
         start = time.perf_counter()
-        nodes = dist.get_world_size(self.group)
-        wire = shard.to(self.codec.wire_dtype or shard.dtype)
-        if wire.dtype != shard.dtype:
-            self.codec.count_overflow(shard, wire)
-        wire.div_(nodes)
-        dist.all_reduce(wire, group=self.group)
-        if wire is not shard:
-            shard.copy_(wire)
-        self.bytes_sent += 2 * wire.numel() * wire.element_size() * (nodes - 1) // nodes  # a ring's
+        # each parameter's padded shard, laid out in `shard` as FSDP lays the reduce-scatter's output
+        local = [p._sharded_param_data.view(p.padded_sharded_param_size) for p in params]
+        offsets = list(itertools.accumulate((t.numel() for t in local[:-1]), initial=0))
+        self.bytes_sent += self.driver.exchange(shard, BucketView(unit, local, offsets, shard.numel(), keys))
         self.seconds += time.perf_counter() - start
+
+
+def cross_node_channel(codec, groups) -> Channel:
+    """Where the cross-node sum travels: the ranks holding the same shards, one a node; a codec that sums in two
+    stages finds each of them alone in its node (its node stage skipped)."""
+    nodes = dist.get_world_size(groups.cross_group)
+    topology = None
+    if needs_topology(codec):  # a group of one for each rank (collective: every rank makes every one)
+        alone = [own_group([rank]) for rank in range(dist.get_world_size())][dist.get_rank()]
+        topology = TopologyGroups(Topology(nodes, dist.get_rank(groups.cross_group), 1), alone, groups.cross_group)
+    return Channel(groups.cross_group, nodes, "ring", topology)
 
 
 class CodecReduceScatter(ReduceScatter):
@@ -130,26 +153,38 @@ class FsdpExchange(GradientExchange):
             raise ValueError("the sharded engine takes a model sharded by shard_model (FSDP2's fully_shard), and an "
                              "optimizer built on its parameters after that")
         self._codec = make_codec(setup.codec, setup.settings)
+        self._driver = None  # the cross-node sum's, where the model is sharded within each node
+        mesh = next(model.parameters()).device_mesh
+        shard = mesh.ndim - 1  # the dim it shards over (a hybrid mesh replicates over the first)
+        self._layout = [mesh.get_local_rank(shard), mesh.size(shard)]  # the shards this rank holds: place, of how many
         self._parts = self._install(model, setup)
         self._counted = (0.0, 0)
         # bf16 compute is FSDP's own (`shard_model`'s policy), so the base's autocast stays off
-        super().__init__(model, optimizer, None, bare=model, norms=setup.norms, clip_norm=setup.clip_norm)
+        super().__init__(model, optimizer, self._driver, bare=model, norms=setup.norms, clip_norm=setup.clip_norm)
 
     def _install(self, model: FSDPModule, setup: ExchangeSetup) -> list:
-        """Each unit's reduce-scatter on the codec's wire (hybrid: the node's in fp32, then the cross-node sum on the
-        codec's); the parts that count their bytes and time."""
-        hybrid = next(model.parameters()).device_mesh.size() < dist.get_world_size()  # sharded within each node
+        """Each unit's reduce-scatter on the codec's wire (hybrid: the node's in fp32, then the cross-node mean of
+        the unit's shard through the codec's driver); the parts that count their bytes and time."""
+        hybrid = sharded_within_nodes(model)
         if hybrid and setup.topology is None:
             raise ValueError("a model sharded within each node needs the node and cross-node groups (`topology`)")
         parts = [CodecReduceScatter(make_codec(DENSE.name, setup.settings) if hybrid else self._codec)]
         if hybrid:
-            parts.append(CrossNodeSum(self._codec, setup.topology.cross_group))
-        for module in model.modules():  # each unit's parameter group (a module with none has nothing to set)
-            if isinstance(module, FSDPModule):
-                module.set_custom_reduce_scatter(parts[0])
-                if hybrid:
-                    module.set_all_reduce_hook(parts[1])
+            self._driver = BucketDriver(self._codec, cross_node_channel(self._codec, setup.topology),
+                                        dense_steps=setup.compress_after)
+            parts.append(CrossNodeSum(self._driver))
+        numbers = {id(p): i for i, p in enumerate(model.parameters())}
+        for unit, module in enumerate(m for m in model.modules() if isinstance(m, FSDPModule)):
+            module.set_custom_reduce_scatter(parts[0])
+            params = [p for group in module._get_fsdp_state()._fsdp_param_groups for p in group.fsdp_params]
+            if hybrid and params:  # (a unit with no parameters of its own has no reduce-scatter)
+                keys = tuple(numbers[id(p.sharded_param)] for p in params)
+                module.set_all_reduce_hook(parts[1].hook(unit, params, keys))
         return parts
+
+    @classmethod
+    def codec_site(cls, model: nn.Module) -> str | None:
+        return CROSS_NODE_SHARDS if sharded_within_nodes(model) else None
 
     @classmethod
     def shard(cls, model: nn.Module, units: Iterable[nn.Module], precision: str, codec: str, groups=None,
@@ -197,11 +232,20 @@ class FsdpExchange(GradientExchange):
         return get_model_state_dict(model, options=GATHERED)
 
     def state_dict(self) -> dict:
-        """The optimizer's state is in the shards (`sharded_state`)."""
-        return {"optimizer": None, "codec": None, "scaler": self.scaler.state_dict()}
+        """The optimizer's state is in the shards (`sharded_state`); the cross-node codec's is this rank's, as the
+        shards it was kept for are (their layout beside it: `load_state_dict`)."""
+        codec = None if self._driver is None else {"layout": self._layout, "driver": self._driver.state_dict()}
+        return {"optimizer": None, "codec": codec, "scaler": self.scaler.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        """Nothing to load: the optimizer's state comes back with the shards (`load_sharded_state`)."""
+        """The cross-node codec's state where it was kept for these shards (the same ranks a node, this rank's place
+        in it); otherwise it starts afresh: residuals and momenta of other shards mean nothing here. The optimizer's
+        state comes back with the shards (`load_sharded_state`)."""
+        saved = state.get("codec")
+        if self._driver is not None and saved and saved.get("layout") == self._layout:
+            self._driver.load_state_dict(saved["driver"])
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
 
     def optimizer_state(self) -> dict:
         """The optimizer's state whole on rank 0 (collective), keyed by parameter names: any world size loads it."""
@@ -226,6 +270,10 @@ class Fsdp2Exchange(FsdpExchange):
 
     def _install(self, model: FSDPModule, setup: ExchangeSetup) -> list:
         return []
+
+    @classmethod
+    def codec_site(cls, model: nn.Module) -> str | None:
+        return None  # its own all-reduce across nodes, in the reduce dtype
 
     @classmethod
     def shard(cls, model: nn.Module, units: Iterable[nn.Module], precision: str, codec: str, groups=None,
