@@ -72,10 +72,11 @@ FP8_RANGES = ["--fp8-period", "7", "--fp8-samples", "64"]  # ranges re-estimated
                                      "0.25", "--codec", "topk", "--density", "0.05"],  # local parameters and inner
                                     # state per rank, global ones, outer momentum, residuals, an exchange in flight
                                     ["--engine", "fsdp", "--shard", "node", "--workers", "4", "--procs-per-node",
-                                     "2", "--codec", "topk", "--density", "0.05", "--accumulate", "2"]],  # sharded
-                         # parameters and momentum, kept whole; each rank's residuals of its shards
+                                     "2", "--local-steps", "4", "--codec", "topk", "--density", "0.05",
+                                     "--accumulate", "2"]],  # shards and momentum through torch.distributed.checkpoint;
+                         # each rank's local shards, inner state, global shards and residuals of its shards
                          ids=["ddp-fp8-hook-lars-arccot", "scalesgd-topk-dgc", "onebit-adam-fp16-accumulated",
-                              "periodic-streaming-topk", "fsdp-hybrid-topk-accumulated"])
+                              "periodic-streaming-topk", "fsdp-hybrid-periodic-topk"])
 def test_interrupted_and_resumed_run_ends_with_the_same_parameters(tmp_path, engine):
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     run = [*RESUME_RUN, *engine]

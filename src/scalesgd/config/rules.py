@@ -231,9 +231,11 @@ def periodic(cfg) -> None:
 def sharded(cfg) -> None:
     """`engine` fsdp or fsdp2: what the sharded engines do not run yet is refused, saying why."""
     r, engine = cfg.recipe, cfg.exchange.engine
-    if cfg.periodic.on:
+    if cfg.periodic.on and cfg.exchange.codec_site != CROSS_NODE_SHARDS:
         raise UsageError(f"`local_steps` {cfg.periodic.local_steps} with `engine` {engine}: periodic synchronisation "
-                         "of shards is not built; give `engine` scalesgd or ddp")
+                         "of shards runs across nodes, each node one worker: add `shard` node with `engine` fsdp")
+    if cfg.periodic.on and cfg.periodic.peer:
+        raise UsageError(f"`peer` {cfg.periodic.peer} synchronises whole models; drop it with `engine` {engine}")
     if r.precision == "fp16":
         raise UsageError(f"`precision` fp16 with `engine` {engine}: a loss scaler over shards is not built; give bf16 "
                          "(FSDP's mixed precision: bf16 compute, fp32 shards) or fp32")

@@ -18,7 +18,7 @@ engine, so what a round did not send is owed in the next.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from scalesgd.comm.codecs import Channel, Codec, CodecSettings, make_codec
 from scalesgd.comm.codecs.registry import entry_of, needs_topology
@@ -68,8 +69,13 @@ class _Flight:
 class DiLoCo:
     """Synchronise `model` every `local_steps` steps of `inner_optimizer` (a hook on its `step`, while the context
     is entered, or `after_inner_step()` called by the loop): the pseudo-gradient through `codec` (a registered
-    name or a `Codec`), the global parameters stepped by `outer_optimizer` (built over the model's parameters; by
-    default DiLoCo's Nesterov SGD, lr 0.7, momentum 0.9).
+    name or a `Codec`), the global parameters stepped by `outer_optimizer` (an optimizer built over the model's
+    parameters, or a function building it over the parameters given; by default DiLoCo's Nesterov SGD, lr 0.7,
+    momentum 0.9).
+
+    A model sharded by FSDP2 within each node (`comm.engine.fsdp.shard_model` on the node's mesh) synchronises its
+    shards: each rank's pseudo-gradient is its shards', exchanged in `group` among the ranks that hold the same ones
+    (the cross-node group), and the outer optimizer steps the shards (give it as a function).
 
     `fragments`: the number of fragments of whole layers, or the fragments as lists of parameters; `delay` (τ): inner
     steps a fragment's exchange runs behind on the communication thread before it lands; `mix` (α): the share of the
@@ -77,7 +83,7 @@ class DiLoCo:
     (its exchange runs in its own process group, `group` or a new one) and starts from rank 0's parameters."""
 
     def __init__(self, model: nn.Module, inner_optimizer: torch.optim.Optimizer, local_steps: int, *,
-                 outer_optimizer: torch.optim.Optimizer | None = None, codec: str | Codec = "fp32",
+                 outer_optimizer: torch.optim.Optimizer | Callable | None = None, codec: str | Codec = "fp32",
                  settings: CodecSettings | None = None, fragments: int | list[list[nn.Parameter]] = 1,
                  delay: int = 0, mix: float = 0.0, group=None, topology=None, buckets_mb: float = BUCKET_MB):
         if not 0.0 <= mix <= 1.0:
@@ -86,9 +92,13 @@ class DiLoCo:
         parts = split(model, fragments) if isinstance(fragments, int) else [list(f) for f in fragments]
         self.schedule = Schedule(local_steps, len(parts), delay)
         self.mix = mix
-        self.params = [p for part in parts for p in part]
-        index = {id(p): i for i, p in enumerate(self.params)}
-        self.outer = outer_optimizer or outer_sgd(self.params)
+        index = {id(p): i for i, p in enumerate(p for part in parts for p in part)}
+        with torch.no_grad():
+            self.params = [_own(p) for part in parts for p in part]  # what this rank holds of each
+        if outer_optimizer is None or callable(outer_optimizer):
+            self.outer = (outer_optimizer or outer_sgd)(self.params)
+        else:
+            self.outer = outer_optimizer
         self.codec = codec_from(codec if isinstance(codec, Codec) else make_codec(codec, settings))
         self.driver = BucketDriver(self.codec, None)
         with torch.no_grad():
@@ -158,6 +168,11 @@ class DiLoCo:
             yield self.model
         finally:
             self._copy(local, self.params)
+
+    def restart(self) -> None:
+        """The global parameters from the local ones as they are (a resumed run whose rounds' state cannot be this
+        rank's: another layout of shards)."""
+        self._copy(self.params, self.global_params)
 
     # ---- one fragment's exchange -----------------------------------------------------------------
     def _start(self, fragment: int) -> None:
@@ -265,3 +280,8 @@ class DiLoCo:
             for s, t in zip(source, target):
                 t.copy_(s)
 
+
+def _own(p: nn.Parameter) -> torch.Tensor:
+    """What this rank holds of `p` and steps: a sharded parameter's (FSDP2's DTensor) local shard, sharing its
+    storage; else `p`."""
+    return p.to_local() if isinstance(p, DTensor) else p

@@ -24,9 +24,8 @@ class PeriodicExchange(GradientExchange):
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, setup: ExchangeSetup,
                  periodic: PeriodicConfig):
-        params = [p for p in model.parameters() if p.requires_grad]
         self.diloco = DiLoCo(model, optimizer, periodic.local_steps,
-                             outer_optimizer=outer_sgd(params, periodic.outer_lr, periodic.outer_momentum),
+                             outer_optimizer=lambda own: outer_sgd(own, periodic.outer_lr, periodic.outer_momentum),
                              codec=make_codec(setup.codec, setup.settings), fragments=periodic.fragments,
                              delay=periodic.overlap_steps, mix=periodic.mix, group=setup.group,
                              topology=setup.topology)

@@ -10,6 +10,7 @@ from scalesgd.comm.engine.exchange import ExchangeSetup, GradientExchange, build
 from scalesgd.config import TrainConfig
 from scalesgd.peers.torchft_diloco import TorchftExchange
 from scalesgd.periodic.exchange import PeriodicExchange
+from scalesgd.periodic.sharded import ShardedPeriodicExchange
 
 
 def open_exchange(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer,
@@ -18,5 +19,6 @@ def open_exchange(cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Opt
     if cfg.periodic.peer == "torchft":
         return TorchftExchange(model, optimizer, setup, cfg.periodic)
     if cfg.periodic.on:
-        return PeriodicExchange(model, optimizer, setup, cfg.periodic)
+        periodic = ShardedPeriodicExchange if cfg.exchange.sharded else PeriodicExchange
+        return periodic(model, optimizer, setup, cfg.periodic)
     return build_exchange(cfg.exchange.engine, model, optimizer, setup)

@@ -231,7 +231,16 @@ def hybrid_against_ddp(rank, world):
         logits = model(data[0][:, :-1])
         exchange.backward(torch.nn.functional.cross_entropy(logits.flatten(0, 1), data[0][:, 1:].flatten()))
         delivered[codec] = [p.grad.to_local().flatten() for p in model.parameters()]
-    residuals = exchange.state_dict()["codec"]["driver"]["flat"]["params"]
+    saved = exchange.state_dict()["codec"]
+    residuals = saved["driver"]["flat"]["params"]
+    again = build_exchange("fsdp", model, torch.optim.SGD(model.parameters(), lr=0.0), ExchangeSetup(
+        "topk", CodecSettings(TopkOptions(density=0.1)), topology=groups))
+    again.load_state_dict({"codec": {**saved, "layout": [1 - rank % 2, 2, 4]}})  # the other shards': not this rank's
+    out["other shards"] = again.state_dict()["codec"]["driver"]["flat"]["params"]
+    again.load_state_dict({"codec": saved})
+    loaded = again.state_dict()["codec"]["driver"]["flat"]["params"]
+    out["same shards"] = loaded.keys() == residuals.keys() and all(
+        torch.equal(loaded[k]["residual"], residuals[k]["residual"]) for k in residuals)
     delivered["residual"] = []
     for key, shard in enumerate(delivered["topk"]):
         residual = residuals[key]["residual"][:shard.numel()].clone()  # the padded shard's first elements are its own
@@ -271,3 +280,5 @@ def test_hybrid_sharding_shards_within_nodes_and_sums_across_them_through_any_co
     got = first["delivered"]
     assert torch.allclose(got["topk"] + got["residual"], got["fp32"], rtol=0, atol=1e-6)
     assert (got["topk"] != 0).float().mean() < 0.5 < (got["residual"] != 0).float().mean()
+    # a checkpoint's residuals come back to the rank holding the same shards only
+    assert all(rank["other shards"] == {} and rank["same shards"] for rank in ranks)

@@ -65,6 +65,14 @@ def sharded_within_nodes(model: nn.Module) -> bool:
     return mesh is not None and mesh.size() < dist.get_world_size()
 
 
+def shard_layout(model: nn.Module) -> list[int]:
+    """Which shards this rank holds of a model `shard_model` sharded: its place among the ranks sharing it, their
+    number, and the world's size (state kept for one rank's shards is this rank's only where all three agree)."""
+    mesh = next(model.parameters()).device_mesh
+    dim = mesh.ndim - 1  # the dim it shards over (a hybrid mesh replicates over the first)
+    return [mesh.get_local_rank(dim), mesh.size(dim), dist.get_world_size()]
+
+
 def node_mesh(groups, device: torch.device) -> DeviceMesh:
     """The mesh of this rank's node (`TopologyGroups.node_group`): the hybrid layout shards within it."""
     return DeviceMesh.from_group(groups.node_group, device.type)
@@ -148,27 +156,27 @@ class FsdpExchange(GradientExchange):
     rank's shards of the parameters and the optimizer's state (`torch.distributed.checkpoint`), which any number of
     ranks loads."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, setup: ExchangeSetup):
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, setup: ExchangeSetup,
+                 across_nodes: bool = True):
         if not isinstance(model, FSDPModule):
             raise ValueError("the sharded engine takes a model sharded by shard_model (FSDP2's fully_shard), and an "
                              "optimizer built on its parameters after that")
         self._codec = make_codec(setup.codec, setup.settings)
         self._driver = None  # the cross-node sum's, where the model is sharded within each node
-        mesh = next(model.parameters()).device_mesh
-        shard = mesh.ndim - 1  # the dim it shards over (a hybrid mesh replicates over the first)
-        self._layout = [mesh.get_local_rank(shard), mesh.size(shard)]  # the shards this rank holds: place, of how many
-        self._parts = self._install(model, setup)
+        self._layout = shard_layout(model)
+        self._parts = self._install(model, setup, across_nodes)
         self._counted = (0.0, 0)
         # bf16 compute is FSDP's own (`shard_model`'s policy), so the base's autocast stays off
         super().__init__(model, optimizer, self._driver, bare=model, norms=setup.norms, clip_norm=setup.clip_norm)
 
-    def _install(self, model: FSDPModule, setup: ExchangeSetup) -> list:
-        """Each unit's reduce-scatter on the codec's wire (hybrid: the node's in fp32, then the cross-node mean of
-        the unit's shard through the codec's driver); the parts that count their bytes and time."""
+    def _install(self, model: FSDPModule, setup: ExchangeSetup, across_nodes: bool) -> list:
+        """Each unit's reduce-scatter on the codec's wire (hybrid: the node's in fp32, then, `across_nodes`, the
+        cross-node mean of the unit's shard through the codec's driver); the parts that count bytes and time."""
         hybrid = sharded_within_nodes(model)
-        if hybrid and setup.topology is None:
+        if hybrid and across_nodes and setup.topology is None:
             raise ValueError("a model sharded within each node needs the node and cross-node groups (`topology`)")
         parts = [CodecReduceScatter(make_codec(DENSE.name, setup.settings) if hybrid else self._codec)]
+        hybrid = hybrid and across_nodes
         if hybrid:
             self._driver = BucketDriver(self._codec, cross_node_channel(self._codec, setup.topology),
                                         dense_steps=setup.compress_after)
@@ -220,7 +228,7 @@ class FsdpExchange(GradientExchange):
     def counters(self) -> dict[str, float]:
         return self._codec.counters()
 
-    def _resharded(self) -> None:
+    def reshard(self) -> None:
         """Every unit back to its shards: the root keeps its parameters gathered after a forward without backward
         (an evaluation's), and state dicts name the shards the optimizer steps."""
         for module in self.model.modules():
@@ -228,7 +236,7 @@ class FsdpExchange(GradientExchange):
                 module.reshard()
 
     def model_state(self, model: nn.Module) -> dict:
-        self._resharded()
+        self.reshard()
         return get_model_state_dict(model, options=GATHERED)
 
     def state_dict(self) -> dict:
@@ -238,9 +246,9 @@ class FsdpExchange(GradientExchange):
         return {"optimizer": None, "codec": codec, "scaler": self.scaler.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        """The cross-node codec's state where it was kept for these shards (the same ranks a node, this rank's place
-        in it); otherwise it starts afresh: residuals and momenta of other shards mean nothing here. The optimizer's
-        state comes back with the shards (`load_sharded_state`)."""
+        """The cross-node codec's state where it was kept for these shards (`shard_layout`); otherwise it starts
+        afresh: residuals and momenta of other shards mean nothing here. The optimizer's state comes back with the
+        shards (`load_sharded_state`)."""
         saved = state.get("codec")
         if self._driver is not None and saved and saved.get("layout") == self._layout:
             self._driver.load_state_dict(saved["driver"])
@@ -249,11 +257,11 @@ class FsdpExchange(GradientExchange):
 
     def optimizer_state(self) -> dict:
         """The optimizer's state whole on rank 0 (collective), keyed by parameter names: any world size loads it."""
-        self._resharded()
+        self.reshard()
         return get_optimizer_state_dict(self.model, self.optimizer, options=GATHERED)
 
     def sharded_state(self, model: nn.Module) -> dict:
-        self._resharded()
+        self.reshard()
         weights, optimizer = get_state_dict(model, self.optimizer)
         return {"model": weights, "optimizer": optimizer}
 
@@ -268,7 +276,7 @@ class Fsdp2Exchange(FsdpExchange):
     precision policy's `reduce_dtype`) and its own hybrid layout on a 2-D mesh (`hybrid_mesh`); nothing counted from
     inside (on the testbed the link counts its bytes)."""
 
-    def _install(self, model: FSDPModule, setup: ExchangeSetup) -> list:
+    def _install(self, model: FSDPModule, setup: ExchangeSetup, across_nodes: bool) -> list:
         return []
 
     @classmethod
