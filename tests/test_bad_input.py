@@ -175,11 +175,9 @@ REFUSED = [
                                                         "which runs only on CUDA with NCCL (this machine has no GPU)")]
       if not torch.cuda.is_available() else []),
     ((*TRAIN, "--precision", "fp8"), "--precision 'fp8' is not known; choose from fp32, bf16, fp16"),
-    ((*TRAIN, "--engine", "fsdp", "--codec", "fp8"), "--codec fp8: --engine fsdp has no reduce-scatter of shards for "
-                                                     "fp8 yet, so it sends fp32, fp16, bf16 (or --shard node: fp8 "
-                                                     "across nodes); fp8 runs with --engine scalesgd and ddp"),
+    ((*TRAIN, "--engine", "fsdp", "--codec", "powersgd"), "--codec powersgd is PyTorch's own DDP hook (--engine ddp)"),
     ((*TRAIN, "--engine", "fsdp", "--shard", "node", "--codec", "lags"),
-     "--codec lags groups whole gradients its own way, and the sum across nodes of shards takes each unit's shard"),
+     "--codec lags groups whole gradients its own way (its buckets: layer), and --engine fsdp sums each unit's "),
     ((*TRAIN, "--engine", "fsdp", "--precision", "fp16"), "--precision fp16 with --engine fsdp: a loss scaler over "),
     ((*TRAIN, "--engine", "fsdp", "--local-steps", "4"), "--local-steps 4 with --engine fsdp: periodic "),
     ((*TRAIN, "--engine", "fsdp", "--exchange", "auto"), "--exchange auto chooses among exchanges of whole gradients"),

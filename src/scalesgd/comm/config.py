@@ -59,7 +59,8 @@ class ExchangeConfig:
     buckets: str = option("size:1", "scalesgd engine's bucket plan: size:MB | growing[:FIRST_MB[:FACTOR]] | layer "
                           "| single", check=spec_problem)
     shard: str = option("all", "--engine fsdp: shard over every rank (all), or within each node and replicate across "
-                        "nodes (node: hybrid sharding; the cross-node sum on the codec's wire, the node's in fp32)",
+                        "nodes (node: hybrid sharding; the node's reduce-scatter in fp32, each shard's sum across "
+                        "nodes, or with --local-steps each node's DiLoCo round, through the codec)",
                         choices=SHARDING)
     procs_per_node: int = option(0, "processes per node for hierarchical exchange", shown_default="LOCAL_WORLD_SIZE",
                                  check=checks.at_least(0, "0 reads LOCAL_WORLD_SIZE"))

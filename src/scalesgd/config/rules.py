@@ -142,16 +142,16 @@ def manual(cfg) -> None:
     r, x = cfg.recipe, cfg.exchange
     runs_here = [name for name, entry in CODECS.items() if entry.runs_on(x.codec_site)]
     if x.sharded and x.codec in CODECS and x.codec not in runs_here:
-        elsewhere = " and ".join(e for e in ("scalesgd", "ddp") if CODECS[x.codec].runs_on(e))
-        if x.codec_site == CROSS_NODE_SHARDS:
-            raise UsageError(f"`codec` {x.codec} groups whole gradients its own way, and the sum across nodes of "
-                             f"shards takes each unit's shard as it comes: give one of {', '.join(runs_here)}")
-        why = ("is FSDP2 as it comes, its reduce-scatter in" if x.engine == "fsdp2" else
-               f"has no reduce-scatter of shards for {x.codec} yet, so it sends")
-        across = (f" (or `shard` node: {x.codec} across nodes)" if x.engine == "fsdp"
-                  and CODECS[x.codec].runs_on(CROSS_NODE_SHARDS) else "")
-        raise UsageError(f"`codec` {x.codec}: `engine` {x.engine} {why} {', '.join(runs_here)}{across}; {x.codec} "
-                         f"runs with `engine` {elsewhere}")
+        entry, ours = CODECS[x.codec], ", ".join(runs_here)
+        if x.engine == "fsdp2":
+            elsewhere = " and ".join(e for e in ("scalesgd", "ddp", "fsdp") if entry.runs_on(e))
+            raise UsageError(f"`codec` {x.codec}: `engine` fsdp2 is FSDP2 as it comes, its reduce-scatter in {ours}; "
+                             f"{x.codec} runs with `engine` {elsewhere}")
+        if entry.build is None:
+            raise UsageError(f"`codec` {x.codec} is PyTorch's own DDP hook (`engine` ddp); with `engine` {x.engine} "
+                             f"give one of {ours}")
+        raise UsageError(f"`codec` {x.codec} groups whole gradients its own way (its buckets: {entry.buckets}), "
+                         f"and `engine` {x.engine} sums each unit's gradients as one bucket: give one of {ours}")
     require_choice("codec", x.codec, runs_here, f" (with `engine` {x.engine})")
     if x.engine == "ddp" and x.codec_entry.torch_hook_needs_cuda and not torch.cuda.is_available():
         raise UsageError(f"`codec` {x.codec} with `engine` ddp is PyTorch's own hook, which runs only on CUDA with "

@@ -14,7 +14,8 @@ from torch import nn
 from scalesgd.comm.codecs import make_codec
 from scalesgd.comm.codecs.cast import DENSE
 from scalesgd.comm.engine.base import ExchangeSetup
-from scalesgd.comm.engine.fsdp import FsdpExchange, cross_node_channel, shard_layout
+from scalesgd.comm.engine.fsdp import FsdpExchange, shard_layout
+from scalesgd.comm.engine.fsdp_sums import cross_node_channel
 from scalesgd.comm.engine.optimizer import IterationStats
 from scalesgd.optim._batched import local
 from scalesgd.periodic.config import PeriodicConfig

@@ -68,15 +68,17 @@ def test_both_engines_answer_the_same_questions():
 
 def test_own_groups_and_engine_compatibility_come_from_the_registry():
     assert set(ENGINES) == {"ddp", "scalesgd", "fsdp", "fsdp2"}
-    for sharded in ("fsdp", "fsdp2"):
-        assert [name for name, entry in CODECS.items() if entry.runs_on(sharded)] == ["fp32", "fp16", "bf16"]
-    assert [name for name, entry in CODECS.items() if not entry.runs_on(CROSS_NODE_SHARDS)] == [
-        "powersgd", "topk-global", "lags"]  # across nodes, each unit's shard as it comes: not PyTorch's, not regrouped
+    assert [name for name, entry in CODECS.items() if entry.runs_on("fsdp2")] == ["fp32", "fp16", "bf16"]
+    for site in ("fsdp", CROSS_NODE_SHARDS):  # each unit's gradients (or shard) one bucket: not PyTorch's, regrouped
+        assert [name for name, entry in CODECS.items() if not entry.runs_on(site)] == ["powersgd", "topk-global",
+                                                                                       "lags"]
+    assert [name for name, entry in CODECS.items() if entry.scatters] == [  # sums that end in the shards
+        "fp32", "fp16", "bf16", "fp8", "fp8-direct", "fp8-flat"]
     assert not FsdpExchange.uses_own_group(CODECS["fp16"])  # the reduce-scatter runs in FSDP's mesh
     assert EngineExchange.uses_own_group(CODECS["fp16"])
     assert not DdpExchange.uses_own_group(CODECS["fp16"]) and DdpExchange.uses_own_group(CODECS["fp8"])
-    with pytest.raises(ValueError, match="codec 'fp8' does not run on engine 'fsdp'"):
-        build_exchange("fsdp", torch.nn.Linear(2, 2), None, ExchangeSetup("fp8"))
+    with pytest.raises(ValueError, match="codec 'lags' does not run on engine 'fsdp'"):
+        build_exchange("fsdp", torch.nn.Linear(2, 2), None, ExchangeSetup("lags"))
     with pytest.raises(ValueError, match="takes a model sharded by shard_model"):
         build_exchange("fsdp", torch.nn.Linear(2, 2), None, ExchangeSetup("fp16"))
     with pytest.raises(ValueError, match="precision 'fp16': the sharded engine computes in fp32 or bf16"):

@@ -94,6 +94,13 @@ def sharded_against_ddp(rank, world, folder):
             resumed.load_sharded_state(again, folder)
             train(resumed, data[2 * MICRO:], steps=1)
             out["resumed"] = whole(resumed, again)
+    sgd = lambda params: torch.optim.SGD(params, lr=0.5, momentum=0.9)  # noqa: E731  (AdamW blows up rounding)
+    for engine, codec in (("ddp", "fp32"), ("scalesgd", "fp8-flat"), ("fsdp", "fp8")):  # fp8 relative to the weights
+        model = shard_gpt() if engine == "fsdp" else gpt()
+        exchange = build_exchange(engine, model, sgd(model.parameters()), ExchangeSetup(codec))
+        train(exchange, data)
+        out["sgd", codec] = (whole(exchange, model), getattr(exchange.stats(), "bytes_sent", None))
+        exchange.close()
     return out
 
 
@@ -119,6 +126,15 @@ def test_sharded_adamw_steps_the_gpt_as_ddp_does_and_sends_the_shards_on_the_cod
     assert first["fp32"]["sent"] == STEPS * 4 * parameters // 2 and first["bf16"]["sent"] == STEPS * 2 * parameters // 2
     assert first["fp32"]["local"] + ranks[1]["fp32"]["local"] == parameters  # each rank holds its half
     assert all(rank["fp32"]["held"] < 0.51 * first["ddp", "held"] for rank in ranks)  # of AdamW's moments too
+    # fp8 in the reduce-scatter, relative to the gathered weights (a range for each parameter's shard): as close to
+    # fp32 as our fp8 ring over whole gradients, for half its bytes (a reduce-scatter) and a quarter of fp32's (its
+    # flags, a byte each parameter shard, travel to every rank: 6 % more on this tiny model)
+    start, ddp = (torch.cat([s[k].flatten() for k in reference]) for s in (gpt().state_dict(), first["sgd", "fp32"][0]))
+    off = {codec: (torch.cat([first["sgd", codec][0][k].flatten() for k in reference]) - ddp).norm() /
+           (ddp - start).norm() for codec in ("fp8", "fp8-flat")}
+    assert 1e-3 < off["fp8"] < 1.25 * off["fp8-flat"], off
+    sent = first["sgd", "fp8"][1]
+    assert STEPS * parameters // 2 < sent < 1.1 * STEPS * parameters // 2 < first["sgd", "fp8-flat"][1] / 1.8
     # the shards two ranks wrote, laid out again for four: the same whole parameters and AdamW state
     model, optimizer = run_workers(resharded, 4, str(tmp_path / "shards"))[0]
     saved_model, saved_optimizer = first["saved"]
@@ -282,3 +298,48 @@ def test_hybrid_sharding_shards_within_nodes_and_sums_across_them_through_any_co
     assert (got["topk"] != 0).float().mean() < 0.5 < (got["residual"] != 0).float().mean()
     # a checkpoint's residuals come back to the rank holding the same shards only
     assert all(rank["other shards"] == {} and rank["same shards"] for rank in ranks)
+
+
+WHOLE_SUMS = ("onebit", "topk", "lowrank")  # their exchange takes each unit's whole gradients
+
+
+def whole_sums_sharded_and_not(rank, world):
+    """Codecs whose sum does not end in shards, on a model whose units hold one parameter each (3 ranks: 32 rows
+    padded to 33): FSDP's unit is our engine's bucket of that parameter, so the exchange is the same one."""
+    out = {}
+    for codec in WHOLE_SUMS:
+        for engine in ("scalesgd", "fsdp"):
+            model = two_layers()
+            if engine == "fsdp":
+                shard_model(model, [model[0], model[2]])
+            with warnings.catch_warnings(category=EarlyFreezeWarning, action="ignore"):
+                optimizer = (OneBitAdam(model.parameters(), lr=1e-2, freeze_step=2) if codec == "onebit" else
+                             torch.optim.AdamW(model.parameters(), lr=1e-2))
+            exchange = build_exchange(engine, model, optimizer, ExchangeSetup(
+                codec, CodecSettings(TopkOptions(density=0.1)), compress_after=2, buckets="layer"))
+            g = torch.Generator().manual_seed(rank)
+            for _ in range(5):  # 2 dense steps (1-bit Adam's warm-up), then 3 compressed (its variance frozen)
+                x, y = torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)
+                exchange.backward(torch.nn.functional.cross_entropy(exchange.model(x), y))
+                exchange.step()
+                optimizer.zero_grad()
+            held = sum(s["exp_avg_sq"].to_local().numel() if engine == "fsdp" else s["exp_avg_sq"].numel()
+                       for s in optimizer.state.values())
+            out[codec, engine] = (whole(exchange, model), exchange.stats().bytes_sent, held)
+            exchange.close()
+    return out
+
+
+def test_one_bit_adam_top_k_and_low_rank_on_shards_step_as_unsharded_for_the_same_bytes_their_state_sharded():
+    first = run_workers(whole_sums_sharded_and_not, 3)[0]
+    for codec in WHOLE_SUMS:
+        (unsharded, sent, held), (sharded, sharded_sent, sharded_held) = first[codec, "scalesgd"], first[codec, "fsdp"]
+        for name, tensor in unsharded.items():
+            assert torch.allclose(sharded[name], tensor, rtol=0, atol=1e-5), (codec, name)
+            assert not torch.allclose(tensor, two_layers().state_dict()[name], atol=1e-3), (codec, name)  # it moved
+        assert sharded_sent == sent and sharded_held == 11 * 16 + 2 * 32 < held / 2.5, codec  # Adam's variance
+
+
+def two_layers() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32, bias=False), torch.nn.Tanh(), torch.nn.Linear(32, 4, bias=False))

@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 
 from scalesgd.comm.wire.collectives import allreduce, allreduce_steps
 from scalesgd.comm.wire.pipeline import PIECE_BYTES, Steps
@@ -54,6 +55,9 @@ class Channel:
     algorithm: str = "ring"
     topology: object | None = None
     piece_bytes: int = PIECE_BYTES
+    # the sum ends in this rank's row of `world_size` equal rows of the bucket (a reduce-scatter: FSDP's gradients),
+    # not in the whole bucket on every rank; the exchange is one piece
+    scatter: bool = False
 
     def bounds(self, length: int, element_size: int, multiple: int = 1) -> list[tuple[int, int]]:
         """[a, b) of each piece of a wire of `length` elements of `element_size` bytes: `piece_bytes` long, rounded
@@ -69,6 +73,13 @@ class Channel:
     def allreduce_steps(self, tensor: torch.Tensor, tag: int = 0) -> Steps:
         """`allreduce` as steps, its messages under `tag`."""
         return allreduce_steps(tensor, self.algorithm, self.group, self.topology, tag)
+
+
+def own_row(channel: Channel, n: int) -> tuple[int, int]:
+    """[a, b) of this rank's row of a bucket of `n` elements that a scattering channel sums (`Channel.scatter`)."""
+    width = n // channel.world_size
+    rank = dist.get_rank(channel.group)
+    return rank * width, (rank + 1) * width
 
 
 @dataclass
@@ -154,6 +165,7 @@ class Codec(ABC):
     encode_in_backward = False  # True: `start` and every `encode` run on autograd's thread (no collective there)
     keeps_gradients = False  # True: it carries gradients across steps (residuals, a momentum): fp16's loss scale,
     #                          which changes between steps, is divided out of what it is given and put back after
+    reads_weights = False  # True: it encodes relative to the values of the bucket's parameters (`BucketView.params`)
 
     @abstractmethod
     def start(self, flat: torch.Tensor, bucket: BucketView, channel: Channel, scratch: Scratch) -> Exchange:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import torch
 
 from scalesgd.comm.codecs import pytorch as torch_hooks
-from scalesgd.comm.codecs.base import BucketView, Channel, Codec, Exchange, Piece, Scratch
+from scalesgd.comm.codecs.base import BucketView, Channel, Codec, Exchange, Piece, Scratch, own_row
 from scalesgd.comm.codecs.registry import CODECS, SHARDED_TOO, CodecEntry, DenseCost, LowRankCost
+from scalesgd.comm.wire.collectives import ring_reduce_scatter_rows_steps
 from scalesgd.comm.wire.pipeline import Steps
 
 
@@ -51,7 +52,7 @@ class CastExchange(Exchange):
 
     def __init__(self, codec: CastCodec, flat: torch.Tensor, wire: torch.Tensor, channel: Channel):
         self.codec, self.flat, self.wire, self.channel = codec, flat, wire, channel
-        self.bounds = channel.bounds(flat.numel(), wire.element_size())
+        self.bounds = [(0, flat.numel())] if channel.scatter else channel.bounds(flat.numel(), wire.element_size())
 
     def encode(self, piece: Piece) -> None:
         a, b = self.bounds[piece.index]
@@ -63,22 +64,25 @@ class CastExchange(Exchange):
 
     def transfer(self, piece: Piece) -> Steps:
         a, b = self.bounds[piece.index]
+        if self.channel.scatter:
+            return ring_reduce_scatter_rows_steps(self.wire, self.channel.group, tag=piece.tag)
         return self.channel.allreduce_steps(self.wire[a:b], tag=piece.tag)
 
     def decode(self, piece: Piece) -> None:
         if self.wire is not self.flat:
-            a, b = self.bounds[piece.index]
+            a, b = own_row(self.channel, self.flat.numel()) if self.channel.scatter else self.bounds[piece.index]
             self.flat[a:b].copy_(self.wire[a:b])
 
 
 CODECS.add("fp32", CodecEntry("uncompressed", lambda s: CastCodec("fp32", None), torch_hook=torch_hooks.builtin,
-                              cost=lambda o: DenseCost(4), engines=SHARDED_TOO))
+                              cost=lambda o: DenseCost(4), engines=SHARDED_TOO, scatters=True))
 CODECS.add("fp16", CodecEntry("half precision (with ddp: PyTorch's fp16_compress_hook)",
                               lambda s: CastCodec("fp16", torch.float16), torch_hook=torch_hooks.fp16,
-                              cost=lambda o: DenseCost(2), engines=SHARDED_TOO))
+                              cost=lambda o: DenseCost(2), engines=SHARDED_TOO, scatters=True))
 CODECS.add("bf16", CodecEntry("bfloat16 (with ddp: PyTorch's bf16_compress_hook)",
                               lambda s: CastCodec("bf16", torch.bfloat16), torch_hook=torch_hooks.bf16,
-                              cost=lambda o: DenseCost(2), torch_hook_needs_cuda=True, engines=SHARDED_TOO))
+                              cost=lambda o: DenseCost(2), torch_hook_needs_cuda=True, engines=SHARDED_TOO,
+                              scatters=True))
 # PowerSGD has no cast of ours: under DDP it is PyTorch's own hook, as each cast is; it takes the lowrank family's rank
 # and compression rule, sums P, Q and the uncompressed tensors one after another in fp32, and our lowrank does its work
 CODECS.add("powersgd", CodecEntry("PyTorch's PowerSGD hook at --rank (4); ours, on both engines, is lowrank", None,

@@ -84,10 +84,12 @@ class LowRankCost:
 Cost = DenseCost | SparseCost | LowRankCost
 
 
-WHOLE_GRADIENT_ENGINES = ("ddp", "scalesgd")  # a codec runs in the sharded engine's reduce-scatter only where it says
-SHARDED_TOO = (*WHOLE_GRADIENT_ENGINES, "fsdp", "fsdp2")  # where a codec's registration says it does
-# the sharded engine's cross-node sum where it shards within each node: every node holds the same shards, so each
-# unit's shard is a bucket like any other, and every codec of ours that sums bucket by bucket runs there
+WHOLE_GRADIENT_ENGINES = ("ddp", "scalesgd")
+SHARDED_TOO = (*WHOLE_GRADIENT_ENGINES, "fsdp", "fsdp2")  # FSDP2 as it comes (fsdp2) takes only what says so
+# Where every codec of ours that sums bucket by bucket runs: the sharded engine's reduce-scatter (each unit's
+# gradients one bucket, laid out as FSDP lays them) and, where it shards within each node, its cross-node sum (each
+# unit's shard one bucket: every node holds the same shards)
+SHARDED_ENGINE = "fsdp"
 CROSS_NODE_SHARDS = "fsdp:node"
 
 
@@ -100,6 +102,9 @@ class CodecEntry:
     build: Callable[[CodecSettings], Codec] | None  # None: only a PyTorch hook under DDP stands for it
     family: str | None = None  # the option family it is built with (its options checked before it is built)
     engines: tuple[str, ...] | None = None  # the engines that take it (None: every one exchanging whole gradients)
+    # in the sharded engine's reduce-scatter, its sum ends in each rank's shard (a ring reduce-scatter); else it
+    # sums the whole of each unit's gradients and each rank keeps its shard (1-bit Adam: its momentum is whole)
+    scatters: bool = False
     # under DDP, PyTorch's own, given whether the model is on CUDA and the run's settings (a `DdpHook`; None: its
     # allreduce)
     torch_hook: Callable[[bool, "CodecSettings"], object] | None = None
@@ -119,7 +124,7 @@ class CodecEntry:
 
     def runs_on(self, engine: str) -> bool:
         """Whether `engine` (or `CROSS_NODE_SHARDS`) takes it."""
-        if engine == CROSS_NODE_SHARDS:  # ours, on buckets as they come (not a grouping of its own)
+        if engine in (SHARDED_ENGINE, CROSS_NODE_SHARDS):  # ours, on buckets as they come (no grouping of its own)
             return self.build is not None and self.buckets is None
         return engine in (self.engines or WHOLE_GRADIENT_ENGINES)
 

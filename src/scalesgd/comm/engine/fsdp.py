@@ -8,8 +8,6 @@ the optimizer's state, and the gradients' reduce-scatter travels on the codec's 
 
 from __future__ import annotations
 
-import itertools
-import time
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
@@ -26,16 +24,15 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter  # the documented `set_custom_reduce_scatter`'s
 
-from scalesgd.comm.codecs import BucketView, Channel, make_codec
-from scalesgd.comm.codecs.cast import DENSE
+from scalesgd.comm.codecs import CODECS, Channel, make_codec
+from scalesgd.comm.codecs.cast import DENSE, CastCodec
 from scalesgd.comm.codecs.registry import CROSS_NODE_SHARDS, needs_topology
 from scalesgd.comm.engine.base import ExchangeSetup, GradientExchange
 from scalesgd.comm.engine.driver import BucketDriver
+from scalesgd.comm.engine.fsdp_sums import CodecReduceScatter, CrossNodeSum, UnitSum, cross_node_channel
 from scalesgd.comm.engine.optimizer import IterationStats
-from scalesgd.comm.wire.groups import own_group
-from scalesgd.comm.wire.topology import Topology, TopologyGroups
+from scalesgd.comm.wire.topology import Topology
 
 COMPUTE = {"fp32": None, "bf16": torch.bfloat16}  # --precision → the dtype the shards are gathered to for compute
 GATHERED = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors on rank 0, as a checkpoint keeps
@@ -87,69 +84,6 @@ def hybrid_mesh(groups, device: torch.device) -> DeviceMesh:
                                  mesh_dim_names=("replicate", "shard"))
 
 
-class CrossNodeSum:
-    """The hybrid layout's mean across nodes of each unit's gradient shard, after the node's reduce-scatter averaged
-    it (FSDP2's all-reduce hook, in place): every node holds the same shards, so a unit's shard is one bucket through
-    the codec's driver, as a bucket of whole gradients is — fp8 relative to the shard's weights, top-k with this
-    rank's residual of its shard, low rank of its rows, 1-bit Adam's momentum of its shard."""
-
-    def __init__(self, driver: BucketDriver):
-        self.driver = driver
-        self.seconds, self.bytes_sent = 0.0, 0
-
-    def hook(self, unit: int, params: list, keys: tuple[int, ...]):
-        """The all-reduce hook of the `unit`-th sharded module, whose FSDP parameters are `params` (their codec state
-        keyed by `keys`, their places in the model's parameters: the same in every run, whatever the world size)."""
-        return lambda shard: self(shard, unit, params, keys)
-
-    def __call__(self, shard: torch.Tensor, unit: int, params: list, keys: tuple[int, ...]) -> None:
-        start = time.perf_counter()
-        # each parameter's padded shard, laid out in `shard` as FSDP lays the reduce-scatter's output
-        local = [p._sharded_param_data.view(p.padded_sharded_param_size) for p in params]
-        offsets = list(itertools.accumulate((t.numel() for t in local[:-1]), initial=0))
-        self.bytes_sent += self.driver.exchange(shard, BucketView(unit, local, offsets, shard.numel(), keys))
-        self.seconds += time.perf_counter() - start
-
-
-def cross_node_channel(codec, groups) -> Channel:
-    """Where the cross-node sum travels: the ranks holding the same shards, one a node; a codec that sums in two
-    stages finds each of them alone in its node (its node stage skipped)."""
-    nodes = dist.get_world_size(groups.cross_group)
-    topology = None
-    if needs_topology(codec):  # a group of one for each rank (collective: every rank makes every one)
-        alone = [own_group([rank]) for rank in range(dist.get_world_size())][dist.get_rank()]
-        topology = TopologyGroups(Topology(nodes, dist.get_rank(groups.cross_group), 1), alone, groups.cross_group)
-    return Channel(groups.cross_group, nodes, "ring", topology)
-
-
-class CodecReduceScatter(ReduceScatter):
-    """One FSDP module's gradient reduce-scatter on a cast codec's wire (fp32, fp16, bf16): cast, divided by the
-    world size where FSDP asks for the mean (PyTorch's fp16 hook's order), summed; its time and bytes counted."""
-
-    def __init__(self, codec):
-        self.codec = codec
-        self.seconds, self.bytes_sent = 0.0, 0
-
-    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return torch.empty(*size, dtype=dtype, device=device)
-
-    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group, op, async_op: bool = False):
-        start = time.perf_counter()
-        dtype = self.codec.wire_dtype or input_tensor.dtype
-        wire = input_tensor.to(dtype)
-        if dtype != input_tensor.dtype:
-            self.codec.count_overflow(input_tensor, wire)
-        if op == dist.ReduceOp.AVG:  # FSDP asks for the mean (fp32, bf16 reduce dtypes); gloo sums
-            wire.div_(group.size())
-        out = output_tensor if dtype == output_tensor.dtype else torch.empty_like(output_tensor, dtype=dtype)
-        dist.reduce_scatter_single(output=out, input=wire, group=group, op=dist.ReduceOp.SUM)  # FSDP waits on none
-        if out is not output_tensor:
-            output_tensor.copy_(out)
-        self.bytes_sent += wire.numel() * wire.element_size() * (group.size() - 1) // group.size()  # a ring's
-        self.seconds += time.perf_counter() - start
-        return None
-
-
 class FsdpExchange(GradientExchange):
     """FSDP2 on a model `shard_model` sharded: accumulation without the reduce-scatter
     (`set_requires_gradient_sync`), each module's reduce-scatter through `CodecReduceScatter`; checkpoints keep each
@@ -170,24 +104,40 @@ class FsdpExchange(GradientExchange):
         super().__init__(model, optimizer, self._driver, bare=model, norms=setup.norms, clip_norm=setup.clip_norm)
 
     def _install(self, model: FSDPModule, setup: ExchangeSetup, across_nodes: bool) -> list:
-        """Each unit's reduce-scatter on the codec's wire (hybrid: the node's in fp32, then, `across_nodes`, the
-        cross-node mean of the unit's shard through the codec's driver); the parts that count bytes and time."""
+        """Each unit's reduce-scatter on the codec's wire: a cast's as FSDP's own, another codec's through its driver
+        (`UnitSum`); hybrid: the node's in fp32, then, `across_nodes`, the cross-node mean of the unit's shard
+        through the codec's driver (`CrossNodeSum`). The parts that count bytes and time."""
         hybrid = sharded_within_nodes(model)
         if hybrid and across_nodes and setup.topology is None:
             raise ValueError("a model sharded within each node needs the node and cross-node groups (`topology`)")
-        parts = [CodecReduceScatter(make_codec(DENSE.name, setup.settings) if hybrid else self._codec)]
-        hybrid = hybrid and across_nodes
-        if hybrid:
+        cast = hybrid or isinstance(self._codec, CastCodec)
+        parts = [CodecReduceScatter(make_codec(DENSE.name, setup.settings) if hybrid else self._codec)] if cast else []
+        if hybrid and across_nodes:
             self._driver = BucketDriver(self._codec, cross_node_channel(self._codec, setup.topology),
                                         dense_steps=setup.compress_after)
             parts.append(CrossNodeSum(self._driver))
+        elif not cast:  # on the ring of FSDP's mesh
+            group = next(model.parameters()).device_mesh.get_group()
+            topology = setup.topology
+            if topology is None and needs_topology(self._codec):
+                topology = Topology.from_env().groups()
+            channel = Channel(group, dist.get_world_size(group), topology=topology,
+                              scatter=CODECS[self._codec.name].scatters)
+            self._driver = BucketDriver(self._codec, channel, dense_steps=setup.compress_after)
         numbers = {id(p): i for i, p in enumerate(model.parameters())}
         for unit, module in enumerate(m for m in model.modules() if isinstance(m, FSDPModule)):
-            module.set_custom_reduce_scatter(parts[0])
             params = [p for group in module._get_fsdp_state()._fsdp_param_groups for p in group.fsdp_params]
-            if hybrid and params:  # (a unit with no parameters of its own has no reduce-scatter)
-                keys = tuple(numbers[id(p.sharded_param)] for p in params)
+            keys = tuple(numbers[id(p.sharded_param)] for p in params)
+            if cast:
+                module.set_custom_reduce_scatter(parts[0])
+            elif params:  # (a unit with no parameters of its own has no reduce-scatter)
+                parts.append(UnitSum(self._driver, unit, params, keys))
+                module.set_custom_reduce_scatter(parts[-1])
+                if self._codec.reads_weights:
+                    module.set_reshard_after_backward(False)  # its weights, gathered, are the codec's at the sum
+            if hybrid and across_nodes and params:
                 module.set_all_reduce_hook(parts[1].hook(unit, params, keys))
+        self._gathered_to_step = not cast and self._codec.reads_weights
         return parts
 
     @classmethod
@@ -205,6 +155,12 @@ class FsdpExchange(GradientExchange):
     @staticmethod
     def uses_own_group(codec) -> bool:
         return False  # the reduce-scatter runs in FSDP's mesh (every rank, or the node's), no group of its own
+
+    def step(self) -> bool:
+        stepped = super().step()
+        if self._gathered_to_step:  # the gathered weights the codec read are the old ones now
+            self.reshard()
+        return stepped
 
     def autocast(self) -> AbstractContextManager:
         return nullcontext()
@@ -277,6 +233,7 @@ class Fsdp2Exchange(FsdpExchange):
     inside (on the testbed the link counts its bytes)."""
 
     def _install(self, model: FSDPModule, setup: ExchangeSetup, across_nodes: bool) -> list:
+        self._gathered_to_step = False
         return []
 
     @classmethod

@@ -155,6 +155,17 @@ def ring_reduce_scatter_steps(chunks: list[torch.Tensor], rank: int, peers: list
     return sent
 
 
+def ring_reduce_scatter_rows_steps(flat: torch.Tensor, group, buf: torch.Tensor | None = None, combine=_add_into,
+                                   tag: int = 0) -> Steps:
+    """The sum over `group` of `flat`'s p equal rows, ending in this rank's row (FSDP lays a reduce-scatter's input so):
+    p−1 ring steps of a row each, half a ring allreduce's bytes (gloo's own reduce-scatter sends an allreduce's)."""
+    rank, peers = ring_members(group)
+    rows = list(flat.view(len(peers), -1))
+    if buf is None:
+        buf = flat.new_empty(rows[0].numel())
+    return (yield from ring_reduce_scatter_steps(rows, rank, peers, group, buf, combine, tag))
+
+
 def ring_allgather_steps(chunks: list[torch.Tensor], rank: int, peers: list[int], group, tag: int = 0) -> Steps:
     """p−1 ring steps that pass every rank's chunk `chunks[rank]` to all others, received in place."""
     p = len(chunks)

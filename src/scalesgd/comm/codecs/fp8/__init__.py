@@ -14,8 +14,8 @@ def _fp8(name: str, relative: bool, two_stage: bool):
 
 CODECS.add("fp8", CodecEntry("e5m2 relative to the weights, summed in two stages (Oyama et al. 2020)",
                              _fp8("fp8", relative=True, two_stage=True), family="fp8", needs_topology=True,
-                             cost=lambda o: DenseCost(1)))
+                             cost=lambda o: DenseCost(1), scatters=True))
 CODECS.add("fp8-direct", CodecEntry("ablation: the gradient itself in e5m2", _fp8("fp8-direct", False, True),
-                                    family="fp8", needs_topology=True, cost=lambda o: DenseCost(1)))
+                                    family="fp8", needs_topology=True, cost=lambda o: DenseCost(1), scatters=True))
 CODECS.add("fp8-flat", CodecEntry("ablation: one fp8 ring over all ranks", _fp8("fp8-flat", True, False),
-                                  family="fp8", cost=lambda o: DenseCost(1)))
+                                  family="fp8", cost=lambda o: DenseCost(1), scatters=True))

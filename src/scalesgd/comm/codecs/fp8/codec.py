@@ -14,11 +14,18 @@ import math
 import torch
 import torch.distributed as dist
 
-from scalesgd.comm.codecs.base import BucketView, Channel, Codec, Exchange, Piece, Scratch
+from scalesgd.comm.codecs.base import BucketView, Channel, Codec, Exchange, Piece, Scratch, own_row
 from scalesgd.comm.codecs.cast import DENSE
 from scalesgd.comm.codecs.fp8 import kernels as fp8
 from scalesgd.comm.codecs.fp8.ranges import Fp8Options, TensorRange, sample_quantiles
-from scalesgd.comm.codecs.fp8.sums import first_sum_ranks, flat_sum_steps, scratch_size, two_stage_steps
+from scalesgd.comm.codecs.fp8.sums import (
+    first_sum_ranks,
+    flat_sum_steps,
+    saturating_add_into,
+    scratch_size,
+    two_stage_steps,
+)
+from scalesgd.comm.wire.collectives import ring_reduce_scatter_rows_steps
 from scalesgd.comm.wire.pipeline import Steps
 from scalesgd.comm.wire.topology import TopologyGroups
 
@@ -43,6 +50,7 @@ class Fp8Codec(Codec):
     def __init__(self, name: str = "fp8", relative: bool = True, two_stage: bool = True,
                  options: Fp8Options = Fp8Options(), seed: int = 0):
         self.name, self.relative, self.two_stage, self.options = name, relative, two_stage, options
+        self.reads_weights = relative
         self._tensors: dict[int, TensorRange] = {}  # parameter number → its range
         self.eps = torch.tensor(options.eps)  # ε of the relative data, as the kernels take it
         self._seed = seed
@@ -64,7 +72,7 @@ class Fp8Codec(Codec):
         for r in ranges:
             r.step += 1
         unit, send = self._scale(bucket, ranges, flat.device, channel, scratch)
-        local = _groups(channel).topology.procs_per_node if self.two_stage else 1
+        local = _groups(channel).topology.procs_per_node if self._staged(channel) else 1
         length = flat.numel() + 1 + len(ranges)  # data, the non-finite flag, a saturation flag per tensor
         wire = scratch.tensor("wire", -(-length // local) * local, torch.uint8, flat.device)  # padded to P′ parts
         return Fp8Exchange(self, flat, w, unit, send, wire, bucket, ranges, channel, scratch, local)
@@ -123,13 +131,18 @@ class Fp8Codec(Codec):
         """(per-element 57344/(headroom·q) for decode, that ÷ the ranks of the first sum for encode), kept with the
         bucket until a range changes."""
         def make() -> tuple[torch.Tensor, torch.Tensor]:
-            spread = first_sum_ranks(_groups(channel)) if self.two_stage else channel.world_size
+            spread = first_sum_ranks(_groups(channel)) if self._staged(channel) else channel.world_size
             sizes = torch.tensor([p.numel() for p in bucket.params], device=device)
             top = torch.tensor([self.options.headroom * r.q for r in ranges], device=device)
             unit = torch.repeat_interleave(fp8.MAX / top, sizes)
             return unit, unit / spread
 
         return scratch.memo("scale", (device, *((id(r), r.q) for r in ranges)), make)
+
+    def _staged(self, channel: Channel) -> bool:
+        """Whether this exchange sums in two stages: where the codec does, unless it ends in a reduce-scatter (one
+        ring over the group: FSDP's shards)."""
+        return self.two_stage and not channel.scatter
 
     def _flat_weights(self, bucket: BucketView, like: torch.Tensor, scratch: Scratch) -> torch.Tensor:
         """The bucket's parameters as one flat float32 vector in the gradient buffer's layout."""
@@ -169,7 +182,7 @@ class Fp8Exchange(Exchange):
         self.codec, self.flat, self.w, self.unit, self.send, self.wire = codec, flat, w, unit, send, wire
         self.bucket, self.ranges, self.channel, self.scratch = bucket, ranges, channel, scratch
         self.n = flat.numel()
-        self.bounds = channel.bounds(wire.numel(), 1, local)
+        self.bounds = [(0, wire.numel())] if channel.scatter else channel.bounds(wire.numel(), 1, local)
         self.flushed = torch.zeros((), dtype=torch.int64, device=flat.device)
         self.clipped = [0] * len(bucket.params)  # per tensor
         self.nonfinite = False
@@ -190,7 +203,9 @@ class Fp8Exchange(Exchange):
 
     def transfer(self, piece: Piece) -> Steps:
         a, b = self.bounds[piece.index]
-        if self.codec.two_stage:
+        if self.channel.scatter:
+            return self._scatter_steps(piece)
+        if self.codec._staged(self.channel):
             groups = _groups(self.channel)
             size = scratch_size(max(y - x for x, y in self.bounds), groups)
             slot = self.scratch.slot(piece, "sum", size, torch.uint8, self.wire.device)
@@ -200,7 +215,7 @@ class Fp8Exchange(Exchange):
         return flat_sum_steps(self.wire[a:b], self.channel.group, slot, tag=piece.tag)
 
     def decode(self, piece: Piece) -> None:
-        a, b = self.bounds[piece.index]
+        a, b = own_row(self.channel, self.n) if self.channel.scatter else self.bounds[piece.index]
         stop = min(b, self.n)
         if a >= stop:
             return
@@ -209,6 +224,18 @@ class Fp8Exchange(Exchange):
         else:
             fp8.decode_relative(self.wire[a:stop], self.w[a:stop], self.codec.eps, self.unit[a:stop],
                                 out=self.flat[a:stop])
+
+    def _scatter_steps(self, piece: Piece) -> Steps:
+        """The data's rows summed in a ring reduce-scatter, each ending on its rank; the flags on every rank."""
+        width = self.n // self.channel.world_size
+        slot = self.scratch.slot(piece, "sum", width, torch.uint8, self.wire.device)
+        sent = yield from ring_reduce_scatter_rows_steps(self.wire[:self.n], self.channel.group, slot,
+                                                         combine=saturating_add_into, tag=piece.tag)
+        flags = self.wire[self.n:].to(torch.int32)  # raised on some rank: raised on every one (gloo has no byte max)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.channel.group)
+        self.wire[self.n:] = flags.to(torch.uint8)
+        ranks = self.channel.world_size
+        return sent + 2 * (ranks - 1) * flags.numel() * flags.element_size() // ranks
 
     def finish(self) -> None:
         """Count, then read the summed flags: the same bytes on every rank."""
