@@ -14,7 +14,9 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter  # the d
 from scalesgd.comm.codecs import BucketView, Channel
 from scalesgd.comm.codecs.registry import needs_topology
 from scalesgd.comm.engine.driver import BucketDriver, offsets_of
+from scalesgd.comm.wire.collectives import ring_reduce_scatter_rows_steps
 from scalesgd.comm.wire.groups import own_group
+from scalesgd.comm.wire.pipeline import run_steps
 from scalesgd.comm.wire.topology import Topology, TopologyGroups
 
 
@@ -55,7 +57,8 @@ def cross_node_channel(codec, groups) -> Channel:
 
 class CodecReduceScatter(ReduceScatter):
     """One FSDP module's gradient reduce-scatter on a cast codec's wire (fp32, fp16, bf16): cast, divided by the
-    world size where FSDP asks for the mean (PyTorch's fp16 hook's order), summed; its time and bytes counted."""
+    world size where FSDP asks for the mean (PyTorch's fp16 hook's order), summed; its time and bytes counted. On
+    NCCL the sum is its own reduce-scatter; on gloo, whose reduce-scatter sends an allreduce's bytes, our ring's."""
 
     def __init__(self, codec):
         self.codec = codec
@@ -72,8 +75,12 @@ class CodecReduceScatter(ReduceScatter):
             self.codec.count_overflow(input_tensor, wire)
         if op == dist.ReduceOp.AVG:  # FSDP asks for the mean (fp32, bf16 reduce dtypes); gloo sums
             wire.div_(group.size())
-        out = output_tensor if dtype == output_tensor.dtype else torch.empty_like(output_tensor, dtype=dtype)
-        dist.reduce_scatter_single(output=out, input=wire, group=group, op=dist.ReduceOp.SUM)  # FSDP waits on none
+        if wire.is_cuda:
+            out = output_tensor if dtype == output_tensor.dtype else torch.empty_like(output_tensor, dtype=dtype)
+            dist.reduce_scatter_single(output=out, input=wire, group=group, op=dist.ReduceOp.SUM)  # FSDP waits on none
+        else:
+            run_steps(ring_reduce_scatter_rows_steps(wire, group))
+            out = wire.view(group.size(), -1)[dist.get_rank(group)]
         if out is not output_tensor:
             output_tensor.copy_(out)
         self.bytes_sent += wire.numel() * wire.element_size() * (group.size() - 1) // group.size()  # a ring's
