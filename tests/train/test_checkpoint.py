@@ -48,7 +48,7 @@ def test_an_adascale_run_is_finished_when_its_schedule_is_done_not_at_its_epoch_
     assert finished(state(2, 0.0), linear, linear) and not finished(state(1, 0.0), linear, linear)
 
 
-RESUME_RUN = ["--quiet", "--dataset", "synthetic", "--samples", "1600", "--image-size", "12",
+RESUME_RUN = ["--quiet", "--dataset", "synthetic", "--samples", "1024", "--image-size", "12",
               "--model", "resnet8", "--batch-size", "64", "--epochs", "3", "--warmup-epochs", "1",
               "--schedule", "cosine", "--seed", "7"]
 
@@ -71,10 +71,10 @@ FP8_RANGES = ["--fp8-period", "7", "--fp8-samples", "64"]  # ranges re-estimated
                                     ["--local-steps", "6", "--fragments", "2", "--overlap-steps", "1", "--mix",
                                      "0.25", "--codec", "topk", "--density", "0.05"],  # local parameters and inner
                                     # state per rank, global ones, outer momentum, residuals, an exchange in flight
-                                    ["--engine", "fsdp", "--shard", "node", "--workers", "4", "--procs-per-node",
-                                     "2", "--local-steps", "4", "--codec", "topk", "--density", "0.05",
-                                     "--accumulate", "2"]],  # shards and momentum through torch.distributed.checkpoint;
-                         # each rank's local shards, inner state, global shards and residuals of its shards
+                                    ["--engine", "fsdp", "--shard", "node", "--procs-per-node", "1", "--local-steps",
+                                     "3", "--codec", "topk", "--density", "0.05", "--accumulate", "2"]],  # 2 nodes of 1:
+                         # the parameters and momentum through torch.distributed.checkpoint (which keeps one node's),
+                         # each rank's local parameters, inner state, global ones and residuals beside them
                          ids=["ddp-fp8-hook-lars-arccot", "scalesgd-topk-dgc", "onebit-adam-fp16-accumulated",
                               "periodic-streaming-topk", "fsdp-hybrid-periodic-topk"])
 def test_interrupted_and_resumed_run_ends_with_the_same_parameters(tmp_path, engine):

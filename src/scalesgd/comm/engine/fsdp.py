@@ -86,9 +86,12 @@ def hybrid_mesh(groups, device: torch.device) -> DeviceMesh:
 
 class FsdpExchange(GradientExchange):
     """FSDP2 on a model `shard_model` sharded: accumulation without the reduce-scatter
-    (`set_requires_gradient_sync`), each module's reduce-scatter through `CodecReduceScatter`; checkpoints keep each
-    rank's shards of the parameters and the optimizer's state (`torch.distributed.checkpoint`), which any number of
-    ranks loads."""
+    (`set_requires_gradient_sync`), each module's reduce-scatter through the codec (`comm/engine/fsdp_sums.py`);
+    checkpoints keep each rank's shards of the parameters and the optimizer's state (`torch.distributed.checkpoint`),
+    which any number of ranks loads, and the codec's state, which the same layout of shards loads.
+
+    `across_nodes` False: a model sharded within each node sums only there (periodic synchronisation across nodes is
+    `periodic.sharded`'s)."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, setup: ExchangeSetup,
                  across_nodes: bool = True):
@@ -196,15 +199,15 @@ class FsdpExchange(GradientExchange):
         return get_model_state_dict(model, options=GATHERED)
 
     def state_dict(self) -> dict:
-        """The optimizer's state is in the shards (`sharded_state`); the cross-node codec's is this rank's, as the
-        shards it was kept for are (their layout beside it: `load_state_dict`)."""
+        """The optimizer's state is in the shards (`sharded_state`); the codec's is this rank's, as the shards it
+        was kept for are (their layout beside it: `load_state_dict`)."""
         codec = None if self._driver is None else {"layout": self._layout, "driver": self._driver.state_dict()}
         return {"optimizer": None, "codec": codec, "scaler": self.scaler.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        """The cross-node codec's state where it was kept for these shards (`shard_layout`); otherwise it starts
-        afresh: residuals and momenta of other shards mean nothing here. The optimizer's state comes back with the
-        shards (`load_sharded_state`)."""
+        """The codec's state where it was kept for these shards (`shard_layout`); otherwise it starts afresh:
+        residuals, ranges and momenta kept for other shards are not this rank's. The optimizer's state comes back
+        with the shards (`load_sharded_state`)."""
         saved = state.get("codec")
         if self._driver is not None and saved and saved.get("layout") == self._layout:
             self._driver.load_state_dict(saved["driver"])
