@@ -11,7 +11,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from scalesgd.comm.codecs import make_codec
+from scalesgd.comm.codecs import CODECS
 from scalesgd.comm.codecs.cast import DENSE
 from scalesgd.comm.engine.base import ExchangeSetup
 from scalesgd.comm.engine.fsdp import FsdpExchange, shard_layout
@@ -33,7 +33,7 @@ class ShardedPeriodicExchange(PeriodicExchange):
             raise ValueError("periodic synchronisation of shards needs the node and cross-node groups (`topology`)")
         self.within = FsdpExchange(model, optimizer, replace(setup, codec=DENSE.name), across_nodes=False)
         self._layout = shard_layout(model)
-        across = cross_node_channel(make_codec(setup.codec, setup.settings), setup.topology)
+        across = cross_node_channel(setup.topology, CODECS[setup.codec].needs_topology)
         super().__init__(model, optimizer, replace(setup, group=across.group, topology=across.topology), periodic)
 
     def autocast(self) -> AbstractContextManager:

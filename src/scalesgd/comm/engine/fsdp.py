@@ -99,26 +99,27 @@ class FsdpExchange(GradientExchange):
             raise ValueError("the sharded engine takes a model sharded by shard_model (FSDP2's fully_shard), and an "
                              "optimizer built on its parameters after that")
         self._codec = make_codec(setup.codec, setup.settings)
-        self._driver = None  # the cross-node sum's, where the model is sharded within each node
         self._layout = shard_layout(model)
-        self._parts = self._install(model, setup, across_nodes)
+        self._parts, driver = self._install(model, setup, across_nodes)
         self._counted = (0.0, 0)
         # bf16 compute is FSDP's own (`shard_model`'s policy), so the base's autocast stays off
-        super().__init__(model, optimizer, self._driver, bare=model, norms=setup.norms, clip_norm=setup.clip_norm)
+        super().__init__(model, optimizer, driver, bare=model, norms=setup.norms, clip_norm=setup.clip_norm)
 
-    def _install(self, model: FSDPModule, setup: ExchangeSetup, across_nodes: bool) -> list:
+    def _install(self, model: FSDPModule, setup: ExchangeSetup, across_nodes: bool) -> tuple[list, BucketDriver | None]:
         """Each unit's reduce-scatter on the codec's wire: a cast's as FSDP's own, another codec's through its driver
         (`UnitSum`); hybrid: the node's in fp32, then, `across_nodes`, the cross-node mean of the unit's shard
-        through the codec's driver (`CrossNodeSum`). The parts that count bytes and time."""
+        through the codec's driver (`CrossNodeSum`). The parts that count bytes and time, and the driver (None where
+        a cast is the whole sum)."""
         hybrid = sharded_within_nodes(model)
         if hybrid and across_nodes and setup.topology is None:
             raise ValueError("a model sharded within each node needs the node and cross-node groups (`topology`)")
         cast = hybrid or isinstance(self._codec, CastCodec)
         parts = [CodecReduceScatter(make_codec(DENSE.name, setup.settings) if hybrid else self._codec)] if cast else []
+        driver = None
         if hybrid and across_nodes:
-            self._driver = BucketDriver(self._codec, cross_node_channel(self._codec, setup.topology),
-                                        dense_steps=setup.compress_after)
-            parts.append(CrossNodeSum(self._driver))
+            driver = BucketDriver(self._codec, cross_node_channel(setup.topology, needs_topology(self._codec)),
+                                  dense_steps=setup.compress_after)
+            parts.append(CrossNodeSum(driver))
         elif not cast:  # on the ring of FSDP's mesh
             group = next(model.parameters()).device_mesh.get_group()
             topology = setup.topology
@@ -126,7 +127,7 @@ class FsdpExchange(GradientExchange):
                 topology = Topology.from_env().groups()
             channel = Channel(group, dist.get_world_size(group), topology=topology,
                               scatter=CODECS[self._codec.name].scatters)
-            self._driver = BucketDriver(self._codec, channel, dense_steps=setup.compress_after)
+            driver = BucketDriver(self._codec, channel, dense_steps=setup.compress_after)
         numbers = {id(p): i for i, p in enumerate(model.parameters())}
         for unit, module in enumerate(m for m in model.modules() if isinstance(m, FSDPModule)):
             params = [p for group in module._get_fsdp_state()._fsdp_param_groups for p in group.fsdp_params]
@@ -134,14 +135,14 @@ class FsdpExchange(GradientExchange):
             if cast:
                 module.set_custom_reduce_scatter(parts[0])
             elif params:  # (a unit with no parameters of its own has no reduce-scatter)
-                parts.append(UnitSum(self._driver, unit, params, keys))
+                parts.append(UnitSum(driver, unit, params, keys))
                 module.set_custom_reduce_scatter(parts[-1])
                 if self._codec.reads_weights:
                     module.set_reshard_after_backward(False)  # its weights, gathered, are the codec's at the sum
             if hybrid and across_nodes and params:
                 module.set_all_reduce_hook(parts[1].hook(unit, params, keys))
         self._gathered_to_step = not cast and self._codec.reads_weights
-        return parts
+        return parts, driver
 
     @classmethod
     def codec_site(cls, model: nn.Module) -> str | None:
@@ -201,7 +202,7 @@ class FsdpExchange(GradientExchange):
     def state_dict(self) -> dict:
         """The optimizer's state is in the shards (`sharded_state`); the codec's is this rank's, as the shards it
         was kept for are (their layout beside it: `load_state_dict`)."""
-        codec = None if self._driver is None else {"layout": self._layout, "driver": self._driver.state_dict()}
+        codec = None if self.driver is None else {"layout": self._layout, "driver": self.driver.state_dict()}
         return {"optimizer": None, "codec": codec, "scaler": self.scaler.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
@@ -209,8 +210,8 @@ class FsdpExchange(GradientExchange):
         residuals, ranges and momenta kept for other shards are not this rank's. The optimizer's state comes back
         with the shards (`load_sharded_state`)."""
         saved = state.get("codec")
-        if self._driver is not None and saved and saved.get("layout") == self._layout:
-            self._driver.load_state_dict(saved["driver"])
+        if self.driver is not None and saved and saved.get("layout") == self._layout:
+            self.driver.load_state_dict(saved["driver"])
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
 
@@ -235,9 +236,9 @@ class Fsdp2Exchange(FsdpExchange):
     precision policy's `reduce_dtype`) and its own hybrid layout on a 2-D mesh (`hybrid_mesh`); nothing counted from
     inside (on the testbed the link counts its bytes)."""
 
-    def _install(self, model: FSDPModule, setup: ExchangeSetup, across_nodes: bool) -> list:
+    def _install(self, model: FSDPModule, setup: ExchangeSetup, across_nodes: bool) -> tuple[list, None]:
         self._gathered_to_step = False
-        return []
+        return [], None
 
     @classmethod
     def codec_site(cls, model: nn.Module) -> str | None:

@@ -12,12 +12,21 @@ import torch.distributed as dist
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter  # the documented `set_custom_reduce_scatter`'s
 
 from scalesgd.comm.codecs import BucketView, Channel
-from scalesgd.comm.codecs.registry import needs_topology
 from scalesgd.comm.engine.driver import BucketDriver, offsets_of
 from scalesgd.comm.wire.collectives import ring_reduce_scatter_rows_steps
 from scalesgd.comm.wire.groups import own_group
 from scalesgd.comm.wire.pipeline import run_steps
 from scalesgd.comm.wire.topology import Topology, TopologyGroups
+
+
+class _CountedSum(ReduceScatter):
+    """A reduce-scatter FSDP calls with its own buffers, counting its seconds and the bytes it sent."""
+
+    def __init__(self):
+        self.seconds, self.bytes_sent = 0.0, 0
+
+    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
 
 
 class CrossNodeSum:
@@ -39,33 +48,30 @@ class CrossNodeSum:
         start = time.perf_counter()
         # each parameter's padded shard, laid out in `shard` as FSDP lays the reduce-scatter's output
         local = [p._sharded_param_data.view(p.padded_sharded_param_size) for p in params]
-        offsets = list(itertools.accumulate((t.numel() for t in local[:-1]), initial=0))
-        self.bytes_sent += self.driver.exchange(shard, BucketView(unit, local, offsets, shard.numel(), keys))
+        self.bytes_sent += self.driver.exchange(shard, BucketView(unit, local, offsets_of(local), shard.numel(), keys))
         self.seconds += time.perf_counter() - start
 
 
-def cross_node_channel(codec, groups) -> Channel:
+def cross_node_channel(groups, two_stage: bool) -> Channel:
     """Where the cross-node sum travels: the ranks holding the same shards, one a node; a codec that sums in two
-    stages finds each of them alone in its node (its node stage skipped)."""
+    stages (`two_stage`: its registration's `needs_topology`) finds each of them alone in its node (its node stage
+    skipped)."""
     nodes = dist.get_world_size(groups.cross_group)
     topology = None
-    if needs_topology(codec):  # a group of one for each rank (collective: every rank makes every one)
+    if two_stage:  # a group of one for each rank (collective: every rank makes every one)
         alone = [own_group([rank]) for rank in range(dist.get_world_size())][dist.get_rank()]
         topology = TopologyGroups(Topology(nodes, dist.get_rank(groups.cross_group), 1), alone, groups.cross_group)
     return Channel(groups.cross_group, nodes, "ring", topology)
 
 
-class CodecReduceScatter(ReduceScatter):
+class CodecReduceScatter(_CountedSum):
     """One FSDP module's gradient reduce-scatter on a cast codec's wire (fp32, fp16, bf16): cast, divided by the
     world size where FSDP asks for the mean (PyTorch's fp16 hook's order), summed; its time and bytes counted. On
     NCCL the sum is its own reduce-scatter; on gloo, whose reduce-scatter sends an allreduce's bytes, our ring's."""
 
     def __init__(self, codec):
+        super().__init__()
         self.codec = codec
-        self.seconds, self.bytes_sent = 0.0, 0
-
-    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group, op, async_op: bool = False):
         start = time.perf_counter()
@@ -88,7 +94,7 @@ class CodecReduceScatter(ReduceScatter):
         return None
 
 
-class UnitSum(ReduceScatter):
+class UnitSum(_CountedSum):
     """One unit's gradient reduce-scatter through a codec's driver. A codec whose sum can end in each rank's shard
     (`scatters`: the casts, fp8's saturating ring) takes the gradients as FSDP lays them, a row a rank, each
     parameter's part of a row one tensor (fp8 keeps a range for each, relative to the unit's gathered weights in the
@@ -97,13 +103,10 @@ class UnitSum(ReduceScatter):
     Adam's momenta), whose mean each rank keeps its shard of."""
 
     def __init__(self, driver: BucketDriver, unit: int, params: list, keys: tuple[int, ...]):
+        super().__init__()
         self.driver, self.unit, self.params, self.keys = driver, unit, params, keys
         self.sizes = [p.padded_sharded_param_size.numel() for p in params]  # each one's part of a rank's row
         self.columns = list(itertools.accumulate(self.sizes[:-1], initial=0))
-        self.seconds, self.bytes_sent = 0.0, 0
-
-    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group, op, async_op: bool = False):
         start = time.perf_counter()
