@@ -14,7 +14,7 @@ import torch
 from scalesgd.train.checkpoint import mean_state
 from tests.train.cli import load_ckpt, scalesgd, wait_for_checkpoint
 
-RUN = ["--quiet", "--dataset", "synthetic", "--samples", "2400", "--image-size", "12", "--model", "resnet8",
+RUN = ["--quiet", "--dataset", "synthetic", "--samples", "1200", "--image-size", "12", "--model", "resnet8",
        "--batch-size", "96", "--epochs", "4", "--warmup-epochs", "1", "--seed", "3", "--engine", "scalesgd",
        "--codec", "topk", "--density", "0.05", "--checkpoint-every", "4", "--timeout", "30"]
 
@@ -50,7 +50,7 @@ def test_a_mid_epoch_checkpoint_resumes_exactly(tmp_path):
 
 def test_resume_on_fewer_and_on_more_workers_continues_with_a_warning(tmp_path):
     run = tmp_path / "run"
-    short = [*RUN[:RUN.index("--epochs")], "--epochs", "2", *RUN[RUN.index("--epochs") + 2:], "--samples", "1200"]
+    short = [*RUN[:RUN.index("--epochs")], "--epochs", "2", *RUN[RUN.index("--epochs") + 2:], "--samples", "600"]
     assert scalesgd("train", "--run-dir", str(run), "--workers", "4", *short).returncode == 0
     for workers, epochs in (("2", "3"), ("3", "4")):
         proc = scalesgd("train", "--resume", str(run), "--workers", workers, "--epochs", epochs)
