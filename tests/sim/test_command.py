@@ -59,6 +59,20 @@ def test_a_gpt_is_simulated_at_the_size_its_options_give(capsys, tmp_path):
     assert (saved["gpt_layers"], saved["gpt_width"], saved["gpt_block"]) == (2, 64, 32)
 
 
+def test_a_sharded_gpt_is_costed_by_its_blocks_on_the_backend_named(capsys, tmp_path):
+    rows = {}
+    for backend in ("nccl", "gloo"):
+        code, out, _ = simulate(capsys, "--model", "gpt", "--iteration-time", "0.1", "--batch-per-worker", "8",
+                                "--workers", "4", "--procs-per-node", "2", "--inter-bandwidth", "100mbit",
+                                "--modes", "fsdp,fsdp-fp8,fsdp:node-fp8", "--fsdp-backend", backend, "--json",
+                                "--out", str(tmp_path / backend))
+        assert code == 0
+        rows[backend] = {r["mode"]: r["iteration_s"] for r in json.loads(out)["rows"]}
+    gloo, nccl = rows["gloo"], rows["nccl"]
+    assert gloo["fsdp:node-fp8"] < gloo["fsdp-fp8"] < gloo["fsdp"]  # fewer bytes across nodes, then a quarter's
+    assert all(nccl[m] < gloo[m] for m in gloo)  # gathers ahead and sums behind compute
+
+
 def test_a_language_model_gets_each_modes_measured_steps_to_the_target(capsys, tmp_path):
     shipped = quality.table("text")
     modes = [key for key in shipped if ":" not in key and not key.startswith("ddp-")][:3]
@@ -111,6 +125,7 @@ def test_a_preset_prints_its_headline(capsys, tmp_path):
      "--workers 12: every count must be a positive multiple of --procs-per-node 8"),
     (("--model", "resnet20", "--iteration-time", "1", "--modes", "ddp-onebit"), "--modes ddp-onebit: mode"),
     (("--profile", "/nonexistent"), "--profile /nonexistent: not a directory"),
+    (("--profile", "/tmp", "--modes", "ddp,fsdp-fp8"), "--modes fsdp-fp8: a sharded mode is costed unit by unit"),
     (("--validate", "/tmp"), "/tmp is not a `scalesgd bench train` output directory"),
     ((), "give exactly one of --profile, --model"),
     (("--preset", "google"), "--preset 'google' is not known"),

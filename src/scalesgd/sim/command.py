@@ -18,8 +18,8 @@ from scalesgd.models import MODEL_OPTIONS, MODELS, TEXT, ModelOptions
 from scalesgd.options import Options, expanded, ints, option, record, refuse, words
 from scalesgd.sim import compute, presets, quality, scaling
 from scalesgd.sim.calibrate import BenchRecord, Calibration, NotABenchDir, validate_against
-from scalesgd.sim.exchange import check_modelled
-from scalesgd.sim.modes import parse_mode
+from scalesgd.sim.exchange import Costs, check_modelled
+from scalesgd.sim.modes import SHARDED, parse_mode
 from scalesgd.sim.network import Cluster
 from scalesgd.units import RATE, mbit_s
 
@@ -85,6 +85,9 @@ class SimulateConfig(Options):
                        "the ring's times) or `bench link` output directory instead")
     modes: tuple[str, ...] = option(DEFAULT_MODES, "exchange modes as `bench train` names them; the first is "
                                     "the baseline of the bandwidth plot", parse=words, check=checks.distinct)
+    fsdp_backend: str = option("nccl", "how the sharded modes' collectives run: nccl (beside compute: FSDP2 gathers "
+                               "a unit ahead and sums behind backward) or gloo (each in the thread that issued it; "
+                               "FSDP2's own reduce-scatter sends an allreduce's bytes)", choices=("nccl", "gloo"))
     preset: str = option("", "a paper's cluster, model and published parameters (see docs/SIMULATE.md)",
                          choices=lambda: ("", *presets.PRESETS))
     validate_dir: str = option("", "predict every mode of this `bench train` directory from its links and the "
@@ -112,6 +115,9 @@ class SimulateConfig(Options):
                 check_modelled(parse_mode(name))
             except (ValueError, KeyError) as err:
                 raise UsageError(f"`modes` {name}: {err}") from None
+            if parse_mode(name).engine in SHARDED and not self.model:
+                raise UsageError(f"`modes` {name}: a sharded mode is costed unit by unit (a GPT's blocks, a ResNet's "
+                                 "stages); give `model` with `iteration_time`")
         for name, flag in (("profile", "profile"), ("calibration", "calibration"), ("link", "link"),
                            ("validate_dir", "validate")):
             for path in getattr(self, name).split(",") if getattr(self, name) else ():
@@ -132,6 +138,8 @@ def run(cfg: SimulateConfig, command: str) -> int:
         else:
             profile, costs = _profile_and_costs(cfg)
             cluster, modes, workers = _cluster(cfg), list(cfg.modes), list(cfg.workers)
+            costs |= {m: replace(costs.get(m, Costs()), fsdp_backend=cfg.fsdp_backend) for m in modes
+                      if parse_mode(m).engine in SHARDED}
     except NotABenchDir as err:
         raise UsageError(str(err)) from None
     parsed = [parse_mode(m) for m in modes]

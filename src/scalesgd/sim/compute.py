@@ -32,6 +32,7 @@ class ComputeProfile:
     batch_per_worker: int  # samples of one micro-batch
     accumulate: int = 1  # micro-batches per step
     shapes: tuple[tuple[int, ...], ...] = ()  # each tensor's shape (what a low-rank codec factors; () where unknown)
+    units: tuple[str, ...] = ()  # the modules the sharded engine shards one by one (forward order; () where unknown)
 
     @property
     def compute_s(self) -> float:
@@ -72,6 +73,12 @@ def model_shapes(model_name: str, classes: int, channels: int = 3,
     return tuple(tuple(p.shape) for p in model.parameters() if p.requires_grad)
 
 
+def unit_names(model: torch.nn.Module, model_name: str) -> tuple[str, ...]:
+    """The modules of `model` that the sharded engine shards one by one (a GPT's blocks, a ResNet's stages), by name."""
+    units = set(map(id, MODELS[model_name].shard_units(model)))
+    return tuple(name for name, module in model.named_modules() if id(module) in units)
+
+
 def from_run_dir(run_dir: Path) -> ComputeProfile:
     """A `scalesgd train --planner …` run directory: the profile it measured (its step time is not known: 0)."""
     saved = json.loads((Path(run_dir) / "profile.json").read_text())
@@ -93,7 +100,7 @@ def from_flops(model_name: str, iteration_s: float, batch_per_worker: int, image
     compute = iteration_s * (1 - step_fraction)
     return ComputeProfile(flops.names, flops.sizes, compute * flops.forward / total,
                           tuple(compute * b / total for b in flops.backward), iteration_s * step_fraction,
-                          batch_per_worker, shapes=flops.shapes)
+                          batch_per_worker, shapes=flops.shapes, units=flops.units)
 
 
 @dataclass(frozen=True)
@@ -106,6 +113,7 @@ class Flops:
     forward: int
     backward: tuple[int, ...]
     shapes: tuple[tuple[int, ...], ...] = ()
+    units: tuple[str, ...] = ()  # the modules the sharded engine shards one by one
 
 
 def count_flops(model_name: str, batch: int, image_size: int, classes: int, channels: int = 3,
@@ -148,4 +156,4 @@ def count_flops(model_name: str, batch: int, image_size: int, classes: int, chan
     for i, at in ready.items():  # a dict keeps the order the hooks fired in
         backward[i], last = at - last, at
     return Flops(tuple(n for n, _ in named), tuple(p.numel() for _, p in named), forward, tuple(backward),
-                 tuple(tuple(p.shape) for _, p in named))
+                 tuple(tuple(p.shape) for _, p in named), unit_names(model, model_name))

@@ -7,14 +7,15 @@ import math
 from dataclasses import dataclass, replace
 
 from scalesgd.comm.codecs import CODECS
-from scalesgd.comm.codecs.registry import Cost, LowRankCost, SparseCost
-from scalesgd.comm.codecs.lowrank.factors import sent_elements
+from scalesgd.comm.codecs.registry import LowRankCost
 from scalesgd.comm.cost.planner import PLANNERS
 from scalesgd.comm.cost.timing import timeline
 from scalesgd.comm.engine.buckets import TensorInfo, ddp_buckets, plan_buckets
 from scalesgd.sim import network
 from scalesgd.sim.compute import ComputeProfile
-from scalesgd.sim.modes import Mode
+from scalesgd.sim.modes import SHARDED, Mode
+from scalesgd.sim.sharded import check_sharded, predict_sharded
+from scalesgd.sim.wire import cost_of, sent_sizes, wire_time
 
 FIXED_POINT_ROUNDS = 6  # displaced compute ↔ overlap: converges in a few
 
@@ -28,11 +29,13 @@ class Costs:
     exchange_cpu_s: float = 0.0  # CPU per iteration the exchange takes where it shares cores with compute
     channel_s_per_bucket: float = 0.0  # a bucket's fixed cost beyond the wire's α (handing it over, codec calls)
     density_scale: float = 1.0  # a sparse codec's entries sent ÷ its nominal ⌈ρ·n⌉ (threshold reuse drifts)
+    fsdp_backend: str = "nccl"  # how FSDP2's collectives run: beside compute (nccl), or in the issuing thread (gloo)
 
     def to_dict(self) -> dict:
         return {"channel_s_per_element": self.channel_s_per_element,
                 "inline_s_per_element": self.inline_s_per_element, "exchange_cpu_s": self.exchange_cpu_s,
-                "channel_s_per_bucket": self.channel_s_per_bucket, "density_scale": self.density_scale}
+                "channel_s_per_bucket": self.channel_s_per_bucket, "density_scale": self.density_scale,
+                "fsdp_backend": self.fsdp_backend}
 
     def channel(self, mode: Mode, cluster: network.Cluster):
         """Seconds on the channel for a bucket of n elements: the wire, then the codec's own work."""
@@ -59,6 +62,8 @@ def check_modelled(mode: Mode) -> None:
     """ValueError naming the modes the simulator knows, unless it knows `mode`."""
     if mode.engine == "none":
         return
+    if mode.engine in SHARDED:
+        return check_sharded(mode)
     if mode.codec not in CODECS or not CODECS[mode.codec].simulated:
         raise ValueError(f"mode {mode.name!r}: codec {mode.codec!r} has no cost model; the simulator knows "
                          f"{', '.join(c for c, e in CODECS.items() if e.simulated)}")
@@ -67,50 +72,12 @@ def check_modelled(mode: Mode) -> None:
         raise ValueError(f"mode {mode.name!r}: under ddp the simulator knows PyTorch's own: {', '.join(known)}")
 
 
-def cost_of(mode: Mode) -> Cost:
-    """What the mode's codec puts on the wire under its options, as its registration says."""
-    return CODECS[mode.codec].cost(mode.options)
-
-
-def wire_time(mode: Mode, numel: float, cluster: network.Cluster, density_scale: float = 1.0) -> float:
-    """Seconds one bucket of `numel` gradients spends on the wire (α–β, as our collectives step); a sparse
-    codec sends `density_scale` times its nominal entries. For a low-rank mode `numel` counts what it sends
-    (`sent_sizes`), over its sums one after another."""
-    if mode.engine == "none" or cluster.workers == 1 or numel == 0:
-        return 0.0
-    entry, cost = CODECS[mode.codec], cost_of(mode)
-    algorithm = "native" if mode.engine == "ddp" else mode.algorithm
-    if isinstance(cost, LowRankCost):
-        return cost.sums * network.dense_allreduce(numel * cost.element_bytes / cost.sums, algorithm, cluster)
-    if isinstance(cost, SparseCost):
-        density = min(cost.density * density_scale, 1.0)
-        if entry.needs_topology:  # topk-nodes: dense in the node, sparse across nodes
-            return network.node_sparse(numel, density, cluster, cost.entry_wire)
-        return network.sparse_allgather(math.ceil(density * numel), cluster.workers, cluster.ring_link,
-                                        wire=cost.entry_wire)
-    nbytes = numel * cost.element_bytes
-    if entry.needs_topology:  # fp8's two-stage sum: in the node, across nodes, back
-        return network.hierarchical(nbytes, cluster)
-    return network.dense_allreduce(nbytes, algorithm, cluster)
-
-
 def nominal_sparse_bytes(mode: Mode, profile: ComputeProfile, workers: int) -> float:
     """Bytes a rank sends per iteration at the nominal density: ⌈ρ·n⌉ entries per bucket to each other rank."""
     cost = cost_of(mode)
     groups = grouping(mode, profile, lambda n: 0.0, lambda n: 0.0)
     entries = sum(math.ceil(cost.density * sum(profile.sizes[i] for i in g)) for g in groups)
     return (workers - 1) * entries * network.SPARSE_ENTRY_BYTES[cost.entry_wire]
-
-
-def sent_sizes(mode: Mode, profile: ComputeProfile) -> tuple[float, ...]:
-    """What each tensor puts on the wire a step, in numbers: its size, or a low-rank mode's factors of it."""
-    cost = cost_of(mode) if mode.engine != "none" else None
-    if not isinstance(cost, LowRankCost):
-        return profile.sizes
-    if len(profile.shapes) != len(profile.sizes):
-        raise ValueError(f"mode {mode.name!r}: a low-rank exchange is costed by its tensors' shapes, which this "
-                         "compute profile lacks; measure it again")
-    return tuple(sent_elements(shape, cost.rank, cost.min_rate, alternate=cost.sums == 1) for shape in profile.shapes)
 
 
 def grouping(mode: Mode, profile: ComputeProfile, channel, inline) -> list[list[int]]:
@@ -135,6 +102,9 @@ def predict(mode: Mode, profile: ComputeProfile, cluster: network.Cluster, costs
         return Prediction(mode.name, profile.iteration_s, 0.0, profile.accumulating_s + profile.compute_s, [])
     if mode.engine == "periodic":
         return periodic(mode, profile, cluster, costs)
+    if mode.engine in SHARDED:
+        iteration, exposed = predict_sharded(mode, profile, cluster, costs)
+        return Prediction(mode.name, iteration, exposed, profile.accumulating_s + profile.compute_s, [])
 
     groups = grouping(mode, profile, costs.channel(mode, cluster), costs.inline)
     sizes = sent_sizes(mode, profile)

@@ -1,5 +1,6 @@
 """Exchange modes by name, as `bench train` runs them and `simulate` predicts them: `none`, `ddp[-CODEC[@RANK]]`,
-`scalesgd[-CODEC[@AMOUNT][/WIRE][-ALGORITHM[-BUCKETS]]]`. AMOUNT is a sparse codec's density or a low-rank codec's
+`scalesgd[-CODEC[@AMOUNT][/WIRE][-ALGORITHM[-BUCKETS]]]`, sharded `fsdp[:node][-CODEC[@AMOUNT][/WIRE]]` and
+`fsdp2[:node][-CODEC]`. AMOUNT is a sparse codec's density or a low-rank codec's
 rank; WIRE the low-rank codec's factor wire, or how a sparse codec's entries travel (compact or plain)."""
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ MODES_HELP = ("comma-separated: none (no exchange: the compute-only bound), ddp[
               "periodic@H[/F[/τ]][-CODEC] (simulate: synchronisation every H steps, F fragments, τ steps behind), "
               "scalesgd[-CODEC[@AMOUNT][/WIRE][-ALGORITHM[-BUCKETS]]] (AMOUNT: a sparse codec's density, lowrank's "
               "rank; WIRE: lowrank's factor wire, e.g. scalesgd-lowrank@4/fp16, or a sparse codec's, compact or plain, "
-              "e.g. scalesgd-topk@0.01/plain), auto[-EXCHANGE+EXCHANGE…[@DENSITY]] "
+              "e.g. scalesgd-topk@0.01/plain), fsdp[:node][-CODEC[@AMOUNT][/WIRE]] (simulate: ours on FSDP2's "
+              "reduce-scatter; :node shards within nodes), fsdp2[:node][-CODEC] (FSDP2's own), "
+              "auto[-EXCHANGE+EXCHANGE…[@DENSITY]] "
               "(--exchange auto among those: our codecs by name, ddp and ddp-CODEC; default: --auto-codecs' own)")
 AUTO_DEFAULT = "+".join(AUTO_CODECS)
 AUTO_AMOUNT = "density"  # what an auto mode's @ sets: the sparse candidates' density
@@ -44,6 +47,7 @@ class Mode:
     local_steps: int = 0  # periodic synchronisation: inner steps a round (0: an exchange every step)
     fragments: int = 1  # Streaming DiLoCo's fragments, one landing every local_steps/fragments steps
     overlap: int = 0  # inner steps a fragment's exchange runs behind (τ)
+    shard: str = ""  # a sharded mode's layout: "" every rank's shard, "node" sharded within nodes, replicated across
 
     def codec_options(self) -> dict:
         """The training options this mode sets beyond its codec, by flat name: its amount and wire."""
@@ -61,7 +65,7 @@ class Mode:
     @property
     def warm_start(self) -> int:
         """Iterations this mode exchanges uncompressed before its codec starts, which no timing may include."""
-        return CODECS[self.codec].warm_start if self.engine in ("ddp", "scalesgd") else 0
+        return CODECS[self.codec].warm_start if self.engine in ("ddp", "scalesgd", *SHARDED) else 0
 
     @property
     def auto_codecs(self) -> tuple[str, ...]:
@@ -87,6 +91,8 @@ def parse_mode(text: str) -> Mode:
         return _parse_periodic(text)
     if text == "auto" or text.startswith(("auto-", "auto@")):
         return _parse_auto(text)
+    if engine.split(":")[0] in SHARDED:
+        return _parse_sharded(text)
     if engine not in ("ddp", "scalesgd"):
         raise UsageError(f"mode {text!r} is not known; use none, ddp[-CODEC[@RANK]], "
                          "scalesgd[-CODEC[@AMOUNT][/WIRE][-ALGORITHM[-BUCKETS]]] or "
@@ -116,6 +122,37 @@ def parse_mode(text: str) -> Mode:
         raise UsageError(f"mode {text!r}: give its buckets after the -, or end the mode before it")
     return Mode(text, engine, codec, algorithm or "ring", buckets or "size:1",
                 given=_amount_and_wire(text, engine, codec, amount, wire))
+
+
+SHARDED = ("fsdp", "fsdp2")  # ours on FSDP2's reduce-scatter, FSDP2's own in the codec's dtype
+_SHARDED = re.compile(r"(fsdp2?)(?::(node))?(?:-(.+))?$")
+
+
+def _parse_sharded(text: str) -> Mode:
+    """`fsdp[:node][-CODEC[@AMOUNT][/WIRE]]` (ours) or `fsdp2[:node][-CODEC]` (FSDP2's own reduce-scatter in the
+    codec's dtype): every rank's shard, or (`:node`) shards within each node and the sum across nodes."""
+    found = _SHARDED.match(text)
+    if not found:
+        raise UsageError(f"mode {text!r}: a sharded mode is fsdp[:node][-CODEC[@AMOUNT][/WIRE]] or "
+                         "fsdp2[:node][-CODEC], e.g. fsdp-fp8 or fsdp:node-topk@0.01")
+    engine, shard, rest = found[1], found[2] or "", found[3] or "fp32"
+    fits = [c for c in CODECS if rest == c or rest.startswith((c + "@", c + "/", c + "-"))]
+    if not fits or not CODECS[max(fits, key=len)].runs_on(engine):
+        takes = [c for c, e in CODECS.items() if e.runs_on(engine)]
+        name = max(fits, key=len) if fits else re.split("[-@/]", rest, maxsplit=1)[0]
+        raise UsageError(f"mode {text!r}: codec {name!r} does not run on {engine}; choose from {', '.join(takes)}")
+    codec = max(fits, key=len)
+    tail, amount, wire = rest[len(codec):], None, None
+    if tail.startswith("@"):
+        found = _AMOUNT.match(tail)
+        amount, tail = found[1], tail[found.end():]
+    if tail.startswith("/"):
+        wire, tail = tail[1:], ""
+    if tail:
+        raise UsageError(f"mode {text!r}: a sharded mode's units are its buckets; end it after the codec's "
+                         "@AMOUNT or /WIRE")
+    return Mode(text, engine, codec, "ring", "units", given=_amount_and_wire(text, "scalesgd", codec, amount, wire),
+                shard=shard)
 
 
 _AMOUNT = re.compile(r"@(-?(?:[^-/]|(?<=[0-9.][eE])-(?=[0-9]))*)")  # @0.01, @-1 (refused by its check), @1e-05

@@ -33,10 +33,11 @@ from scalesgd.output import rich_table, write_json
 from scalesgd.runtime.process_group import DistEnv
 from scalesgd.sim import quality
 from scalesgd.sim.compute import ComputeProfile, from_layers
-from scalesgd.sim.exchange import Costs, predict, sent_sizes, wire_time
+from scalesgd.sim.exchange import Costs, predict, sent_sizes
 from scalesgd.sim.modes import Mode
 from scalesgd.sim.network import Cluster
 from scalesgd.sim.quality import StepsToTarget
+from scalesgd.sim.wire import wire_time
 from scalesgd.train.auto_rank import (
     FINALIST_MARGIN,
     _uncompressed,
