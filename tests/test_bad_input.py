@@ -180,7 +180,8 @@ REFUSED = [
      "--codec lags groups whole gradients its own way (its buckets: layer), and --engine fsdp sums each unit's "),
     ((*TRAIN, "--engine", "fsdp", "--precision", "fp16"), "--precision fp16 with --engine fsdp: a loss scaler over "),
     ((*TRAIN, "--engine", "fsdp", "--local-steps", "4"), "--local-steps 4 with --engine fsdp: periodic "),
-    ((*TRAIN, "--engine", "fsdp", "--exchange", "auto"), "--exchange auto chooses among exchanges of whole gradients"),
+    ((*TRAIN, "--engine", "fsdp2", "--exchange", "auto"), "--exchange auto chooses the codec on our sharded engine's "
+     "sums; --engine fsdp2 is FSDP2 as it comes: give --engine fsdp"),
     ((*TRAIN, "--engine", "fsdp2", "--codec", "topk"), "--codec topk: --engine fsdp2 is FSDP2 as it comes, its "
                                                        "reduce-scatter in fp32, fp16, bf16; topk runs with --engine "),
     ((*TRAIN, "--shard", "node"), "--shard node lays out the sharded engine's shards: add --engine fsdp"),

@@ -178,3 +178,41 @@ def test_a_periodic_choice_switches_the_run_to_periodic_synchronisation_without_
     cfg, plan, record = auto.choose(GPT, None, [], None, type("Env", (), {"is_main": False})(), tmp_path, True)
     assert (cfg.periodic.local_steps, cfg.periodic.outer_momentum, cfg.exchange.codec, plan) == (16, 0.5, "fp8", None)
     assert record["settings"] == settings
+
+
+def _decide_on_shards(rank, world, bytes_per_s):
+    from scalesgd.comm.cost.link import LinkCost
+    from scalesgd.comm.wire.topology import Topology, build_groups
+    from scalesgd.sim.compute import unit_names
+
+    slow = LinkCost(1e-4, bytes_per_s)
+    auto.link.measure_topology = lambda *args, **kwargs: {"inter": slow, "intra": slow}  # this rank's link, as given
+    torch.manual_seed(0)
+    model = build_model("gpt", 256, 1)
+    batch = (torch.randint(0, 256, (4, 64)), torch.randint(0, 256, (4, 64)))
+    loss = lambda out, y: torch.nn.functional.cross_entropy(out.flatten(0, 1), y.flatten())  # noqa: E731
+    groups = build_groups(Topology(world, rank, 1))  # fp8 sums in two stages: its probe needs the nodes (of 1)
+    return decide(model, batch, loss, ("fp32", "bf16", "fp8"), CodecSettings(), "ring", None, groups, 1, 4,
+                  layout="", units=unit_names(model, "gpt")).to_dict()
+
+
+@pytest.mark.parametrize("bytes_per_s, chosen", [(1.25e5, "fp8"), (1.25e11, "fp32")])
+def test_on_shards_auto_costs_each_codec_on_the_units_sums_and_chooses_by_the_link(bytes_per_s, chosen):
+    first, second = run_workers(_decide_on_shards, 2, bytes_per_s)
+    assert first == second and first["codec"] == chosen and first["buckets"] == "units"
+    assert sorted((r["codec"], r["buckets"]) for r in first["candidates"]) == [("bf16", "units"), ("fp32", "units"),
+                                                                               ("fp8", "units")]
+    times = {r["codec"]: r["iteration_s"] for r in first["candidates"]}
+    if chosen == "fp8":  # at 1 Mbit/s a step is mostly the all-gathers and sums: fewer bytes, sooner
+        assert times["fp8"] < times["bf16"] < times["fp32"]
+    assert first["finalists"] == [] and first["trial_s"] is None  # chosen by the model alone
+
+
+def test_a_choice_on_shards_keeps_the_sharded_engine_and_its_units_as_buckets(tmp_path):
+    saved = Decision("fp8", "units", [], 0.5, [], [])
+    (tmp_path / auto.AUTO_NAME).write_text(json.dumps(saved.to_dict()))
+    sharded = TrainConfig.from_argv(["--model", "gpt", "--dataset", "text", "--exchange", "auto", "--engine", "fsdp",
+                                     "--shard", "node", "--workers", "4", "--procs-per-node", "2"]).validate()
+    cfg, plan, record = auto.choose(sharded, None, [], None, type("Env", (), {"is_main": False})(), tmp_path, True)
+    assert (cfg.exchange.engine, cfg.exchange.shard, cfg.exchange.codec, plan) == ("fsdp", "node", "fp8", None)
+    assert record["codec"] == "fp8"

@@ -99,10 +99,13 @@ class ExchangeConfig:
     @property
     def auto_candidates(self) -> tuple[str, ...]:
         """The exchanges --exchange auto weighs here: --auto-codecs, less PyTorch's CUDA-only hooks without CUDA
-        when the list is the default one (a list given names only what runs, `rules.exchange`)."""
-        if self.auto_codecs != AUTO_CODECS or torch.cuda.is_available():
+        and DDP's under the sharded engine when the list is the default one (a list given names only what runs,
+        `rules.exchange`)."""
+        if self.auto_codecs != AUTO_CODECS:
             return self.auto_codecs
-        return tuple(c for c in self.auto_codecs if not _cuda_only(c))
+        if self.sharded:  # the default list under the sharded engine: our codecs (DDP's do not sum shards)
+            return tuple(c for c in self.auto_codecs if not c.startswith("ddp"))
+        return tuple(c for c in self.auto_codecs if torch.cuda.is_available() or not _cuda_only(c))
 
     @property
     def needs_topology(self) -> bool:

@@ -13,7 +13,7 @@ import torch
 from scalesgd import checks
 from scalesgd.comm.codecs import CODECS
 from scalesgd.comm.codecs.cast import DENSE
-from scalesgd.comm.codecs.registry import CROSS_NODE_SHARDS
+from scalesgd.comm.codecs.registry import CROSS_NODE_SHARDS, SHARDED_ENGINE
 from scalesgd.comm.cost.planner import NO_PLANNER
 from scalesgd.comm.engine.exchange import exchange_names, parse_exchange
 from scalesgd.data import DATASETS, DataError, check_text_file
@@ -51,9 +51,9 @@ def auto_problem(name: str) -> str | None:
 def exchange(cfg) -> None:
     """`exchange` auto and its candidates, or the codec on its engine; the processes per node."""
     x, rt = cfg.exchange, cfg.runtime
-    if x.sharded and x.auto:
-        raise UsageError("`exchange` auto chooses among exchanges of whole gradients (DDP's and ours); with `engine` "
-                         f"{x.engine} give `codec` (the reduce-scatter's wire)")
+    if x.sharded and x.auto and x.engine != SHARDED_ENGINE:
+        raise UsageError(f"`exchange` auto chooses the codec on our sharded engine's sums; `engine` {x.engine} is "
+                         f"FSDP2 as it comes: give `engine` {SHARDED_ENGINE}, or `codec` (its reduce-scatter's dtype)")
     if x.sharded:
         sharded(cfg)
     elif x.shard != "all":
@@ -116,6 +116,10 @@ def _candidate_problem(cfg, name: str) -> str | None:
     """Why manual mode would refuse the exchange `name` with the rest of this configuration (other codec families'
     options at their defaults), or None."""
     engine, codec = parse_exchange(name)
+    if cfg.exchange.sharded:  # the same codec, on the shards' sums
+        if engine != "scalesgd":
+            return f"DDP's exchange sums whole gradients; `engine` {cfg.exchange.engine} sums shards"
+        engine = cfg.exchange.engine
     family, values = CODECS[codec].family, flatten(cfg)
     others = {flat.name: flat.field.default for flat in flat_options(type(cfg))
               if _set_own(flat, values) and flat.prefix != family}

@@ -32,7 +32,7 @@ from scalesgd.output import console as make_console
 from scalesgd.output import rich_table, write_json
 from scalesgd.runtime.process_group import DistEnv
 from scalesgd.sim import quality
-from scalesgd.sim.compute import ComputeProfile, from_layers
+from scalesgd.sim.compute import ComputeProfile, from_layers, unit_names
 from scalesgd.sim.exchange import Costs, predict, sent_sizes
 from scalesgd.sim.modes import Mode
 from scalesgd.sim.network import Cluster
@@ -99,7 +99,8 @@ class Decision:
 
 def decide(model: nn.Module, batch, loss_fn, candidates: tuple[str, ...], settings: CodecSettings, algorithm: str,
            group, topology, procs_per_node: int, batch_per_worker: int, accumulate: int = 1,
-           steps_table: dict[str, StepsToTarget] | None = None, periodic: dict[str, dict] | None = None) -> Decision:
+           steps_table: dict[str, StepsToTarget] | None = None, periodic: dict[str, dict] | None = None,
+           layout: str | None = None, units: tuple[str, ...] = ()) -> Decision:
     """Profile, measure, simulate, choose (collective); rank 0's choice is every rank's.
 
     Candidates are ranked by predicted time to the target: the predicted iteration × the steps to the target over
@@ -110,10 +111,13 @@ def decide(model: nn.Module, batch, loss_fn, candidates: tuple[str, ...], settin
     `candidates` name exchanges (`parse_exchange`): our codecs, and DDP's. A DDP exchange is costed by the codec of
     ours that does its work (DDP's allreduce by fp32, its fp16 hook by fp16, PowerSGD by lowrank), on
     DDP's buckets and gloo's or NCCL's own allreduce; the trial then measures it for real.
+
+    With a `layout` (the sharded engine's: "" or "node"), `model` is the whole model before it is sharded into
+    `units`, and each codec is costed on the shards' sums unit by unit; the model alone chooses (no trial).
     """
     device = next(model.parameters()).device
     compute = replace(from_layers(profile.layer_profile(model, batch, loss_fn, group), 0.0, batch_per_worker),
-                      accumulate=accumulate)
+                      accumulate=accumulate, units=units)
     world = dist.get_world_size(group)
     links = link.measure_topology(world, procs_per_node, group=group)
     inter, intra = links["inter"], links["intra"]
@@ -126,15 +130,18 @@ def decide(model: nn.Module, batch, loss_fn, candidates: tuple[str, ...], settin
         does_work = proxy(name)
         if does_work not in costs:
             measured = probe(does_work, settings, channel, cluster, compute, device)
-            costs[does_work] = replace(measured, channel_s_per_bucket=max(measured.channel_s_per_bucket, handoff))
+            costs[does_work] = replace(measured, channel_s_per_bucket=max(measured.channel_s_per_bucket, handoff),
+                                       fsdp_backend="nccl" if device.type == "cuda" else "gloo")
     decision = None
     if dist.get_rank() == 0:
         table = []
         for name in candidates:
             engine, codec = parse_exchange(name)
-            plans = ("ddp",) if engine == "ddp" else (CODECS[codec].buckets,) if CODECS[codec].buckets else PLANS
+            plans = ("units",) if layout is not None else ("ddp",) if engine == "ddp" else (
+                (CODECS[codec].buckets,) if CODECS[codec].buckets else PLANS)
             for plan in plans:
-                p = predict(candidate_mode(name, settings, algorithm, plan), compute, cluster, costs[proxy(name)])
+                p = predict(candidate_mode(name, settings, algorithm, plan, layout), compute, cluster,
+                            costs[proxy(name)])
                 steps = (steps_table or {}).get(quality.key_of(engine, codec))
                 factor = None if steps is None or steps.missed else steps.factor
                 table.append({"codec": name, "buckets": plan, "iteration_s": p.iteration_s,
@@ -150,7 +157,7 @@ def decide(model: nn.Module, batch, loss_fn, candidates: tuple[str, ...], settin
                              for row in table],
                             [{"codec": r["codec"], "buckets": r["buckets"], "groups": r["groups"],
                               "predicted_s": r["iteration_s"], "steps_factor": r["steps_factor"]}
-                             for r in finalists(table, best)] if "settings" not in best else [],
+                             for r in finalists(table, best)] if "settings" not in best and layout is None else [],
                             periodic=periodic_options(steps_table or {}, compute, cluster, costs, periodic),
                             settings=best.get("settings", {}))
     return broadcast_object(decision, group=group)
@@ -279,10 +286,12 @@ def choose(cfg: TrainConfig, model: torch.nn.Module, batches: list, loss_fn, env
         fitting = rules.auto_fitting(cfg)[0]  # what manual mode would run with this optimizer and options
         steps_table = quality.table(quality.family_of(cfg.data.text))
         periodic = {key: settings for key, steps in steps_table.items()
-                    if (settings := periodic_settings(steps, cfg)) is not None}
+                    if not x.sharded and (settings := periodic_settings(steps, cfg)) is not None}
+        layout = ("node" if x.hybrid else "") if x.sharded else None
         decision = decide(model, batches[0], loss_fn, fitting, cfg.codec_settings(), x.algorithm,
                           env.exchange_group, env.topology_groups, x.procs_per_node or env.local_world_size,
-                          cfg.micro_batch, cfg.recipe.accumulate, steps_table, periodic)
+                          cfg.micro_batch, cfg.recipe.accumulate, steps_table, periodic, layout,
+                          unit_names(model, cfg.model.name) if x.sharded else ())
         if len(decision.finalists) > 1:
             decision = decision.tried(trial(cfg, model, batches, loss_fn, env, decision.finalists))
         if env.is_main and saved is not None:
@@ -290,8 +299,9 @@ def choose(cfg: TrainConfig, model: torch.nn.Module, batches: list, loss_fn, env
     if env.is_main and not quiet:
         show(decision)
     engine, codec = parse_exchange(decision.codec)
+    engine = cfg.exchange.engine if cfg.exchange.sharded else engine  # on shards: the codec on the sharded engine
     chosen = cfg.replaced(**{"engine": engine, "codec": codec, "buckets": "size:1", **decision.settings})
-    if decision.settings:  # periodic synchronisation: a round's pseudo-gradient travels whole, in no bucket plan
+    if decision.settings or cfg.exchange.sharded:  # a pseudo-gradient travels whole; shards' sums go unit by unit
         return chosen, None, decision.to_dict()
     plan = plan_from_groups(decision.groups, model_tensors(model), f"auto:{decision.buckets}")
     return chosen, plan, decision.to_dict()
@@ -354,7 +364,8 @@ def show(decision: Decision) -> None:
     """The predicted iteration of every candidate, the chosen one first; then the finalists' trials."""
     rows = sorted(decision.table, key=lambda r: (r.get("missed", False), to_target(r)))
     console = make_console()
-    buckets = "DDP's own buckets" if decision.buckets == "ddp" else f"buckets {decision.buckets}"
+    buckets = {"ddp": "DDP's own buckets", "units": "each unit's sum on the shards"}.get(decision.buckets,
+                                                                                       f"buckets {decision.buckets}")
     chose = f"{decision.codec} with {buckets}" if not decision.settings else (
         f"periodic synchronisation {decision.buckets} (" + " ".join(f"{option_name(k)} {v}" for k, v in
                                                                    decision.settings.items()) + ")")

@@ -9,6 +9,7 @@ import shlex
 
 from scalesgd.comm.codecs import CODECS, CodecSettings
 from scalesgd.comm.codecs.cast import DENSE
+from scalesgd.comm.codecs.registry import SHARDED_ENGINE
 from scalesgd.comm.config import ExchangeConfig
 from scalesgd.comm.engine.exchange import parse_exchange
 from scalesgd.config import TrainConfig, rules
@@ -86,9 +87,12 @@ def proxy(name: str) -> str:
     return CODECS[codec].cost_proxy or codec
 
 
-def candidate_mode(name: str, settings: CodecSettings, algorithm: str, plan: str) -> Mode:
-    """Exchange `name` as the simulator's mode, with every codec option of this run (DDP's: its own buckets)."""
+def candidate_mode(name: str, settings: CodecSettings, algorithm: str, plan: str, layout: str | None = None) -> Mode:
+    """Exchange `name` as the simulator's mode, with every codec option of this run (DDP's: its own buckets); with a
+    `layout` ("" every rank's shards, "node" each node's), its codec on the sharded engine's sums, unit by unit."""
     engine, codec = parse_exchange(name)
+    if layout is not None:
+        return Mode(name, SHARDED_ENGINE, codec, "ring", "units", base=settings.options, shard=layout)
     return Mode(name, engine, codec, algorithm if engine == "scalesgd" else "native", plan, base=settings.options)
 
 

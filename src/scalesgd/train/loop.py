@@ -152,22 +152,25 @@ def setup(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool) 
     use_ghost_batch(model, cfg.recipe.bn_batch)
     env = env.result() if isinstance(env, Future) else env
     model.to(env.device)
-    if cfg.exchange.sharded:  # the optimizer is built on the shards (within each node where hybrid)
-        ENGINES[cfg.exchange.engine].shard(model, MODELS[cfg.model.name].shard_units(model), cfg.recipe.precision,
-                                           cfg.exchange.codec, env.topology_groups if cfg.exchange.hybrid else None,
-                                           env.device)
     sampler = GlobalBatchSampler(len(data.train), cfg.recipe.batch_size, env.world_size, env.rank, seed=cfg.recipe.seed)
     pipeline = open_pipeline(data, sampler, cfg.recipe.accumulate, loader_settings(cfg, env, data), env.rank,
                              env.world_size)
     if env.is_main:
         for path, what in getattr(data, "skipped", ()):
             print(f"scalesgd: skipped {path}: {what}", file=sys.stderr)
+    objective = Objective(data.is_text, cfg.recipe.label_smoothing, data.sequence_length)
+    plan, planned, chosen = None, {}, {}
+    if cfg.exchange.sharded:  # the optimizer is built on the shards (within each node where hybrid)
+        if cfg.exchange.auto:  # the codec decides how the model is sharded: chosen on the whole model, before
+            batches = pipeline.first_batches(cfg.micro_batch, PROBE_BATCHES)
+            cfg, _, chosen = auto.choose(cfg, model, batches, objective.loss, env, run_dir, resume, cfg.output.quiet)
+        ENGINES[cfg.exchange.engine].shard(model, MODELS[cfg.model.name].shard_units(model), cfg.recipe.precision,
+                                           cfg.exchange.codec, env.topology_groups if cfg.exchange.hybrid else None,
+                                           env.device)
     optimizer = cfg.build_optimizer(model, len(sampler))
     scheduler = build_scheduler(optimizer, cfg.recipe.lr_schedule(len(sampler)).factor)
-    objective = Objective(data.is_text, cfg.recipe.label_smoothing, data.sequence_length)
     tracer = Tracer(False)
-    plan, planned, chosen = None, {}, {}
-    if cfg.exchange.planner != NO_PLANNER or cfg.exchange.mode == "auto":
+    if cfg.exchange.planner != NO_PLANNER or (cfg.exchange.mode == "auto" and not cfg.exchange.sharded):
         batches = pipeline.first_batches(cfg.micro_batch, PROBE_BATCHES)  # fixed batches: no RNG drawn
         if cfg.exchange.mode == "auto":
             cfg, plan, chosen = auto.choose(cfg, model, batches, objective.loss, env, run_dir, resume, cfg.output.quiet)
