@@ -158,7 +158,8 @@ def decide(model: nn.Module, batch, loss_fn, candidates: tuple[str, ...], settin
                             [{"codec": r["codec"], "buckets": r["buckets"], "groups": r["groups"],
                               "predicted_s": r["iteration_s"], "steps_factor": r["steps_factor"]}
                              for r in finalists(table, best)] if "settings" not in best and layout is None else [],
-                            periodic=periodic_options(steps_table or {}, compute, cluster, costs, periodic),
+                            periodic=periodic_options(steps_table or {}, compute, cluster, costs, periodic)
+                            if layout != "" else [],  # every rank's shards: no node to synchronise periodically
                             settings=best.get("settings", {}))
     return broadcast_object(decision, group=group)
 

@@ -79,6 +79,7 @@ class Run:
     timings: list[dict] = field(default_factory=list)  # one per iteration
     noise: NoiseScale = field(default_factory=NoiseScale)  # --noise-scale's smoothed estimates
     milestones: Milestones = field(default_factory=Milestones)  # the training clock, --eval-every, --time-budget
+    before_bytes: int = 0  # the process's resident set before data and model (Python, torch)
 
 
 def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool = False) -> dict:
@@ -144,6 +145,7 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
 
 def setup(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool) -> Run:
     """Data, model, optimizer, schedule and exchange, identical on every rank (`seed` fixes the weights)."""
+    before = memory.resident_bytes()
     torch.manual_seed(cfg.recipe.seed)
     data = load_bundle(cfg.data.dataset, **vars(cfg.data_request()))
     model = build_model(cfg.model.name, data.num_classes, data.in_channels, cfg.model.options)
@@ -185,7 +187,7 @@ def setup(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool) 
     if env.is_main and exchange.plan is not None:
         write_json(run_dir / BUCKETS_NAME, exchange.plan.to_dict())
     return Run(cfg, run_dir, env, data, pipeline, model, exchange, scheduler, sampler, objective, tracer, planned,
-               chosen)
+               chosen, before_bytes=before)
 
 
 def loader_settings(cfg: TrainConfig, env: DistEnv, data: DataBundle | FolderData) -> LoaderSettings:
@@ -349,7 +351,7 @@ def finish(run: Run, done: Progress, record: dict, images_per_s: list[float], pr
     """Write the trace, stop the exchange, and (rank 0) write summary.json and report.png; the summary."""
     if run.cfg.output.trace:
         save_trace(run.cfg.output.trace, run.tracer, run.env)
-    held = memory.per_rank(run.exchange.optimizer, run.env.device, run.env.world_size)
+    held = memory.per_rank(run.exchange.optimizer, run.env.device, run.env.world_size, run.before_bytes)
     run.exchange.close()
     run.pipeline.close()
     timed = run.timings[SKIP_ITERS:] or run.timings

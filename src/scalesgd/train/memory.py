@@ -29,9 +29,17 @@ def peak_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def per_rank(optimizer, device: torch.device, world_size: int) -> dict:
-    """Every rank's peak and state in MiB, gathered (collective)."""
-    mine = [peak_bytes(device) / MB, state_bytes(optimizer) / MB]
+def resident_bytes() -> int:
+    """This process's resident set now (Linux): before training, what Python and torch hold whatever the run."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * resource.getpagesize()
+
+
+def per_rank(optimizer, device: torch.device, world_size: int, before: int = 0) -> dict:
+    """Every rank's peak, the part of it that was there `before` training (0 on a GPU: the allocator counts only
+    tensors) and its state, in MiB, gathered (collective)."""
+    mine = [peak_bytes(device) / MB, state_bytes(optimizer) / MB, 0.0 if device.type == "cuda" else before / MB]
     everyone: list = [None] * world_size
     dist.all_gather_object(everyone, mine)
-    return {"peak_mb": [round(p, 1) for p, _ in everyone], "state_mb": [round(s, 2) for _, s in everyone]}
+    return {"peak_mb": [round(p, 1) for p, _, _ in everyone], "state_mb": [round(s, 2) for _, s, _ in everyone],
+            "before_mb": [round(b, 1) for _, _, b in everyone]}
