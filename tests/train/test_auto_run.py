@@ -13,8 +13,8 @@ from tests.train.cli import wait_for_checkpoint
 
 AUTO_CODECS = ("fp32", "fp16", "bf16")
 AUTO = ["--workers", "2", "--engine", "scalesgd", "--exchange", "auto", "--auto-codecs", ",".join(AUTO_CODECS),
-        "--dataset", "synthetic", "--samples", "3000", "--image-size", "12", "--model", "resnet8", "--batch-size",
-        "64", "--epochs", "5", "--warmup", "none", "--quiet"]
+        "--dataset", "synthetic", "--samples", "1500", "--image-size", "12", "--model", "resnet8", "--batch-size",
+        "64", "--epochs", "3", "--warmup", "none", "--quiet"]
 
 
 def test_auto_saves_its_decision_trains_with_it_and_keeps_it_on_resume(tmp_path):

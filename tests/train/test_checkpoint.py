@@ -66,7 +66,7 @@ FP8_RANGES = ["--fp8-period", "7", "--fp8-samples", "64"]  # ranges re-estimated
                                      "--weight-decay", "5e-4"],
                                     ["--engine", "scalesgd", "--codec", "onebit", "--optimizer", "onebit-adam",
                                      "--base-lr", "0.001", "--precision", "fp16", "--accumulate", "2",
-                                     "--compress-after", "10", "--samples", "800"],  # errors, frozen
+                                     "--compress-after", "10", "--samples", "512"],  # errors, frozen
                                     # variance, loss scale saved
                                     ["--local-steps", "6", "--fragments", "2", "--overlap-steps", "1", "--mix",
                                      "0.25", "--codec", "topk", "--density", "0.05"],  # local parameters and inner
