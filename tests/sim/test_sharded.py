@@ -1,6 +1,8 @@
 """The sharded modes' step: unit by unit, each all-gathered before its forward and backward, its sum after, on one
 channel; every collective in its thread on gloo, a unit ahead and behind compute on NCCL."""
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -37,6 +39,14 @@ def test_on_gloo_a_step_is_its_compute_its_step_on_the_shards_and_every_collecti
     step = predict(parse_mode("fsdp"), PROFILE, cluster, GLOO)
     assert step.iteration_s == pytest.approx(4.0 + 0.4 / p + collectives)
     assert step.exposed_comm_s == pytest.approx(collectives)
+
+
+def test_each_accumulated_micro_batch_gathers_again_and_only_the_last_sums():
+    cluster, p = flat(1e8, nodes=4), 4
+    one = predict(parse_mode("fsdp-bf16"), PROFILE, cluster, GLOO)
+    three = predict(parse_mode("fsdp-bf16"), replace(PROFILE, accumulate=3), cluster, GLOO)
+    gathers = reduce_scatter(4 * 2 * MB, p, cluster.inter) + 2 * 2 * reduce_scatter(4 * 3 * MB, p, cluster.inter)
+    assert three.iteration_s == pytest.approx(one.iteration_s + 2 * (4.0 + gathers))
 
 
 @settings(max_examples=40, deadline=None)

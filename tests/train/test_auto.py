@@ -196,15 +196,17 @@ def _decide_on_shards(rank, world, bytes_per_s):
                   layout="", units=unit_names(model, "gpt")).to_dict()
 
 
-@pytest.mark.parametrize("bytes_per_s, chosen", [(1.25e5, "fp8"), (1.25e11, "fp32")])
-def test_on_shards_auto_costs_each_codec_on_the_units_sums_and_chooses_by_the_link(bytes_per_s, chosen):
+@pytest.mark.parametrize("bytes_per_s", [1.25e5, 1.25e11])
+def test_on_shards_auto_costs_each_codec_on_the_units_sums_and_chooses_by_the_link(bytes_per_s):
     first, second = run_workers(_decide_on_shards, 2, bytes_per_s)
-    assert first == second and first["codec"] == chosen and first["buckets"] == "units"
+    assert first == second and first["buckets"] == "units"
     assert sorted((r["codec"], r["buckets"]) for r in first["candidates"]) == [("bf16", "units"), ("fp32", "units"),
                                                                                ("fp8", "units")]
     times = {r["codec"]: r["iteration_s"] for r in first["candidates"]}
-    if chosen == "fp8":  # at 1 Mbit/s a step is mostly the all-gathers and sums: fewer bytes, sooner
-        assert times["fp8"] < times["bf16"] < times["fp32"]
+    if bytes_per_s < 1e6:  # at 1 Mbit/s a step is mostly the all-gathers and sums: fewer bytes, sooner
+        assert first["codec"] == "fp8" and times["fp8"] < times["bf16"] < times["fp32"]
+    else:  # on a free link only the codecs' own work differs: fp8's encoding costs more than its bytes save
+        assert first["codec"] != "fp8" and times["fp8"] == max(times.values())
     assert first["finalists"] == [] and first["trial_s"] is None  # chosen by the model alone
 
 

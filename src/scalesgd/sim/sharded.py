@@ -71,8 +71,8 @@ def sum_s(mode: Mode, numel: int, cluster: network.Cluster, channel_s_per_elemen
 
 
 def predict_sharded(mode: Mode, profile: ComputeProfile, cluster: network.Cluster, costs) -> tuple[float, float]:
-    """(iteration, exposed exchange) seconds of one sharded step: forward and backward unit by unit, then the step on
-    the shards."""
+    """(iteration, exposed exchange) seconds of one sharded step: forward and backward unit by unit (every
+    micro-batch gathers; only the last sums), then the step on the shards."""
     units, root = unit_groups(profile)
 
     def size(group: list[int]) -> int:
@@ -91,18 +91,22 @@ def predict_sharded(mode: Mode, profile: ComputeProfile, cluster: network.Cluste
                      costs.fsdp_backend) + costs.channel_s_per_bucket
 
     gathers, sums, root_sum = [gather_s(mode, size(u), cluster) for u in units], list(map(summed, units)), summed(root)
+    overlap, order = costs.fsdp_backend == "nccl", list(reversed(range(len(units))))
 
-    ch = t = gather_s(mode, size(root), cluster)  # the root's parameters stay gathered through backward
-    t += profile.t_f - sum(forward)  # the root's own forward (embeddings, head)
-    ch, t = _units(gathers, forward, [0.0] * len(units), ch, t, costs.fsdp_backend == "nccl")
-    t += back(head)
-    order = list(reversed(range(len(units))))
-    ch, t = _units([gathers[u] for u in order], [back(units[u]) for u in order], [sums[u] for u in order], ch, t,
-                   costs.fsdp_backend == "nccl")
-    t += back(root) - back(head)  # the embeddings' backward, last
+    def micro_batch(sums: list[float], root_sum: float) -> float:
+        """Forward and backward of one micro-batch, its units' sums given (none while accumulating)."""
+        ch = t = gather_s(mode, size(root), cluster)  # the root's parameters stay gathered through backward
+        t += profile.t_f - sum(forward)  # the root's own forward (embeddings, head)
+        ch, t = _units(gathers, forward, [0.0] * len(units), ch, t, overlap)
+        t += back(head)
+        ch, t = _units([gathers[u] for u in order], [back(units[u]) for u in order], [sums[u] for u in order], ch,
+                       t, overlap)
+        t += back(root) - back(head)  # the embeddings' backward, last
+        return max(ch, t) + root_sum
+
     step = profile.t_step / shards(mode, cluster)
-    end = max(ch, t) + root_sum + step
-    return profile.accumulating_s + end, max(end - profile.compute_s - step, 0.0)
+    end = (profile.accumulate - 1) * micro_batch([0.0] * len(units), 0.0) + micro_batch(sums, root_sum) + step
+    return end, max(end - profile.accumulate * profile.compute_s - step, 0.0)
 
 
 def _units(gathers: list[float], computes: list[float], sums: list[float], ch: float, t: float,
