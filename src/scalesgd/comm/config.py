@@ -104,7 +104,7 @@ class ExchangeConfig:
         if self.auto_codecs != AUTO_CODECS:
             return self.auto_codecs
         if self.sharded:  # the default list under the sharded engine: our codecs (DDP's do not sum shards)
-            return tuple(c for c in self.auto_codecs if not c.startswith("ddp"))
+            return tuple(c for c in self.auto_codecs if parse_exchange(c)[0] != "ddp")
         return tuple(c for c in self.auto_codecs if torch.cuda.is_available() or not _cuda_only(c))
 
     @property

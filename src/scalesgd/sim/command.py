@@ -112,10 +112,11 @@ class SimulateConfig(Options):
                                  f"{self.procs_per_node}")
         for name in self.modes:
             try:
-                check_modelled(parse_mode(name))
+                mode = parse_mode(name)
+                check_modelled(mode)
             except (ValueError, KeyError) as err:
                 raise UsageError(f"`modes` {name}: {err}") from None
-            if parse_mode(name).engine in SHARDED and not self.model:
+            if mode.engine in SHARDED and not self.model:
                 raise UsageError(f"`modes` {name}: a sharded mode is costed unit by unit (a GPT's blocks, a ResNet's "
                                  "stages); give `model` with `iteration_time`")
         for name, flag in (("profile", "profile"), ("calibration", "calibration"), ("link", "link"),
@@ -138,11 +139,11 @@ def run(cfg: SimulateConfig, command: str) -> int:
         else:
             profile, costs = _profile_and_costs(cfg)
             cluster, modes, workers = _cluster(cfg), list(cfg.modes), list(cfg.workers)
-            costs |= {m: replace(costs.get(m, Costs()), fsdp_backend=cfg.fsdp_backend) for m in modes
-                      if parse_mode(m).engine in SHARDED}
     except NotABenchDir as err:
         raise UsageError(str(err)) from None
     parsed = [parse_mode(m) for m in modes]
+    costs = {**costs, **{m.name: replace(costs.get(m.name, Costs()), fsdp_backend=cfg.fsdp_backend) for m in parsed
+                         if m.engine in SHARDED}}
     table = scaling.rows(profile, cluster, parsed, workers, costs)
     measured = quality.table(quality.family_of(MODELS[cfg.model].data == TEXT)) if cfg.model else {}
     for row, mode in zip(table, [m for _ in workers for m in parsed]):

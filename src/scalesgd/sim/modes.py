@@ -16,7 +16,7 @@ from scalesgd.comm.codecs.registry import (
     flat_codec_options,
     options_from_flat,
 )
-from scalesgd.comm.engine.exchange import exchange_names, parse_exchange
+from scalesgd.comm.engine.exchange import SHARDED, exchange_names, parse_exchange
 from scalesgd.config import AUTO_CODECS, NO_PLANNER
 from scalesgd.errors import UsageError
 
@@ -97,17 +97,14 @@ def parse_mode(text: str) -> Mode:
         raise UsageError(f"mode {text!r} is not known; use none, ddp[-CODEC[@RANK]], "
                          "scalesgd[-CODEC[@AMOUNT][/WIRE][-ALGORITHM[-BUCKETS]]] or "
                          "auto[-EXCHANGE+EXCHANGE…][@DENSITY]")
-    # codec names may hold dashes (fp8-direct, topk-global): take the longest that fits
-    fits = [c for c in CODECS if rest == c or rest.startswith((c + "-", c + "@", c + "/"))]
-    if dash and not fits:
+    codec = _longest_codec(rest)
+    if dash and codec is None:
         name = re.split("[-@/]", rest, maxsplit=1)[0]
         what = f"codec {name!r} is not known" if name else "give its codec after the -"
         raise UsageError(f"mode {text!r}: {what}; choose from {', '.join(CODECS)}")
-    codec = max(fits, key=len) if fits else "fp32"
-    tail, amount, wire = rest[len(codec):], None, None
-    if tail.startswith("@"):  # the amount runs to the next / or dash that is neither its sign nor its exponent's
-        found = _AMOUNT.match(tail)
-        amount, tail = found[1], tail[found.end():]
+    codec = codec or "fp32"
+    amount, tail = _amount(rest[len(codec):])
+    wire = None
     if tail.startswith("/"):
         wire, dash, tail = tail[1:].partition("-")
         tail = dash + tail
@@ -124,8 +121,7 @@ def parse_mode(text: str) -> Mode:
                 given=_amount_and_wire(text, engine, codec, amount, wire))
 
 
-SHARDED = ("fsdp", "fsdp2")  # ours on FSDP2's reduce-scatter, FSDP2's own in the codec's dtype
-_SHARDED = re.compile(r"(fsdp2?)(?::(node))?(?:-(.+))?$")
+_SHARDED = re.compile(rf"({'|'.join(sorted(SHARDED, key=len, reverse=True))})(?::(node))?(?:-(.+))?$")
 
 
 def _parse_sharded(text: str) -> Mode:
@@ -136,16 +132,13 @@ def _parse_sharded(text: str) -> Mode:
         raise UsageError(f"mode {text!r}: a sharded mode is fsdp[:node][-CODEC[@AMOUNT][/WIRE]] or "
                          "fsdp2[:node][-CODEC], e.g. fsdp-fp8 or fsdp:node-topk@0.01")
     engine, shard, rest = found[1], found[2] or "", found[3] or "fp32"
-    fits = [c for c in CODECS if rest == c or rest.startswith((c + "@", c + "/", c + "-"))]
-    if not fits or not CODECS[max(fits, key=len)].runs_on(engine):
+    codec = _longest_codec(rest)
+    if codec is None or not CODECS[codec].runs_on(engine):
         takes = [c for c, e in CODECS.items() if e.runs_on(engine)]
-        name = max(fits, key=len) if fits else re.split("[-@/]", rest, maxsplit=1)[0]
+        name = codec or re.split("[-@/]", rest, maxsplit=1)[0]
         raise UsageError(f"mode {text!r}: codec {name!r} does not run on {engine}; choose from {', '.join(takes)}")
-    codec = max(fits, key=len)
-    tail, amount, wire = rest[len(codec):], None, None
-    if tail.startswith("@"):
-        found = _AMOUNT.match(tail)
-        amount, tail = found[1], tail[found.end():]
+    amount, tail = _amount(rest[len(codec):])
+    wire = None
     if tail.startswith("/"):
         wire, tail = tail[1:], ""
     if tail:
@@ -156,6 +149,20 @@ def _parse_sharded(text: str) -> Mode:
 
 
 _AMOUNT = re.compile(r"@(-?(?:[^-/]|(?<=[0-9.][eE])-(?=[0-9]))*)")  # @0.01, @-1 (refused by its check), @1e-05
+
+
+def _longest_codec(rest: str) -> str | None:
+    """The codec a mode's name starts `rest` with: the longest that fits (names hold dashes: fp8-direct)."""
+    fits = [c for c in CODECS if rest == c or rest.startswith((c + "-", c + "@", c + "/"))]
+    return max(fits, key=len) if fits else None
+
+
+def _amount(tail: str) -> tuple[str | None, str]:
+    """A leading @AMOUNT (to the next / or dash that is neither its sign nor its exponent's) and what follows it."""
+    if not tail.startswith("@"):
+        return None, tail
+    found = _AMOUNT.match(tail)
+    return found[1], tail[found.end():]
 
 
 def _parse_auto(text: str) -> Mode:

@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from scalesgd.comm.codecs import CODECS
-from scalesgd.comm.codecs.registry import DenseCost
 from scalesgd.comm.cost.link import LinkCost
 from scalesgd.sim import network
 from scalesgd.sim.compute import ComputeProfile
@@ -131,10 +130,8 @@ def _units(gathers: list[float], computes: list[float], sums: list[float], ch: f
 
 
 def check_sharded(mode: Mode) -> None:
-    """ValueError naming what a sharded mode may be, unless `mode` is one the simulator costs."""
-    entry = CODECS[mode.codec] if mode.codec in CODECS else None
-    if entry is None or not entry.runs_on(mode.engine) or not entry.simulated:
+    """ValueError naming what the simulator costs on the mode's engine, unless it costs `mode`'s codec (a codec the
+    engine does not run, `parse_mode` refuses)."""
+    if not CODECS[mode.codec].simulated:
         takes = [c for c, e in CODECS.items() if e.runs_on(mode.engine) and e.simulated]
         raise ValueError(f"mode {mode.name!r}: under {mode.engine} the simulator costs {', '.join(takes)}")
-    if mode.engine == "fsdp2" and not isinstance(entry.cost(mode.options), DenseCost):
-        raise ValueError(f"mode {mode.name!r}: FSDP2's own reduce-scatter casts")
