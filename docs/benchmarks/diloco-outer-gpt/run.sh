@@ -11,3 +11,4 @@ for args in "16 0.7 0.9 1" "16 1.0 0 1" "16 1.0 0.5 1" "8 1.0 0 1" "32 1.0 0 1" 
     --local-steps "$1" --outer-lr "$2" --outer-momentum "$3" --run-dir "$d" --quiet
   echo "H=$1 outer_lr=$2 outer_momentum=$3 epochs=$4 final_test_loss=$(python -c "import json; print(round(json.load(open('$d/summary.json'))['final_test_loss'], 4))")"
 done
+# the runs behind results.txt are packed in raw.tar.xz here: OUT=DIR reuses them after tar -xJf raw.tar.xz -C DIR

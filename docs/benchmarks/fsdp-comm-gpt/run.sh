@@ -8,6 +8,7 @@ cd "$(dirname "$0")/../../.."
 source .venv/bin/activate
 text=$(python -c "import typing; print(typing.__file__)")  # a small file every machine has: evaluations stay short
 out=docs/benchmarks/fsdp-comm-gpt
+[ ! -f $out/raw.tar.xz ] || tar -xJf $out/raw.tar.xz -C $out  # the runs packed below: finished ones are kept
 trap 'scalesgd testbed down --prefix fc' EXIT
 for rate in 1gbit 100mbit; do
   scalesgd testbed up --nodes 2 --procs-per-node 2 --bandwidth $rate --prefix fc
@@ -33,3 +34,5 @@ for summary in sorted(out.glob("*/*/summary.json")):
           f"step on the node's link, step {s['iteration']['median_iteration_s']:.2f} s (median of "
           f"{s['iteration']['iterations']}), validation loss {s['final_test_loss']:.4f}")
 PY
+# pack the runs into raw.tar.xz (results.txt is the summary above)
+tar -C $out -cf - 100mbit 1gbit | xz -9e > $out/raw.tar.xz && rm -r $out/100mbit $out/1gbit

@@ -8,6 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../../.."
 source .venv/bin/activate
 out=docs/benchmarks/fsdp-hybrid-10mbit
+[ ! -f $out/raw.tar.xz ] || tar -xJf $out/raw.tar.xz -C $out  # the runs packed below: finished ones are kept
 common=(--workers 4 --procs-per-node 2 --model gpt --dataset text --samples 8192 --batch-size 64 --eval-every 16
         --quiet)
 for seed in 0 1 2; do
@@ -58,3 +59,5 @@ for label, ratios in times.items():
     spread = f"median {statistics.median(got):.2f}x the bound ({got[0]:.2f}-{got[-1]:.2f})" if got else "none"
     print(f"{label}: reached in {len(got)} of {len(ratios)} seeds; {spread}")
 PY
+# pack the runs into raw.tar.xz (results.txt is the summary above)
+tar -C $out -cf - seed0 seed1 seed2 | xz -9e > $out/raw.tar.xz && rm -r $out/seed0 $out/seed1 $out/seed2

@@ -11,6 +11,7 @@ cd "$(dirname "$0")/../../.."
 source .venv/bin/activate
 text=$(python -c "import typing; print(typing.__file__)")  # a small file every machine has: evaluations stay short
 out=docs/benchmarks/fsdp-memory-gpt101m
+[ ! -f $out/raw.tar.xz ] || tar -xJf $out/raw.tar.xz -C $out  # the runs packed below: finished ones are kept
 scalesgd testbed up --nodes 2 --procs-per-node 2 --bandwidth 1gbit --prefix fm
 trap 'scalesgd testbed down --prefix fm' EXIT
 for seed in 0; do
@@ -39,3 +40,5 @@ for name, m in sorted(rows.items()):  # one run a mode: the spread is over its 4
           f"{statistics.median(own):.0f} MiB ({own[0]:.0f}-{own[-1]:.0f}), {statistics.median(own) / ddp_own:.2f}x "
           f"DDP's; parameters and optimizer state {statistics.median(state):.0f} MiB ({state[0]:.0f}-{state[-1]:.0f})")
 PY
+# pack the runs into raw.tar.xz (results.txt is the summary above)
+(cd $out && tar -cf - *-seed0 | xz -9e > raw.tar.xz && rm -r *-seed0)

@@ -5,6 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 source .venv/bin/activate
+out=docs/benchmarks/quality-digits-10mbit-burst16k
+[ ! -f $out/raw.tar.xz ] || tar -xJf $out/raw.tar.xz -C $out  # the runs packed below: finished ones are kept
 scalesgd testbed up --nodes 2 --bandwidth 10mbit --burst 16kb --prefix qb10
 trap "scalesgd testbed down --prefix qb10" EXIT
 scalesgd bench quality --rates 10mbit --prefix qb10 --seeds 0,1,2 --eval-every 6 --budget 3 \
@@ -16,4 +18,6 @@ torchft-h10-2x=--peer torchft --local-steps 10 --outer-momentum 0.5 --epochs 60;
 torchft-h50-2x=--peer torchft --local-steps 50 --outer-momentum 0.5 --epochs 60;\
 torchft-streaming-h10-2x=--peer torchft --local-steps 10 --fragments 2 --overlap-steps 2 --outer-momentum 0.5 --epochs 60;\
 ddp-fp16-2x=--engine ddp --codec fp16 --epochs 60;ddp-powersgd4-2x=--engine ddp --codec powersgd --rank 4 --epochs 60" \
-  --out docs/benchmarks/quality-digits-10mbit-burst16k -- --workers 2 --dataset digits --model resnet8 --batch-size 256 --base-batch 64 --epochs 30
+  --out $out -- --workers 2 --dataset digits --model resnet8 --batch-size 256 --base-batch 64 --epochs 30
+# pack the raw output (every run, the reference and quality.json) into raw.tar.xz; quality.md and .png stay readable
+tar -C $out -cf - quality.json reference 10mbit | xz -9e > $out/raw.tar.xz && (cd $out && rm -r quality.json reference 10mbit)

@@ -7,6 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 source .venv/bin/activate
+out=docs/benchmarks/quality-gpt-10mbit
+[ ! -f $out/raw.tar.xz ] || tar -xJf $out/raw.tar.xz -C $out  # the runs packed below: finished ones are kept
 seeds=${SEEDS:-0}
 scalesgd testbed up --nodes 2 --bandwidth 10mbit --prefix q10
 trap 'scalesgd testbed down --prefix q10' EXIT
@@ -28,4 +30,6 @@ diloco-h16-topk-2x=--local-steps 16 --codec topk --density 0.05 --density-warmup
 fp16;topk-mc;lowrank8;lowrank-acp8;\
 ddp-powersgd4-2x=--engine ddp --codec powersgd --rank 4 --epochs 2;\
 ddp-powersgd8-2x=--engine ddp --codec powersgd --rank 8 --epochs 2" \
-  --table src/scalesgd/sim/steps_to_target.json --out docs/benchmarks/quality-gpt-10mbit -- --workers 2 --model gpt --dataset text --samples 16384 --epochs 1
+  --table src/scalesgd/sim/steps_to_target.json --out $out -- --workers 2 --model gpt --dataset text --samples 16384 --epochs 1
+# pack the raw output (every run, the reference and quality.json) into raw.tar.xz; quality.md and .png stay readable
+tar -C $out -cf - quality.json reference 10mbit | xz -9e > $out/raw.tar.xz && (cd $out && rm -r quality.json reference 10mbit)

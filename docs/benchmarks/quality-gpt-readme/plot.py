@@ -3,13 +3,21 @@
 Run from the repository root: python docs/benchmarks/quality-gpt-readme/plot.py"""
 
 import json
+import tarfile
 from pathlib import Path
 
 from scalesgd.bench.quality_report import plot
 
 HERE = Path(__file__).parent
-records = [json.loads((HERE.parent / name / "quality.json").read_text())
-           for name in ("quality-gpt-10mbit-3seeds", "quality-gpt-100mbit-3seeds", "quality-gpt-1gbit")]
+
+
+def record(name: str) -> dict:
+    """A benchmark's quality.json, from its raw.tar.xz (where its runs are packed)."""
+    with tarfile.open(HERE.parent / name / "raw.tar.xz") as archive:
+        return json.load(archive.extractfile("quality.json"))
+
+
+records = [record(name) for name in ("quality-gpt-10mbit-3seeds", "quality-gpt-100mbit-3seeds", "quality-gpt-1gbit")]
 assert len({r["target"] for r in records}) == 1, "the records must share a reference"
 runs = [run for record in records for run in record["runs"]]
 first = records[0]

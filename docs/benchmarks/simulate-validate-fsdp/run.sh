@@ -6,8 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../../.."
 source .venv/bin/activate
 out=docs/benchmarks/simulate-validate-fsdp
-measured=docs/benchmarks/fsdp-comm-gpt
 scratch=$(mktemp -d); trap 'rm -rf "$scratch"' EXIT
+measured=$scratch/measured  # docs/benchmarks/fsdp-comm-gpt's runs, unpacked from its raw.tar.xz
+mkdir "$measured" && tar -xJf docs/benchmarks/fsdp-comm-gpt/raw.tar.xz -C "$measured"
 modes=fsdp2,fsdp,fsdp2-bf16,fsdp-bf16,fsdp-fp8
 sim() {  # simulate at rate $1 with one worker's compute $2 seconds: mode → predicted step
   scalesgd simulate --model gpt --gpt-layers 4 --gpt-width 512 --gpt-heads 8 --gpt-block 64 --batch-per-worker 16 \
