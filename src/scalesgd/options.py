@@ -222,7 +222,7 @@ def help_of(f: dataclasses.Field) -> str:
 def describe(f: dataclasses.Field) -> str:
     """What an option accepts and does: `a | b: what it picks`."""
     meta = f.metadata
-    parts = [" | ".join(choices_of(f))] if meta["choices"] is not None else []
+    parts = [" | ".join(map(shown_choice, choices_of(f)))] if meta["choices"] is not None else []
     if meta["help"]:
         parts.append(meta["help"])
     return ": ".join(parts)
@@ -287,7 +287,12 @@ def choices_of(f: dataclasses.Field) -> tuple[str, ...]:
 def require_choice(name: str, value: Any, choices: Iterable[str], context: str = "") -> None:
     names = tuple(choices)
     if value not in names:
-        raise UsageError(f"`{name}` {value!r}{context} is not known; choose from {', '.join(names)}")
+        raise UsageError(f"`{name}` {value!r}{context} is not known; choose from {', '.join(map(shown_choice, names))}")
+
+
+def shown_choice(name: str) -> str:
+    """A choice as help and errors show it: the empty one as ''."""
+    return name if name else "''"
 
 
 def record(config) -> dict:

@@ -55,7 +55,17 @@ def test_periodic_synchronisation_refuses_what_needs_an_exchange_every_step_and_
     cases = {("--local-steps", "8", "--exchange", "auto"): "`exchange` auto weighs per-step exchanges",
              ("--local-steps", "8", "--codec", "powersgd"): "`codec` 'powersgd' (with `local_steps`",
              ("--local-steps", "8", "--momentum-correction", "--codec", "topk"): "`momentum_correction` True needs",
-             ("--local-steps", "8", "--fragments", "3"): "`fragments` 3 must divide `local_steps` 8",
+             ("--local-steps", "8", "--fragments", "3"): "`fragments` 3: give a divisor of `local_steps` 8",
+             ("--local-steps", "64", "--fragments", "32"): "`fragments` 32: the model has 19 layers with parameters; "
+                                                           "give 1 to 19 dividing `local_steps` 64 (resnet8)",
+             ("--local-steps", "8", "--algorithm", "halving_doubling"): "`algorithm` halving_doubling shapes a "
+                                                                        "per-step exchange",
+             ("--local-steps", "8", "--codec", "fp8", "--topk-wire", "plain"): "`topk_wire` applies to the topk "
+                                                                              "codecs",
+             ("--local-steps", "8", "--replica", "node", "--workers", "4"): "the 4 workers are one node",
+             ("--replica", "node",): "`replica` node applies to periodic synchronisation",
+             ("--engine", "fsdp", "--shard", "node"): "`shard` node shards within each node and sums across nodes, "
+                                                      "and the 2 workers are one node",
              ("--local-steps", "8", "--fragments", "2", "--overlap-steps", "4"): "`overlap_steps` 4: give 0 to 3",
              ("--local-steps", "8", "--codec", "onebit"): "give `onebit_beta1` 0",
              ("--local-steps", "8", "--compress-after", "5"): "`compress_after` 5 needs the gradients exchanged",

@@ -9,6 +9,8 @@ from torch import nn
 
 from scalesgd.comm.codecs import CodecSettings, TopkOptions
 from scalesgd.comm.engine.optimizer import DistributedOptimizer
+from scalesgd.comm.wire.groups import own_group
+from scalesgd.comm.wire.membership import Membership
 from scalesgd.periodic import DiLoCo, Schedule, outer_sgd, split
 from tests.spawn_util import run_workers
 
@@ -98,7 +100,7 @@ def reference(h, fragments, delay, mix, steps):
 def periodic_run(rank, world, h, fragments, delay, mix, steps):
     model = net()
     inner = adamw(model.parameters())
-    with DiLoCo(model, inner, h, fragments=fragments, delay=delay, mix=mix) as d:
+    with DiLoCo(model, inner, h, fragments=fragments, overlap_steps=delay, mix=mix) as d:
         for step in range(steps):
             inner_step(model, inner, rank, step)
         return flat(model.parameters()), flat(d.global_params), d.rounds
@@ -159,7 +161,7 @@ def resumed_mid_round(rank, world, steps, cut):
     def build():
         model = net()
         inner = adamw(model.parameters())
-        return model, inner, DiLoCo(model, inner, 4, fragments=2, delay=1, mix=0.25, codec="fp8")
+        return model, inner, DiLoCo(model, inner, 4, fragments=2, overlap_steps=1, mix=0.25, codec="fp8")
 
     model, inner, d = build()
     with d:
@@ -170,7 +172,7 @@ def resumed_mid_round(rank, world, steps, cut):
     with d:
         for step in range(cut):
             inner_step(model, inner, rank, step)
-        inflight = sorted(d._flights)
+        inflight = d.in_flight
         state = copy.deepcopy({"diloco": d.state_dict(), "inner": inner.state_dict(),
                                "local": list(model.parameters())})
     model, inner, d = build()  # a new process would start here
@@ -187,7 +189,7 @@ def resumed_mid_round(rank, world, steps, cut):
 
 def test_resumed_mid_round_with_an_exchange_in_flight_is_exact():
     for straight, resumed, inflight in run_workers(resumed_mid_round, WORLD, 12, 5):
-        assert inflight == [0]  # fragment 0 started after step 5 and lands after step 6
+        assert inflight == [(0, 1)]  # fragment 0's second round started after step 5 and lands after step 6
         assert torch.equal(straight, resumed)
 
 
@@ -211,3 +213,105 @@ def test_finish_averages_the_workers_over_a_round_cut_short_and_leaves_the_outer
     for start, _, global_, local, kept in ranks:
         torch.testing.assert_close(global_, mean_local, rtol=0, atol=1e-6)  # θ_global − mean Δ = the workers' mean
         assert torch.equal(local, global_) and kept
+
+
+# ---- fp16's scaler skipping a step on one rank only ----------------------------------------------------------
+def overflow_on_one_rank(rank, world, steps):
+    model = net()
+    inner = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+    with DiLoCo(model, inner, 2, scaler=scaler) as d:
+        for step in range(steps):
+            x, y = batch(rank, step)
+            scaler.scale(nn.functional.cross_entropy(model(x), y)).backward()
+            if rank == 1 and step == 0:
+                next(model.parameters()).grad.fill_(float("inf"))  # this rank's step overflows; the other's does not
+            scaler.step(inner)
+            scaler.update()
+            inner.zero_grad(set_to_none=True)
+        d.finish()
+    return d.steps, d.rounds, flat(d.global_params), scaler.get_scale()
+
+
+def test_a_step_the_scaler_skips_on_one_rank_still_counts_there_so_rounds_stay_together():
+    ranks = run_workers(overflow_on_one_rank, WORLD, 5)
+    (steps0, rounds0, global0, scale0), (steps1, rounds1, global1, scale1) = ranks
+    assert steps0 == steps1 == 5 and rounds0 == rounds1 == 2 + 1  # two whole rounds, and the cut-short one averaged
+    assert scale1 < scale0  # rank 1's scaler did skip
+    assert torch.equal(global0, global1)
+
+
+# ---- a round that does not commit ----------------------------------------------------------------------------
+class Refusing(Membership):
+    """A membership that may abort and refuses its second round."""
+
+    def __init__(self, group):
+        super().__init__(group)
+        object.__setattr__(self, "asked", [0])
+
+    @property
+    def may_abort(self) -> bool:
+        return True
+
+    def should_commit(self) -> bool:
+        self.asked[0] += 1
+        return self.asked[0] != 2
+
+
+def aborted_round(rank, world):
+    model = net()
+    inner = adamw(model.parameters())
+    settings = CodecSettings(TopkOptions(density=0.05, density_warmup=0, wire="plain"))
+    d = DiLoCo(model, inner, 2, codec="topk", settings=settings, group=Refusing(own_group()))
+    seen = []
+    for step in range(6):
+        inner_step(model, inner, rank, step)
+        before = (flat(d.global_params).clone(), residual(d).clone(), flat(model.parameters()).clone())
+        d.after_inner_step()
+        if d.schedule.lands(d.steps) is not None:
+            seen.append((before, (flat(d.global_params), residual(d), flat(model.parameters())), d.rounds))
+    return seen
+
+
+def test_a_round_that_does_not_commit_leaves_the_global_parameters_and_the_codec_as_they_were():
+    for seen in run_workers(aborted_round, WORLD):
+        (before, after, rounds) = seen[1]  # the refused round
+        assert rounds == 1
+        assert torch.equal(after[0], before[0])  # θ_global as it was
+        assert torch.equal(after[1], before[1])  # top-k's residual owes what it owed before the round
+        assert torch.equal(after[2], before[2])  # the replica's own steps carry into the next round's Δ
+        assert seen[0][2] == 1 and seen[2][2] == 2  # the rounds before and after commit
+        assert not torch.equal(seen[2][1][0], after[0])  # and the next round moves θ_global again
+
+
+# ---- what would train without synchronising is refused at construction ----------------------------------------
+def test_arguments_that_would_not_synchronise_are_refused_naming_them():
+    model, other = net(), nn.Linear(2, 2)
+    inner = adamw(model.parameters())
+    cases = [
+        (dict(local_steps=1.5), TypeError, "local_steps 1.5: give a whole number"),
+        (dict(local_steps="16"), TypeError, "local_steps '16': give a whole number"),
+        (dict(inner_optimizer=adamw(other.parameters())), ValueError, "inner_optimizer steps parameters that are not"),
+        (dict(outer_optimizer=outer_sgd(list(other.parameters()))), ValueError, "outer_optimizer must step exactly"),
+        (dict(fragments=[[next(model.parameters())]]), ValueError, "fragments: give each of the model's 6 trainable "
+                                                                   r"parameters in exactly one fragment \(5 left out"),
+        (dict(fragments="2"), TypeError, "fragments str"),
+        (dict(fragments=9), ValueError, r"fragments 9: give 1 to 4 \(a divisor of local_steps 4\)"),
+        (dict(local_steps=8, fragments=8), ValueError, r"fragments 8: give 1 to 3 \(the model's layers"),
+        (dict(mix=2.0), ValueError, "mix 2.0: give 0 to 1"),
+        (dict(codec="top-k"), KeyError, "unknown codec 'top-k'; choose from .*topk"),
+        (dict(codec="powersgd"), ValueError, "powersgd"),
+        (dict(settings={"density": 0.1}), TypeError, "settings .* is a dict"),
+        (dict(scaler=object()), TypeError, "scaler object"),
+    ]
+    for given, error, words in cases:
+        arguments = {"model": model, "inner_optimizer": inner, "local_steps": 4, **given}
+        with pytest.raises(error, match=words):
+            DiLoCo(arguments.pop("model"), arguments.pop("inner_optimizer"), arguments.pop("local_steps"),
+                   **arguments)
+
+
+def test_delay_is_overlap_steps_under_its_old_name():
+    model = net()
+    with pytest.warns(DeprecationWarning, match="overlap_steps"), pytest.raises(ValueError, match="overlap_steps 2"):
+        DiLoCo(model, adamw(model.parameters()), 4, fragments=2, delay=2)

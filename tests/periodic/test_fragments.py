@@ -5,7 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from scalesgd.periodic.fragments import Schedule, layers, split
+from scalesgd.periodic.fragments import layers, split
+from scalesgd.periodic.schedule import Schedule
 
 
 def model():
@@ -59,7 +60,7 @@ def test_one_fragment_without_delay_is_diloco_every_h_steps():
 
 
 @pytest.mark.parametrize("h,f,tau,match", [(0, 1, 0, "local_steps 0"), (6, 4, 0, "fragments 4: give a divisor"),
-                                          (6, 2, 3, "delay 3: give 0 to 2")])
+                                          (6, 2, 3, "overlap_steps 3: give 0 to 2")])
 def test_schedule_refuses_what_cannot_run(h, f, tau, match):
     with pytest.raises(ValueError, match=match):
         Schedule(h, f, tau)

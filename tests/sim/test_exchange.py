@@ -125,8 +125,10 @@ def test_a_periodic_round_is_h_steps_of_compute_and_one_exchange_hidden_behind_i
     assert hidden.iteration_s == pytest.approx(compute)  # a fast link: each fragment's exchange hides entirely
 
 
-@pytest.mark.parametrize("text,words", [("periodic@10/3", "F dividing H"), ("periodic@10/2/5", "τ below H/F"),
-                                        ("periodic@10-powersgd", "none of ours"), ("periodic", "periodic@H")])
+@pytest.mark.parametrize("text,words", [("periodic@10/3", "fragments 3: give a divisor of local_steps 10"),
+                                        ("periodic@10/2/5", "overlap_steps 5: give 0 to 4"),
+                                        ("periodic@10-powersgd", "none of ours"), ("periodic", "periodic@H"),
+                                        ("periodic@16-topk@0.01", "takes no @AMOUNT or /WIRE.*periodic@16-topk")])
 def test_a_periodic_mode_that_cannot_run_is_refused(text, words):
     with pytest.raises(ValueError, match=words):
         parse_mode(text)

@@ -1,5 +1,6 @@
 """The steps-to-target table: keys as the simulator names modes, the best-measured row kept, shipped rows read."""
 
+from scalesgd.periodic.schedule import Schedule
 from scalesgd.sim import quality
 from scalesgd.sim.modes import parse_mode
 from scalesgd.sim.quality import StepsToTarget
@@ -8,9 +9,10 @@ from scalesgd.sim.quality import StepsToTarget
 def test_keys_name_the_exchange_without_its_amounts():
     assert quality.key_of("ddp", "fp32") == "ddp" and quality.key_of("ddp", "powersgd") == "ddp-powersgd"
     assert quality.key_of("scalesgd", "fp8") == "scalesgd-fp8"
-    assert quality.key_of("scalesgd", "fp8", local_steps=16) == "periodic@16-fp8"
-    assert quality.key_of("scalesgd", "fp8", 16, fragments=4, overlap=3) == "periodic@16/4/3-fp8"
-    assert quality.key_of("scalesgd", "fp32", 10, peer="torchft") == "torchft:periodic@10-fp32"
+    assert quality.key_of("scalesgd", "fp8", Schedule(16)) == "periodic@16-fp8"
+    assert quality.key_of("scalesgd", "fp8", Schedule(16, 4, 3)) == "periodic@16/4/3-fp8"
+    assert quality.key_of("scalesgd", "fp8", Schedule(16, 4)) == "periodic@16/4-fp8"
+    assert quality.key_of("scalesgd", "fp32", Schedule(10), peer="torchft") == "torchft:periodic@10-fp32"
     assert quality.mode_key(parse_mode("periodic@16/4/3-fp8")) == "periodic@16/4/3-fp8"
     assert quality.mode_key(parse_mode("ddp-powersgd@4")) == "ddp-powersgd"
 

@@ -15,7 +15,7 @@ from scalesgd.errors import NonFiniteLoss
 from scalesgd.runtime.process_group import DistEnv
 from scalesgd.train import loop
 from tests.spawn_util import run_workers
-from tests.train.cli import load_ckpt, scalesgd
+from tests.train.cli import FAST, load_ckpt, scalesgd
 
 
 def test_two_workers_train_and_write_every_artefact(finished_run):
@@ -163,3 +163,32 @@ def test_a_sparse_codec_under_adamw_warns_once_and_names_the_correction(tmp_path
     assert proc.returncode == 0, proc.stderr
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("scalesgd: warning:")]
     assert len(warnings) == 1 and "--momentum-correction carries Adam's momentum" in warnings[0], proc.stderr
+
+
+def test_the_exchange_the_end_of_a_run_lands_is_counted_in_its_bytes(tmp_path):
+    """A periodic run whose round is cut short by its end averages the workers there: that exchange is the run's
+    as much as one landing inside the loop (both send the whole model once)."""
+    sent = {}
+    for name, h in (("round-in-loop", "12"), ("round-at-the-end", "1000")):  # 12 steps: one whole round, or none
+        run = tmp_path / name
+        proc = scalesgd("train", "--workers", "2", "--epochs", "1", "--local-steps", h, "--run-dir", str(run), *FAST)
+        assert proc.returncode == 0, proc.stderr
+        sent[name] = json.loads((run / "summary.json").read_text())["bytes_sent"]
+    assert sent["round-at-the-end"] == sent["round-in-loop"] > 0
+
+
+def test_a_resumed_run_continues_the_training_clock_and_the_bytes_sent(tmp_path):
+    """Evaluations after a resume read the training clock and the bytes where the checkpoint left them, not the wall
+    clock (which counts start-up, evaluations and checkpoints)."""
+    run = tmp_path / "resumed"
+    proc = scalesgd("train", "--workers", "2", "--epochs", "1", "--engine", "scalesgd", "--run-dir", str(run), *FAST)
+    assert proc.returncode == 0, proc.stderr
+    saved = load_ckpt(run)
+    assert 0 < saved["train_s"] < saved["elapsed_s"] and saved["bytes_sent"] > 0
+    proc = scalesgd("train", "--resume", str(run), "--epochs", "2", "--eval-every", "1")
+    assert proc.returncode == 0, proc.stderr
+    evals = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "eval"]
+    first = evals[0]  # one step after the resume
+    assert saved["train_s"] < first["train_s"] < saved["elapsed_s"]
+    per_step = saved["bytes_sent"] / 12
+    assert first["bytes_sent"] == pytest.approx(saved["bytes_sent"] + per_step, rel=0.05)

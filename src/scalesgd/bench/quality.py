@@ -145,7 +145,7 @@ def key_of(train_args: tuple[str, ...], given: str) -> str:
     x, p = run.exchange, run.periodic
     if x.auto:
         return ""
-    return quality_key(x.engine, x.codec, p.local_steps, p.fragments, p.overlap_steps, p.peer)
+    return quality_key(x.engine, x.codec, p.schedule, p.peer)
 
 
 def argv_of(cfg: QualityBenchConfig, given: str, seed: int, budget_s: float) -> list[str]:

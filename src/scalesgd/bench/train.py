@@ -96,9 +96,9 @@ class TrainBenchConfig(BenchLaunch):
                 mode = parse_mode(text)
                 if mode.engine != "none":
                     describe(mode, self, self.workers).validate()
-                if mode.local_steps and self.iterations % mode.local_steps:
+                if mode.schedule and self.iterations % mode.schedule.local_steps:
                     raise UsageError(f"`iterations` {self.iterations} must be a multiple of its H, "
-                                     f"{mode.local_steps}: the mean over whole rounds is its step's cost")
+                                     f"{mode.schedule.local_steps}: the mean over whole rounds is its step's cost")
             except (ValueError, UsageError) as err:
                 raise UsageError(f"`modes` {text}: {err}") from None
         return self
@@ -125,8 +125,7 @@ def describe(mode: Mode, bench: TrainBenchConfig, world: int) -> TrainConfig:
     chosen = {} if auto else dict(engine=mode.engine, codec=mode.codec,  # auto chooses them
                                   buckets="size:1" if mode.planner != NO_PLANNER else mode.buckets)
     if mode.engine == "periodic":  # workers alone between rounds: the codec carries the pseudo-gradient
-        chosen = dict(codec=mode.codec, local_steps=mode.local_steps, fragments=mode.fragments,
-                      overlap_steps=mode.overlap)
+        chosen = dict(codec=mode.codec, **mode.schedule.options())
     return TrainConfig.from_dict(dict(
         workers=world, **data, samples=BATCHES * bench.batch_size, **sizes,
         model=bench.model, batch_size=bench.batch_size, base_batch=bench.batch_size, **chosen,
@@ -162,7 +161,7 @@ class Runner:
 def run(cfg: TrainBenchConfig, command: str) -> int:
     """Measure on this rank (all ranks take part), at each link rate asked for; rank 0 writes the results."""
     modes = [parse_mode(m) for m in cfg.modes]
-    hierarchical = any(describe(m, cfg, cfg.workers).exchange.needs_topology for m in modes if m.engine != "none")
+    hierarchical = any(describe(m, cfg, cfg.workers).needs_topology for m in modes if m.engine != "none")
     env = process_group.init(cfg.timeout, cfg.threads,
                              procs_per_node=cfg.node_size(cfg.workers) if hierarchical else None)
     prefix = os.environ.get(testbed.PREFIX_VARIABLE, "")
@@ -280,7 +279,7 @@ def build_runner(cfg: TrainBenchConfig, mode: Mode, env, batches: list) -> Runne
         return Runner(mode, None, model, optimizer, [], [], [], loss=loss)
     train_cfg = describe(mode, cfg, env.world_size)
     group = own_group() if train_cfg.exchange.own_group else None  # each mode exchanges in a group of its own
-    env_for_mode = replace(env, exchange_group=group)
+    env_for_mode = replace(env, members=replace(env.members, exchange_group=group))
     plan, planned, auto = None, None, None
     if mode.engine == "auto":  # decided on the link as it is now: rebuilt at each rate
         train_cfg, plan, auto = auto_exchange.choose(train_cfg, model, batches, loss, env_for_mode, None, False,
@@ -299,7 +298,10 @@ def iteration(runner: Runner, x: torch.Tensor, y: torch.Tensor, record: bool) ->
     start, cpu = time.perf_counter(), time.process_time()
     runner.loss(runner.net(x), y).backward()
     backward_end = time.perf_counter()
-    runner.opt.step()
+    if runner.exchange is not None:
+        runner.exchange.step()  # the mode's own step (a periodic one's synchronisation where a round ends)
+    else:
+        runner.opt.step()
     runner.opt.zero_grad(set_to_none=True)
     end = time.perf_counter()
     stats = runner.exchange.stats() if runner.exchange is not None else None

@@ -5,6 +5,8 @@ a batch, a schedule and a dataset need of the others. Each reads a `TrainConfig`
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
 
 from pathlib import Path
 
@@ -18,9 +20,10 @@ from scalesgd.comm.cost.planner import NO_PLANNER
 from scalesgd.comm.engine.exchange import exchange_names, parse_exchange
 from scalesgd.data import DATASETS, DataError, check_text_file
 from scalesgd.errors import UsageError
-from scalesgd.models import IMAGE, MODELS, TEXT
+from scalesgd.models import IMAGE, MODELS, TEXT, build_model
 from scalesgd.optim import early_freeze, variance_horizon
 from scalesgd.options import field_default, flat_options, flatten, refuse, require_choice
+from scalesgd.periodic.fragments import layers
 from scalesgd.recipe.scaling import scaled_lr
 
 MIN_PER_WORKER = 2  # BatchNorm needs more than one sample per worker
@@ -70,6 +73,19 @@ def exchange(cfg) -> None:
             manual(cfg)
     if x.procs_per_node and rt.workers % x.procs_per_node:
         raise UsageError(f"`procs_per_node` {x.procs_per_node} does not divide `workers` {rt.workers}")
+    if x.hybrid or cfg.replica_scope == "node":
+        per_node = x.procs_per_node or node_size(rt.workers)
+        if rt.workers // per_node < 2:
+            what = "`shard` node shards within each node and sums across nodes" if not cfg.periodic.on else (
+                "each node is one replica")
+            raise UsageError(f"{what}, and the {rt.workers} workers are one node ({per_node} a node); give "
+                             f"`procs_per_node` dividing them into 2 nodes or more (e.g. {max(1, rt.workers // 2)})")
+
+
+def node_size(workers: int, environ=os.environ) -> int:
+    """Processes a node runs where `procs_per_node` does not say: under torchrun its LOCAL_WORLD_SIZE, else all the
+    local workers."""
+    return int(environ.get("LOCAL_WORLD_SIZE", workers)) if checks.launched(environ) else workers
 
 
 def auto(cfg) -> None:
@@ -224,12 +240,33 @@ def periodic(cfg) -> None:
                          f"`{entry.beta1_option}` 0 (the outer optimizer keeps the momentum)")
     if p.peer == "torchft":
         torchft_peer(cfg)
-    if p.local_steps % p.fragments:
-        raise UsageError(f"`fragments` {p.fragments} must divide `local_steps` {p.local_steps}")
-    period = p.local_steps // p.fragments
-    if p.overlap_steps >= period:
-        raise UsageError(f"`overlap_steps` {p.overlap_steps}: give 0 to {period - 1}, so a fragment's exchange lands "
-                         f"before its next one starts (every `local_steps`/`fragments` = {period} steps)")
+    try:
+        schedule = p.schedule
+    except (TypeError, ValueError) as err:
+        raise UsageError(_named(str(err), SCHEDULE_OPTIONS)) from None
+    if schedule.fragments > 1:
+        with torch.device("meta"):  # the model's layers, nothing allocated
+            model = build_model(cfg.model.name, 2, 3, cfg.model.options)
+        problem = schedule.fits(len(layers(model)))
+        if problem:
+            raise UsageError(_named(f"{problem} ({cfg.model.name})", SCHEDULE_OPTIONS))
+    for name in ("algorithm", "buckets"):
+        if getattr(x, name) != field_default(type(x), name):
+            raise UsageError(f"`{name}` {getattr(x, name)} shapes a per-step exchange; with `local_steps` the "
+                             "pseudo-gradient travels on a ring in buckets of its codec's: drop it")
+    values = flatten(cfg)
+    for flat in flat_options(type(cfg)):  # another family's own option: nothing would read it
+        if _set_own(flat, values) and flat.prefix != x.codec_entry.family:
+            raise UsageError(f"`{flat.name}` applies to the {flat.prefix} codecs; with `local_steps` the "
+                             f"pseudo-gradient travels through `codec` {x.codec}")
+
+
+SCHEDULE_OPTIONS = ("local_steps", "fragments", "overlap_steps")
+
+
+def _named(text: str, names: tuple[str, ...]) -> str:
+    """A library message in the command line's terms: the options it names in backticks (shown as --flags)."""
+    return re.sub(rf"\b({'|'.join(names)})\b", r"`\1`", text)
 
 
 def sharded(cfg) -> None:

@@ -70,6 +70,17 @@ class TrainConfig:
         return DATASETS[self.data.dataset].train_size(self.data_request())
 
     @property
+    def replica_scope(self) -> str:
+        """What one periodic-synchronisation replica is: a process, or a node (asked for, or a model sharded within
+        each node)."""
+        return "node" if self.periodic.on and (self.periodic.replica == "node" or self.exchange.hybrid) else "process"
+
+    @property
+    def needs_topology(self) -> bool:
+        """Whether workers build the node and cross-node groups: the exchange's, or replicas of a node each."""
+        return self.exchange.needs_topology or self.replica_scope == "node"
+
+    @property
     def measures_noise(self) -> bool:
         """Whether the run counts the gradient norms the noise scale needs (asked for, or AdaScale's gain)."""
         return self.output.noise_scale or self.recipe.lr_scaling == "adascale"
@@ -110,7 +121,7 @@ class TrainConfig:
         the squared gradient norms are counted). Under periodic synchronisation a codec's step is a round: its
         epoch-long schedules (top-k's density warm-up) count rounds, and it compresses from the first."""
         if self.periodic.on:
-            rounds = max(1, steps_per_epoch // self.periodic.local_steps)
+            rounds = self.periodic.schedule.rounds_in(steps_per_epoch)
             setup = self.exchange.setup(self.codec_settings(rounds), 0, self.recipe.precision, group, topology,
                                         tracer, plan, norms)
         else:

@@ -65,7 +65,8 @@ class TorchftExchange(GradientExchange):
         host = own_address(master)
         port = free_port(host)
         self._store = dist.TCPStore(host, port, 1, is_master=True, wait_for_workers=False)
-        fragments = [_Fragment(p) for p in split(model, periodic.fragments)]
+        schedule = periodic.schedule
+        fragments = [_Fragment(p) for p in split(model, schedule.fragments)]
         self._sizes = [sum(p.numel() * p.element_size() for p in f.parameters()) for f in fragments]
         outer = [outer_sgd(list(f.parameters()), periodic.outer_lr, periodic.outer_momentum) for f in fragments]
         self.manager = Manager(
@@ -73,9 +74,9 @@ class TorchftExchange(GradientExchange):
             min_replica_size=world, use_async_quorum=False, timeout=TIMEOUT, quorum_timeout=TIMEOUT, rank=0,
             world_size=1, store_addr=host, store_port=port, lighthouse_addr=f"http://{master}:{where[0]}",
             replica_id=f"scalesgd_{rank}", hostname=host, init_sync=False)
-        self.diloco = TorchftDiLoCo(self.manager, fragments, optimizer, outer, sync_every=periodic.local_steps,
+        self.diloco = TorchftDiLoCo(self.manager, fragments, optimizer, outer, sync_every=schedule.local_steps,
                                     backup_device=torch.device("cpu"), pin_memory=False, should_quantize=False,
-                                    fragment_sync_delay=periodic.overlap_steps,
+                                    fragment_sync_delay=schedule.overlap_steps,
                                     fragment_update_alpha=periodic.mix)
         self.diloco.__enter__()
         self._bytes, self._landed = 0, 0.0

@@ -1,5 +1,6 @@
 """`scalesgd train`'s periodic-synchronisation options: how many inner steps each worker takes alone, the outer
-optimizer that steps the global parameters, and Streaming DiLoCo's fragments, overlap and mixing factor."""
+optimizer that steps the global parameters, Streaming DiLoCo's fragments, overlap and mixing factor, and what one
+worker (replica) is."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from dataclasses import dataclass
 from scalesgd import checks
 from scalesgd.options import option
 from scalesgd.periodic.outer import OUTER_LR, OUTER_MOMENTUM
+from scalesgd.periodic.schedule import MAX_LOCAL_STEPS, Schedule
 
-MAX_LOCAL_STEPS = 1_000_000
 PEERS = ("", "torchft")  # whose implementation synchronises: ours, or a peer's run in our loop for comparison
+REPLICAS = ("process", "node")  # what one DiLoCo worker is: each process alone, or each node's processes together
 
 
 @dataclass
@@ -28,17 +30,29 @@ class PeriodicConfig:
                                    check=checks.within(0, 1, high_open=True))
     fragments: int = option(1, "with --local-steps: the model in this many fragments of whole layers, one "
                             "synchronised every local-steps/fragments steps (Streaming DiLoCo); must divide "
-                            "--local-steps", check=checks.at_least(1))
+                            "--local-steps and be at most the model's layers with parameters",
+                            check=checks.at_least(1))
     overlap_steps: int = option(0, "with --local-steps: inner steps a fragment's exchange runs behind on the "
                                 "communication thread before it lands (Streaming DiLoCo's τ); below "
                                 "local-steps/fragments", check=checks.at_least(0))
     mix: float = option(0.0, "with --local-steps: the share of the local parameters kept where a fragment lands "
                         "(Streaming DiLoCo's α; 0: the global ones alone)", check=checks.within(0, 1))
+    replica: str = option("process", "with --local-steps: what one DiLoCo worker is: each process, or each node, "
+                          "whose processes run --engine among themselves every step (ddp or scalesgd in fp32, or the "
+                          "sharded engines' shards: with --shard node it is always the node) and synchronise with "
+                          "the other nodes every --local-steps through --codec; needs 2 nodes or more "
+                          "(--procs-per-node)", choices=REPLICAS)
     peer: str = option("", "with --local-steps: synchronise with another library's implementation in this loop, "
                        "for comparison: torchft (torchft.local_sgd.DiLoCo over its Manager and gloo, fp32 "
-                       "pseudo-gradients; pip install 'scalesgd[peers]'); empty: ours", choices=PEERS)
+                       "pseudo-gradients; pip install 'scalesgd[peers]'); '': ours", choices=PEERS)
 
     @property
     def on(self) -> bool:
         """Whether workers synchronise every `local_steps` steps instead of exchanging gradients every step."""
         return self.local_steps > 0
+
+    @property
+    def schedule(self) -> Schedule | None:
+        """When the workers synchronise (ValueError naming the option that cannot be); None where they exchange every
+        step."""
+        return Schedule(self.local_steps, self.fragments, self.overlap_steps) if self.on else None

@@ -12,126 +12,134 @@ with the mixing factor α when it lands (Douillard et al. 2025, "Streaming DiLoC
             inner.zero_grad()
         diloco.finish()                      # the last exchanges land: every rank holds θ_global
 
-A lossy codec's state (top-k's residuals, fp8's ranges) is kept across rounds by parameter, as on the per-step
-engine, so what a round did not send is owed in the next.
+With fp16's `torch.amp.GradScaler`, give it (`scaler=`): a step it skips on one rank is still a step of the round
+there, so every rank's rounds stay together. A lossy codec's state (top-k's residuals, fp8's ranges) is kept across
+rounds by parameter, as on the per-step engine, so what a round did not send is owed in the next.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from scalesgd.comm.codecs import Channel, Codec, CodecSettings, make_codec
-from scalesgd.comm.codecs.registry import entry_of, needs_topology
-from scalesgd.comm.engine.agreement import check_ranks_agree, codec_from
-from scalesgd.comm.engine.buckets import TensorInfo, plan_buckets
-from scalesgd.comm.engine.driver import BucketDriver, offsets_of
+from scalesgd.comm.codecs import Codec, CodecSettings
+from scalesgd.comm.engine.agreement import check_ranks_agree, check_settings, codec_from
+from scalesgd.comm.engine.driver import BucketDriver, open_channel
 from scalesgd.comm.wire.groups import own_group
-from scalesgd.comm.wire.topology import Topology
-from scalesgd.periodic.fragments import Schedule, split
+from scalesgd.comm.wire.membership import Membership
+from scalesgd.periodic.fragments import split
 from scalesgd.periodic.outer import outer_sgd
+from scalesgd.periodic.rounds import Fragment, Round, Weights
+from scalesgd.periodic.schedule import Schedule
 
 BUCKET_MB = 4  # a pseudo-gradient's buckets: few, large messages (it travels once a round, not behind backward)
 
 
-@dataclass
-class _Bucket:
-    """Part of a fragment's pseudo-gradient: its parameters' indices, their global copies and the flat buffer Δ
-    is written into and its mean comes back in."""
-
-    index: int
-    members: list[int]
-    flat: torch.Tensor
-
-
-@dataclass
-class _Flight:
-    """A fragment's exchange under way (or, restored from a checkpoint, landed already): its mean Δ per bucket."""
-
-    fragment: int
-    future: Future | None
-    means: list[torch.Tensor] | None = None
-    bytes_sent: int = 0
-
-    def wait(self) -> list[torch.Tensor]:
-        if self.means is None:
-            self.means, self.bytes_sent = self.future.result()
-        return self.means
-
-
 class DiLoCo:
-    """Synchronise `model` every `local_steps` steps of `inner_optimizer` (a hook on its `step`, while the context
-    is entered, or `after_inner_step()` called by the loop): the pseudo-gradient through `codec` (a registered
-    name or a `Codec`), the global parameters stepped by `outer_optimizer` (an optimizer built over the model's
-    parameters, or a function building it over the parameters given; by default DiLoCo's Nesterov SGD, lr 0.7,
-    momentum 0.9).
+    """Synchronise `model` every `local_steps` steps of `inner_optimizer` (a hook on its `step`, or on `scaler`'s
+    `update` where one is given, while the context is entered; or `after_inner_step()` called by the loop): the
+    pseudo-gradient through `codec` (a registered name or a `Codec`), the global parameters stepped by
+    `outer_optimizer` (an optimizer built over the model's parameters, or a function building it over the parameters
+    given; by default DiLoCo's Nesterov SGD, lr 0.7, momentum 0.9).
 
     A model sharded by FSDP2 within each node (`comm.engine.fsdp.shard_model` on the node's mesh) synchronises its
     shards: each rank's pseudo-gradient is its shards', exchanged in `group` among the ranks that hold the same ones
     (the cross-node group), and the outer optimizer steps the shards (give it as a function).
 
-    `fragments`: the number of fragments of whole layers, or the fragments as lists of parameters; `delay` (τ): inner
-    steps a fragment's exchange runs behind on the communication thread before it lands; `mix` (α): the share of the
-    local parameters kept where a fragment lands (0: the global ones alone, as DiLoCo). Every rank builds it together
-    (its exchange runs in its own process group, `group` or a new one) and starts from rank 0's parameters."""
+    `fragments`: the number of fragments of whole layers, or the fragments as lists of parameters (every trainable
+    parameter in one); `overlap_steps` (τ): inner steps a fragment's exchange runs behind on the communication thread
+    before it lands; `mix` (α): the share of the local parameters kept where a fragment lands (0: the global ones
+    alone, as DiLoCo). `group`: the replicas, a process group or a `Membership` (default: a new group of every rank);
+    a round commits where the membership says so. Every rank builds it together and starts from rank 0's parameters."""
 
     def __init__(self, model: nn.Module, inner_optimizer: torch.optim.Optimizer, local_steps: int, *,
                  outer_optimizer: torch.optim.Optimizer | Callable | None = None, codec: str | Codec = "fp32",
                  settings: CodecSettings | None = None, fragments: int | list[list[nn.Parameter]] = 1,
-                 delay: int = 0, mix: float = 0.0, group=None, topology=None, buckets_mb: float = BUCKET_MB):
-        if not 0.0 <= mix <= 1.0:
-            raise ValueError(f"mix {mix}: give 0 to 1 (the share of the local parameters kept where a fragment lands)")
-        self.model, self.inner = model, inner_optimizer
-        parts = split(model, fragments) if isinstance(fragments, int) else [list(f) for f in fragments]
-        self.schedule = Schedule(local_steps, len(parts), delay)
-        self.mix = mix
-        index = {id(p): i for i, p in enumerate(p for part in parts for p in part)}
+                 overlap_steps: int = 0, mix: float = 0.0, group=None, topology=None,
+                 scaler: torch.amp.GradScaler | None = None, buckets_mb: float = BUCKET_MB, delay: int | None = None):
+        if delay is not None:
+            warnings.warn("DiLoCo(delay=…) is now overlap_steps=… (the --overlap-steps option's name)",
+                          DeprecationWarning, stacklevel=2)
+            overlap_steps = delay
+        _check_arguments(model, inner_optimizer, mix, scaler, buckets_mb)
+        parts = _fragments(model, fragments, local_steps, overlap_steps)
+        self.schedule = Schedule(local_steps, len(parts), overlap_steps)
+        self.model, self.inner, self.scaler = model, inner_optimizer, scaler
         with torch.no_grad():
-            self.params = [_own(p) for part in parts for p in part]  # what this rank holds of each
-        if outer_optimizer is None or callable(outer_optimizer):
-            self.outer = (outer_optimizer or outer_sgd)(self.params)
-        else:
-            self.outer = outer_optimizer
-        self.codec = codec_from(codec if isinstance(codec, Codec) else make_codec(codec, settings))
+            params = [_own(p) for part in parts for p in part]  # what this rank holds of each
+        outer = _outer(outer_optimizer, params, model)
+        check_settings(settings)
+        self.codec = codec_from(codec, settings)
         self.driver = BucketDriver(self.codec, None)
         with torch.no_grad():
-            self.global_params = [p.detach().clone() for p in self.params]
-        self.driver.bind(self.global_params)
-        self.fragments = [[index[id(p)] for p in part] for part in parts]
-        self._buckets: list[list[_Bucket]] = []
-        for members in self.fragments:
-            self._buckets.append(self._plan(members, buckets_mb, sum(map(len, self._buckets))))
+            self.weights = Weights(params, [p.detach().clone() for p in params], outer, mix)
+        self.driver.bind(self.weights.global_params)
+        index = {id(p): i for i, p in enumerate(p for part in parts for p in part)}
+        self.fragments: list[Fragment] = []
+        for f, part in enumerate(parts):
+            first = sum(len(fragment.buckets) for fragment in self.fragments)
+            self.fragments.append(Fragment.plan(f, [index[id(p)] for p in part], params, self.driver, buckets_mb,
+                                                first))
         # collectives from here on: every rank builds it together
-        self.group = group if group is not None else own_group()
-        check_ranks_agree(f"periodic {self.codec.name} H={local_steps} F={len(parts)} τ={delay} α={mix} "
-                          f"params={[tuple(p.shape) for p in self.params]}", self.group)
-        if topology is None and needs_topology(self.codec):
-            topology = Topology.from_env().groups()
-        self.driver.channel = Channel(self.group, dist.get_world_size(self.group), topology=topology)
+        self.members = group if isinstance(group, Membership) else Membership(group if group is not None
+                                                                              else own_group())
+        check_ranks_agree(f"periodic {self.codec.name} H={local_steps} F={len(parts)} τ={overlap_steps} α={mix} "
+                          f"params={[tuple(p.shape) for p in params]}", self.members.group)
+        self.driver.channel = open_channel(self.codec, self.members.group, topology)
         self._broadcast_start()
         self.steps = 0  # inner steps taken
-        self.rounds = 0  # fragments landed
+        self.rounds = 0  # rounds committed (one fragment's each)
         self.bytes_sent = 0
-        self._flights: dict[int, _Flight] = {}
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="scalesgd-periodic") if delay > 0 else None
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="scalesgd-periodic") if overlap_steps > 0 else None
         self._hook = None
+
+    # ---- what it holds ---------------------------------------------------------------------------------
+    @property
+    def params(self) -> list[torch.Tensor]:
+        """This rank's parameters (a shard's where sharded), in the fragments' order: what the inner optimizer steps."""
+        return self.weights.params
+
+    @property
+    def global_params(self) -> list[torch.Tensor]:
+        """This rank's copy of the global parameters (the same on every rank after each round)."""
+        return self.weights.global_params
+
+    @property
+    def outer(self) -> torch.optim.Optimizer:
+        return self.weights.outer
+
+    @property
+    def in_flight(self) -> list[tuple[int, int]]:
+        """The (fragment, round) of every exchange under way, in order."""
+        return sorted(flight.key for fragment in self.fragments for flight in fragment.flights.values())
 
     # ---- the user's loop -------------------------------------------------------------------------
     def __enter__(self) -> DiLoCo:
-        self._hook = self.inner.register_step_post_hook(lambda *_: self.after_inner_step())
+        if self.scaler is not None:  # every iteration updates the scale, whether or not the optimizer stepped
+            update = self.scaler.update
+
+            def counted(*args, **kwargs):
+                update(*args, **kwargs)
+                self.after_inner_step()
+
+            self.scaler.update = counted
+            self._hook = update
+        else:
+            self._hook = self.inner.register_step_post_hook(lambda *_: self.after_inner_step())
         return self
 
     def __exit__(self, *exc) -> bool:
-        if self._hook is not None:
+        if self.scaler is not None and self._hook is not None:
+            self.scaler.update = self._hook
+        elif self._hook is not None:
             self._hook.remove()
-            self._hook = None
+        self._hook = None
         if self._thread is not None:
             self._thread.shutdown(wait=exc[0] is None)
         return False
@@ -141,21 +149,22 @@ class DiLoCo:
         self.steps += 1
         started = self.schedule.starts(self.steps)
         if started is not None:
-            self._start(started)
+            self._start(self.fragments[started], self.schedule.round_of(self.steps + self.schedule.overlap_steps))
         landed = self.schedule.lands(self.steps)
         if landed is not None:
-            self._land(landed)
+            self._land(self.fragments[landed].pop(self.schedule.round_of(self.steps)))
 
     def finish(self) -> None:
         """Land the exchanges under way, then average every fragment whose last round was cut short by the end of
         training into the global parameters (outer SGD at lr 1 without momentum: the outer momentum, built on whole
         rounds, would carry a few steps' pseudo-gradient too far), so every rank holds them (collective)."""
-        for fragment in sorted(self._flights):
-            self._land(fragment)
+        for fragment, number in self.in_flight:
+            self._land(self.fragments[fragment].pop(number))
         if self.steps % self.schedule.local_steps or self.schedule.fragments > 1:
-            for fragment in range(self.schedule.fragments):
-                self._start(fragment)
-                self._land(fragment, average=True)
+            last = self.schedule.round_of(self.steps) + 1
+            for fragment in self.fragments:
+                self._start(fragment, last)
+                self._land(fragment.pop(last), average=True)
         self._copy(self.global_params, self.params)
 
     @contextmanager
@@ -174,69 +183,28 @@ class DiLoCo:
         rank's: another layout of shards)."""
         self._copy(self.params, self.global_params)
 
-    # ---- one fragment's exchange -----------------------------------------------------------------
-    def _start(self, fragment: int) -> None:
-        """Write the fragment's Δ = θ_global − θ_local into its buckets and send them (on the communication thread
-        where exchanges overlap the next inner steps)."""
-        buckets = self._buckets[fragment]
-        with torch.no_grad():
-            for bucket in buckets:
-                torch.cat([(self.global_params[i] - self.params[i]).reshape(-1).float() for i in bucket.members],
-                          out=bucket.flat)
-        work = self._send
-        if self._thread is None:
-            future: Future = Future()
-            future.set_result(work(buckets))
-        else:
-            future = self._thread.submit(work, buckets)
-        self._flights[fragment] = _Flight(fragment, future)
+    # ---- one round -------------------------------------------------------------------------------
+    def _start(self, fragment: Fragment, number: int) -> None:
+        fragment.start(number, self.weights, self.driver, self._thread, self.members.may_abort)
 
-    def _send(self, buckets: list[_Bucket]) -> tuple[list[torch.Tensor], int]:
-        sent = 0
-        for bucket in buckets:
-            members = [self.global_params[i] for i in bucket.members]
-            view = self.driver.view(bucket.index, members, offsets_of(members), bucket.flat.numel())
-            sent += self.driver.exchange(bucket.flat, view)
-        return [bucket.flat for bucket in buckets], sent
-
-    def _land(self, fragment: int, average: bool = False) -> None:
-        """The fragment's mean Δ steps its global parameters with the outer optimizer (`average`: θ_global − mean Δ,
-        the workers' mean); the local ones become them (α: that share of the local ones kept)."""
-        flight = self._flights.pop(fragment)
-        means = flight.wait()
+    def _land(self, flight: Round, average: bool = False) -> None:
+        """The round commits where the membership takes it (the outer step; `average`: the workers' mean), else it
+        is aborted (the codec's work undone, the global parameters as they were)."""
+        fragment = self.fragments[flight.fragment]
         self.bytes_sent += flight.bytes_sent
-        members = [i for bucket in self._buckets[fragment] for i in bucket.members]
-        with torch.no_grad():
-            saved_grads = [p.grad for p in self.params]
-            local = {i: self.params[i].detach().clone() for i in members}
-            for p in self.params:
-                p.grad = None
-            for bucket, mean in zip(self._buckets[fragment], means):
-                for i, piece in zip(bucket.members, torch.split(mean, [self.params[i].numel()
-                                                                        for i in bucket.members])):
-                    self.params[i].copy_(self.global_params[i])
-                    self.params[i].grad = piece.view_as(self.params[i]).to(self.params[i].dtype)
-        if average:
-            with torch.no_grad():
-                for i in members:
-                    self.params[i].sub_(self.params[i].grad)
+        if self.members.should_commit():
+            fragment.commit(flight, self.weights, average)
+            self.rounds += 1
         else:
-            self.outer.step()
-        with torch.no_grad():
-            for i in members:
-                self.global_params[i].copy_(self.params[i])
-                if self.mix:
-                    self.params[i].lerp_(local[i], self.mix)
-            for p, grad in zip(self.params, saved_grads):
-                p.grad = grad
-        self.rounds += 1
+            fragment.abort(flight, self.driver)
 
     # ---- checkpoints -----------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """This rank's state (collective where an exchange is under way: it lands in the state): the step in the
         round, the global parameters, the outer optimizer's, the codec's and the means of the exchanges not yet
-        merged; the local parameters and the inner optimizer's state are the caller's."""
-        inflight = {f: [m.clone() for m in flight.wait()] for f, flight in self._flights.items()}
+        merged, by fragment and round; the local parameters and the inner optimizer's state are the caller's."""
+        inflight = [{"fragment": f, "round": r, "means": [m.clone() for m in self.fragments[f].flights[r].wait()]}
+                    for f, r in self.in_flight]
         return {"steps": self.steps, "rounds": self.rounds, "bytes_sent": self.bytes_sent,
                 "global": [p.clone() for p in self.global_params], "outer": self.outer.state_dict(),
                 "codec": self.driver.state_dict(), "inflight": inflight}
@@ -246,31 +214,23 @@ class DiLoCo:
         self._copy(state["global"], self.global_params)
         self.outer.load_state_dict(state["outer"])
         self.driver.load_state_dict(state["codec"])
-        for fragment, means in state["inflight"].items():
-            for bucket, mean in zip(self._buckets[fragment], means):
-                bucket.flat.copy_(mean)
-            self._flights[fragment] = _Flight(fragment, None, [b.flat for b in self._buckets[fragment]])
+        inflight = state["inflight"]
+        if isinstance(inflight, dict):  # an earlier version's, by fragment alone: each lands at its next landing
+            inflight = [{"fragment": f, "round": self._next_round(f), "means": means} for f, means in inflight.items()]
+        for flight in inflight:
+            self.fragments[flight["fragment"]].landed(flight["round"], flight["means"])
 
     # ---- helpers ---------------------------------------------------------------------------------
-    def _plan(self, members: list[int], buckets_mb: float, first: int) -> list[_Bucket]:
-        """A fragment's buckets in the codec's plan (its own bucket rule, else `buckets_mb` each), numbered from
-        `first`."""
-        entry = entry_of(self.codec)
-        spec = entry.buckets if entry is not None and entry.buckets else f"size:{buckets_mb:g}"
-        tensors = [TensorInfo(str(i), self.params[i].numel(), 4) for i in members]
-        plan = plan_buckets(spec, tensors)
-        out = []
-        for k, chosen in enumerate(plan.buckets):
-            chosen_members = [members[j] for j in sorted(chosen)]
-            numel = sum(self.params[i].numel() for i in chosen_members)
-            out.append(_Bucket(first + k, chosen_members, torch.zeros(numel, device=self.params[0].device)))
-        return out
+    def _next_round(self, fragment: int) -> int:
+        """The round of `fragment`'s next landing after the steps taken."""
+        s = self.schedule
+        k = max(0, (self.steps // s.period - fragment - 1) // s.fragments + 1)
+        return s.round_of((k * s.fragments + fragment + 1) * s.period)
 
     def _broadcast_start(self) -> None:
         """Every rank starts from rank 0's parameters (local and global)."""
-        src = dist.get_global_rank(self.group, 0)
         for p, g in zip(self.params, self.global_params):
-            dist.broadcast(g, src, group=self.group)
+            self.members.broadcast(g)
             with torch.no_grad():
                 p.copy_(g)
 
@@ -285,3 +245,59 @@ def _own(p: nn.Parameter) -> torch.Tensor:
     """What this rank holds of `p` and steps: a sharded parameter's (FSDP2's DTensor) local shard, sharing its
     storage; else `p`."""
     return p.to_local() if isinstance(p, DTensor) else p
+
+
+def _check_arguments(model, inner, mix, scaler, buckets_mb) -> None:
+    """Refuse, naming the argument, what would train without synchronising (before any collective)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model {type(model).__name__}: give the nn.Module each worker trains")
+    if not isinstance(inner, torch.optim.Optimizer):
+        raise TypeError(f"inner_optimizer {type(inner).__name__}: give the torch optimizer each worker steps")
+    if isinstance(mix, bool) or not isinstance(mix, (int, float)) or not 0.0 <= mix <= 1.0:
+        raise ValueError(f"mix {mix!r}: give 0 to 1 (the share of the local parameters kept where a fragment lands)")
+    if scaler is not None and not isinstance(scaler, torch.amp.GradScaler):
+        raise TypeError(f"scaler {type(scaler).__name__}: give the torch.amp.GradScaler the loop steps with")
+    if isinstance(buckets_mb, bool) or not isinstance(buckets_mb, (int, float)) or not buckets_mb > 0:
+        raise ValueError(f"buckets_mb {buckets_mb!r}: give a size in MB above 0")
+    stepped = {id(p) for group in inner.param_groups for p in group["params"]}
+    if not stepped <= {id(p) for p in model.parameters()}:
+        raise ValueError("inner_optimizer steps parameters that are not `model`'s: build it over "
+                         "model.parameters() (of this model, after any sharding)")
+
+
+def _fragments(model: nn.Module, fragments, local_steps, overlap_steps) -> list[list[nn.Parameter]]:
+    """The fragments as lists of parameters, every trainable parameter in one (ValueError/TypeError naming
+    `fragments`, or the schedule's argument that is wrong)."""
+    if isinstance(fragments, int) and not isinstance(fragments, bool):
+        Schedule(local_steps, fragments, overlap_steps)  # the schedule's own message first
+        return split(model, fragments)
+    if not isinstance(fragments, (list, tuple)) or not all(isinstance(f, (list, tuple)) for f in fragments):
+        raise TypeError(f"fragments {type(fragments).__name__}: give a number of fragments of whole layers, or the "
+                        "fragments as lists of the model's parameters")
+    parts = [list(f) for f in fragments]
+    given = [id(p) for part in parts for p in part]
+    trained = [id(p) for p in model.parameters() if p.requires_grad]
+    if not parts or not all(parts):
+        raise ValueError("fragments: give lists of parameters, none empty")
+    if len(set(given)) != len(given) or set(given) != set(trained):
+        missing, extra = len(set(trained) - set(given)), len(set(given) - set(trained))
+        raise ValueError(f"fragments: give each of the model's {len(trained)} trainable parameters in exactly one "
+                         f"fragment ({missing} left out, {extra} not the model's trainable ones, "
+                         f"{len(given) - len(set(given))} repeated)")
+    return parts
+
+
+def _outer(outer_optimizer, params: list[torch.Tensor], model: nn.Module) -> torch.optim.Optimizer:
+    """The outer optimizer over this rank's parameters: built here, or as given where it steps the model's own."""
+    if outer_optimizer is None or (callable(outer_optimizer) and not isinstance(outer_optimizer,
+                                                                                torch.optim.Optimizer)):
+        return (outer_optimizer or outer_sgd)(params)
+    if not isinstance(outer_optimizer, torch.optim.Optimizer):
+        raise TypeError(f"outer_optimizer {type(outer_optimizer).__name__}: give a torch optimizer over the model's "
+                        "parameters, or a function building one over the parameters it is given")
+    stepped = {id(p) for group in outer_optimizer.param_groups for p in group["params"]}
+    if not {id(p) for p in params} <= stepped <= {id(p) for p in model.parameters()}:
+        raise ValueError("outer_optimizer must step exactly the model's trainable parameters (it steps the global "
+                         "ones with the mean pseudo-gradient); build it over model.parameters(), or give a function "
+                         "that builds it over the parameters it is given")
+    return outer_optimizer

@@ -1,10 +1,7 @@
-"""Which parameters synchronise together, and when: the model cut into fragments of whole layers, and the staggered
-schedule on which each fragment's pseudo-gradient starts its exchange and lands (Douillard et al. 2025, "Streaming
-DiLoCo with overlapping communication")."""
+"""Which parameters synchronise together: the model cut into fragments of whole layers (Douillard et al. 2025,
+"Streaming DiLoCo with overlapping communication"); when each synchronises is the `Schedule`'s."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from torch import nn
 
@@ -36,36 +33,3 @@ def split(model: nn.Module, fragments: int) -> list[list[nn.Parameter]]:
         cuts.append(min(range(low, high + 1), key=lambda i: abs(before[i] - before[-1] * k / fragments)))
     bounds = [0, *cuts, len(groups)]
     return [[p for group in groups[a:b] for p in group] for a, b in zip(bounds, bounds[1:])]
-
-
-@dataclass(frozen=True)
-class Schedule:
-    """When each of `fragments` fragments synchronises within rounds of `local_steps` inner steps: fragment f lands
-    after inner steps (k·F + f + 1)·H/F, its exchange started `delay` steps (τ) earlier and running meanwhile. With
-    one fragment and no delay it is DiLoCo's: everything every H steps."""
-
-    local_steps: int
-    fragments: int = 1
-    delay: int = 0
-
-    def __post_init__(self):
-        if self.local_steps < 1:
-            raise ValueError(f"local_steps {self.local_steps}: give at least 1")
-        if self.fragments < 1 or self.local_steps % self.fragments:
-            raise ValueError(f"fragments {self.fragments}: give a divisor of local_steps {self.local_steps}")
-        if not 0 <= self.delay < self.period:
-            raise ValueError(f"delay {self.delay}: give 0 to {self.period - 1} (a fragment's exchange lands before "
-                             f"its next one starts, every local_steps/fragments = {self.period} steps)")
-
-    @property
-    def period(self) -> int:
-        """Inner steps between one fragment's landing and the next fragment's."""
-        return self.local_steps // self.fragments
-
-    def lands(self, step: int) -> int | None:
-        """The fragment whose exchange lands after inner step `step` (counted from 1), or None."""
-        return (step // self.period - 1) % self.fragments if step >= 1 and step % self.period == 0 else None
-
-    def starts(self, step: int) -> int | None:
-        """The fragment whose exchange starts after inner step `step`, or None."""
-        return self.lands(step + self.delay)

@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from scalesgd import checks
 from scalesgd.comm.wire.groups import own_group
+from scalesgd.comm.wire.membership import Membership
 from scalesgd.comm.wire.topology import Topology, build_groups
 from scalesgd.errors import EXIT_PEER_LOST, PeerLost, UsageError
 from scalesgd.runtime import heartbeat
@@ -38,19 +39,28 @@ _LISTENERS: list[socket.socket] = []  # rendezvous sockets handed to a store (ra
 
 @dataclass(frozen=True)
 class DistEnv:
-    """Where this process sits, and the process groups created for it at start-up."""
+    """Where this process sits, and who is in the run with it (`members`: its groups, its collectives)."""
 
     rank: int
     world_size: int
     local_rank: int
     local_world_size: int
     device: torch.device
-    exchange_group: object = None  # the gradient exchange's own group (never shared with the loop's collectives)
-    topology_groups: object = None  # node and cross-node groups, for hierarchical exchange
+    members: Membership = Membership()
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def exchange_group(self):
+        """The gradient exchange's own group (never shared with the loop's collectives); None where none was made."""
+        return self.members.exchange_group
+
+    @property
+    def topology_groups(self):
+        """The node and cross-node groups (hierarchical exchange, hybrid sharding); None where none were made."""
+        return self.members.topology_groups
 
 
 def launched_by_torchrun(environ=os.environ) -> bool:
@@ -99,7 +109,7 @@ def init(timeout_s: float, threads: int = 0, exchange_group: bool = False,
         groups["exchange_group"] = own_group()  # the default group's backends and timeout
     if procs_per_node:
         groups["topology_groups"] = build_groups(Topology(world, rank, procs_per_node))
-    env = DistEnv(rank, world, local_rank, local_world, device, **groups)
+    env = DistEnv(rank, world, local_rank, local_world, device, Membership.world(**groups))
     warm_up(env)
     return env
 
@@ -199,10 +209,10 @@ def link_down(environ=os.environ, interfaces: Path = Path("/sys/class/net")) -> 
     return name if state in ("down", "lowerlayerdown") else None
 
 
-def sync_buffers(module: torch.nn.Module, src: int = 0) -> None:
-    """Give every rank rank `src`'s buffers (BN running statistics are per worker in training)."""
+def sync_buffers(module: torch.nn.Module, members: Membership, src: int = 0) -> None:
+    """Give every member member `src`'s buffers (BN running statistics are per worker in training)."""
     for buf in module.buffers():
-        dist.broadcast(buf, src)
+        members.broadcast(buf, src)
 
 
 def finish() -> None:

@@ -142,6 +142,10 @@ def run(cfg: SimulateConfig, command: str) -> int:
     except NotABenchDir as err:
         raise UsageError(str(err)) from None
     parsed = [parse_mode(m) for m in modes]
+    for mode in parsed:
+        problem = mode.schedule.fits(profile.layers) if mode.schedule is not None else None
+        if problem:
+            raise UsageError(f"`modes` {mode.name}: {problem}")
     costs = {**costs, **{m.name: replace(costs.get(m.name, Costs()), fsdp_backend=cfg.fsdp_backend) for m in parsed
                          if m.engine in SHARDED}}
     table = scaling.rows(profile, cluster, parsed, workers, costs)

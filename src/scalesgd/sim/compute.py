@@ -52,6 +52,11 @@ class ComputeProfile:
     def numel(self) -> int:
         return sum(self.sizes)
 
+    @property
+    def layers(self) -> int:
+        """The layers with parameters (the modules its tensors belong to): what periodic fragments are cut from."""
+        return len(dict.fromkeys(name.rpartition(".")[0] for name in self.names))
+
     def scaled_to(self, compute_s: float) -> ComputeProfile:
         """The same shape with forward + backward taking `compute_s`."""
         k = compute_s / self.compute_s if self.compute_s > 0 else 1.0

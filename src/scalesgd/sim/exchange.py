@@ -125,8 +125,9 @@ def periodic(mode: Mode, profile: ComputeProfile, cluster: network.Cluster, cost
     """A round of periodic synchronisation, per step: H steps of compute alone, and F fragments' exchanges (each
     1/F of the parameters through the codec, its wire and arithmetic), each hidden behind the τ steps it runs
     under; what is not hidden stalls the step it lands in."""
-    numel = sum(profile.sizes) / mode.fragments
+    schedule = mode.schedule
+    numel = sum(profile.sizes) / schedule.fragments
     exchange = wire_time(mode, numel, cluster, costs.density_scale) + costs.channel_s_per_element * numel
-    exposed = max(exchange - mode.overlap * profile.iteration_s, 0.0) * mode.fragments / mode.local_steps
+    exposed = max(exchange - schedule.overlap_steps * profile.iteration_s, 0.0) / schedule.period
     return Prediction(mode.name, profile.iteration_s + exposed, exposed, profile.accumulating_s + profile.compute_s,
                       [])

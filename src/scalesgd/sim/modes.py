@@ -19,6 +19,7 @@ from scalesgd.comm.codecs.registry import (
 from scalesgd.comm.engine.exchange import SHARDED, exchange_names, parse_exchange
 from scalesgd.config import AUTO_CODECS, NO_PLANNER
 from scalesgd.errors import UsageError
+from scalesgd.periodic.schedule import Schedule
 
 MODES_HELP = ("comma-separated: none (no exchange: the compute-only bound), ddp[-CODEC[@RANK]], "
               "periodic@H[/F[/τ]][-CODEC] (simulate: synchronisation every H steps, F fragments, τ steps behind), "
@@ -44,9 +45,7 @@ class Mode:
     buckets: str = "size:1"
     given: tuple[tuple[str, Any], ...] = ()  # codec options the name sets, by flat name (`rank`, `factor_wire`)
     base: CodecOptions | None = field(default=None, compare=False)
-    local_steps: int = 0  # periodic synchronisation: inner steps a round (0: an exchange every step)
-    fragments: int = 1  # Streaming DiLoCo's fragments, one landing every local_steps/fragments steps
-    overlap: int = 0  # inner steps a fragment's exchange runs behind (τ)
+    schedule: Schedule | None = None  # periodic synchronisation's (None: an exchange every step)
     shard: str = ""  # a sharded mode's layout: "" every rank's shard, "node" sharded within nodes, replicated across
 
     def codec_options(self) -> dict:
@@ -184,23 +183,24 @@ def _parse_auto(text: str) -> Mode:
     return Mode(text, "auto", names, given=given)
 
 
-_PERIODIC = re.compile(r"periodic@(\d+)(?:/(\d+)(?:/(\d+))?)?(?:-(.+))?$")
-
-
 def _parse_periodic(text: str) -> Mode:
     """`periodic@H[/F[/τ]][-CODEC]`: periodic synchronisation every H steps (Streaming DiLoCo with F fragments, each
-    exchange behind τ steps), the pseudo-gradient through CODEC (fp32 by default)."""
-    found = _PERIODIC.match(text)
-    if not found:
+    exchange behind τ steps), the pseudo-gradient through CODEC (fp32 by default), whole: no @AMOUNT or /WIRE."""
+    shape, _, codec = text[len("periodic@"):].partition("-") if text.startswith("periodic@") else ("", "", "")
+    try:
+        schedule = Schedule.parse(shape)
+    except (TypeError, ValueError) as err:
         raise UsageError(f"mode {text!r}: a periodic mode is periodic@H[/F[/τ]][-CODEC], e.g. periodic@50-fp8 or "
-                         "periodic@50/5/5-fp8")
-    h, f, tau, codec = int(found[1]), int(found[2] or 1), int(found[3] or 0), found[4] or "fp32"
-    if codec not in CODECS or CODECS[codec].build is None:
-        raise UsageError(f"mode {text!r}: codec {codec!r} is none of ours; choose from "
-                         f"{', '.join(c for c, e in CODECS.items() if e.build is not None)}")
-    if h < 1 or f < 1 or h % f or tau >= h // f:
-        raise UsageError(f"mode {text!r}: give H ≥ 1, F dividing H and τ below H/F")
-    return Mode(text, "periodic", codec, local_steps=h, fragments=f, overlap=tau)
+                         f"periodic@50/5/1-fp8 ({err})") from None
+    codec = codec or "fp32"
+    ours = [c for c, e in CODECS.items() if e.build is not None]
+    if codec not in ours:
+        name = re.split("[@/]", codec, maxsplit=1)[0]
+        if name in ours:
+            raise UsageError(f"mode {text!r}: a periodic mode's codec takes no @AMOUNT or /WIRE (its pseudo-gradient "
+                             f"runs at the codec's own options): give periodic@{shape}-{name}")
+        raise UsageError(f"mode {text!r}: codec {codec!r} is none of ours; choose from {', '.join(ours)}")
+    return Mode(text, "periodic", codec, schedule=schedule)
 
 
 def _amount_and_wire(text: str, engine: str, codec: str, amount: str | None, wire: str | None) -> dict:

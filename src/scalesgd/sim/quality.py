@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from scalesgd.comm.codecs.cast import DENSE
+from scalesgd.periodic.schedule import Schedule
 
 TABLE = Path(__file__).with_name("steps_to_target.json")
 FAMILIES = ("text", "image")  # language models, compared by validation loss; image classifiers, by accuracy
@@ -45,13 +46,10 @@ def table(family: str, path: Path = TABLE) -> dict[str, StepsToTarget]:
     return {key: StepsToTarget(key=key, **row) for key, row in rows.items()}
 
 
-def key_of(engine: str, codec: str, local_steps: int = 0, fragments: int = 1, overlap: int = 0,
-           peer: str = "") -> str:
+def key_of(engine: str, codec: str, schedule: Schedule | None = None, peer: str = "") -> str:
     """An exchange's key: the simulator's mode name, amounts left out (a rank or density does not name a row)."""
-    if local_steps:
-        shape = "/".join(str(n) for n in (local_steps, fragments, overlap)[:3 if overlap else 2 if fragments > 1
-                                                                            else 1])
-        name = f"periodic@{shape}-{codec}"
+    if schedule is not None:
+        name = f"periodic@{schedule.name}-{codec}"
     else:
         name = engine if engine == "ddp" and codec == DENSE.name else f"{engine}-{codec}"
     return f"{peer}:{name}" if peer else name
@@ -59,7 +57,7 @@ def key_of(engine: str, codec: str, local_steps: int = 0, fragments: int = 1, ov
 
 def mode_key(mode) -> str:
     """A simulator mode's key (its amounts and buckets left out)."""
-    return key_of(mode.engine, mode.codec, mode.local_steps, mode.fragments, mode.overlap)
+    return key_of(mode.engine, mode.codec, mode.schedule)
 
 
 def to_target(iteration_s: float, row: StepsToTarget | None) -> float | None:

@@ -19,7 +19,6 @@ from scalesgd.sim.modes import Mode
 from scalesgd.sim.wire import cost_of, sent_sizes, wire_time
 
 PARAMETER_BYTES = 4  # the all-gather carries fp32 shards (FSDP2's mixed precision casts them after)
-FLAG_BYTES = 4  # fp8's guardrail flags: one small allreduce beside each unit's sum
 
 
 def unit_groups(profile: ComputeProfile) -> tuple[list[list[int]], list[int]]:
@@ -64,7 +63,7 @@ def sum_s(mode: Mode, numel: int, cluster: network.Cluster, channel_s_per_elemen
     if mode.engine == "fsdp2" and backend == "gloo":  # gloo's reduce-scatter: an allreduce, each keeping its part
         return network.ring_allreduce(numel * cost.element_bytes, cluster.workers, cluster.ring_link)
     if mode.engine == "fsdp2" or entry.scatters:  # a reduce-scatter on the codec's wire (NCCL's, or our ring)
-        flags = network.ring_allreduce(FLAG_BYTES, cluster.workers, cluster.ring_link) if entry.needs_topology else 0
+        flags = network.ring_allreduce(entry.flag_bytes, cluster.workers, cluster.ring_link) if entry.flag_bytes else 0
         return network.reduce_scatter(numel * cost.element_bytes, cluster.workers, cluster.ring_link) + flags + work
     return wire_time(replace(mode, engine="scalesgd"), sent, cluster) + work  # whole gradients; each keeps its shard
 

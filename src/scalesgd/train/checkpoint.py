@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from scalesgd.comm.engine.exchange import GradientExchange
@@ -43,6 +42,14 @@ class Progress:
     totals: tuple[float, float, float] = (0.0, 0.0, 0.0)
     epoch_s: float = 0.0
     noise: tuple[float, ...] = ()  # --noise-scale's smoothed estimates (`NoiseScale.state`)
+    train_s: float | None = None  # the training clock (evaluations and checkpoints left out); None: not kept
+    bytes_sent: int | None = None  # what this rank's exchange sent on that clock; None: not counted
+
+    @property
+    def clock_s(self) -> float:
+        """The training clock's reading here (an earlier version kept only the wall clock, which counts start-up,
+        evaluations and checkpoints too)."""
+        return self.train_s if self.train_s is not None else self.elapsed_s
 
     def iteration(self, steps_per_epoch: int) -> int:
         """The global iteration this progress stands at."""
@@ -52,9 +59,10 @@ class Progress:
 def save(run_dir: Path, cfg: TrainConfig, model: nn.Module, exchange: GradientExchange, scheduler,
          progress: Progress, env: DistEnv) -> None:
     """Gather every rank's RNG and codec state; rank 0 writes the checkpoint (collective: every rank calls it)."""
-    rng_states = _gather(env, torch.get_rng_state())  # data augmentation draws from it
+    rng_states = env.members.gather(torch.get_rng_state())  # data augmentation draws from it
     state = exchange.state_dict()
-    codec_states = _gather_objects(env, state["codec"]) if exchange.codec is not None else []  # residuals differ
+    codec_states = env.members.gather_object(state["codec"]) if state["codec"] is not None else []  # residuals differ
+    replica_states = env.members.gather_object(state["replica"]) if state.get("replica") is not None else []
     sharded = exchange.sharded_state(model)  # each rank's shards of the model and optimizer, where it keeps shards
     folder = None
     if sharded is not None:
@@ -67,7 +75,8 @@ def save(run_dir: Path, cfg: TrainConfig, model: nn.Module, exchange: GradientEx
                      "best_test_acc": progress.best_test_acc, "elapsed_s": progress.elapsed_s,
                      "step": progress.step, "totals": list(progress.totals), "epoch_s": progress.epoch_s,
                      "noise": list(progress.noise), "scaler": state["scaler"],
-                     "codec_states": codec_states}, Path(run_dir) / CHECKPOINT_NAME,
+                     "train_s": progress.train_s, "bytes_sent": progress.bytes_sent,
+                     "codec_states": codec_states, "replica_states": replica_states}, Path(run_dir) / CHECKPOINT_NAME,
                     keep_previous=Path(run_dir) / PREVIOUS_CHECKPOINT_NAME)
         if folder is not None:  # the previous checkpoint's folder stays: it is the fallback where this file is torn
             previous = Path(run_dir) / PREVIOUS_CHECKPOINT_NAME
@@ -81,17 +90,32 @@ def restore(run_dir: Path, model: nn.Module, exchange: GradientExchange, schedul
         exchange.load_sharded_state(model, Path(run_dir) / state["shards"])
     else:
         model.load_state_dict(state["model"])
-    codec_states = state.get("codec_states") or []
-    if codec_states and len(codec_states) != env.world_size:  # resumed on another number of workers
-        codec_states = [mean_state(codec_states)] * env.world_size
+    codec_states, replica_states = per_rank_states(state)
     exchange.load_state_dict({"optimizer": state["optimizer"], "scaler": state.get("scaler"),
-                              "codec": codec_states[env.rank] if codec_states else None})
+                              "codec": _mine(codec_states, env), "replica": _mine(replica_states, env)})
     resume_schedule(scheduler, state["scheduler"])
     rng = state["rng"]["torch"]
     torch.set_rng_state(rng[env.rank % len(rng)])  # a new rank beyond the old ones draws as an old one did
     return Progress(state["epoch"], state["best_test_acc"], state["elapsed_s"], state.get("step", 0),
                     tuple(state.get("totals", (0.0, 0.0, 0.0))), state.get("epoch_s", 0.0),
-                    tuple(state.get("noise", ())))
+                    tuple(state.get("noise", ())), state.get("train_s"), state.get("bytes_sent"))
+
+
+def per_rank_states(state: dict) -> tuple[list, list]:
+    """The codec states and the replicas' own states (periodic synchronisation's) a checkpoint keeps per rank; an
+    earlier version kept the replicas' in the codec's slot."""
+    codec_states, replica_states = state.get("codec_states") or [], state.get("replica_states") or []
+    if not replica_states and codec_states and isinstance(codec_states[0], dict) and "periodic" in codec_states[0]:
+        return [], codec_states
+    return codec_states, replica_states
+
+
+def _mine(states: list, env: DistEnv):
+    """This rank's of the old ranks' `states`; their average where the number of workers changed (what the old ranks
+    still owed the mean, a residual or a replica's drift, is owed by the new ones alike)."""
+    if not states:
+        return None
+    return states[env.rank] if len(states) == env.world_size else mean_state(states)
 
 
 def resume_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, stored: dict) -> None:
@@ -258,18 +282,3 @@ def load(path: Path) -> dict:
     if missing:
         raise UsageError(f"{path} is not a scalesgd checkpoint: missing keys {missing}")
     return state
-
-
-def _gather(env: DistEnv, tensor: torch.Tensor) -> list[torch.Tensor]:
-    """Every rank's `tensor` on rank 0, which writes them ([] elsewhere): the others send, rank 0 sends nothing."""
-    everyone = [torch.empty_like(tensor) for _ in range(env.world_size)] if env.is_main else None
-    dist.gather(tensor, everyone, dst=0)
-    return everyone or []
-
-
-def _gather_objects(env: DistEnv, obj) -> list:
-    """Every rank's `obj` on rank 0 ([] elsewhere): a periodic run's local parameters and inner optimizer state are
-    megabytes, which an all-gather would also send from rank 0 to every other rank for nothing."""
-    everyone: list | None = [None] * env.world_size if env.is_main else None
-    dist.gather_object(obj, everyone, dst=0)
-    return everyone or []

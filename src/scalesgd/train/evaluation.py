@@ -8,9 +8,9 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
+from scalesgd.comm.wire.membership import Membership
 from scalesgd.data.pipeline import FolderPipeline
 from scalesgd.runtime.link import link_bytes_sent
 from scalesgd.runtime.process_group import sync_buffers
@@ -52,6 +52,10 @@ class Milestones:
             now = link_bytes_sent()
             self._link_paused += now - sent if now is not None and sent is not None else 0
 
+    def reading(self) -> dict:
+        """The clock and the bytes now, as a checkpoint keeps them for the run that resumes from it."""
+        return {"train_s": self.train_s(), "bytes_sent": self.bytes_sent}
+
     def count(self, timing: dict) -> None:
         """Add a step's bytes, where the exchange counts them."""
         if "bytes_sent" in timing:
@@ -71,10 +75,10 @@ def evaluate_at(run, epoch: int, iteration: int) -> dict:
     clock = run.milestones
     train_s = clock.train_s()
     with clock.paused():
-        sync_buffers(run.model)
+        sync_buffers(run.model, run.env.members)
         with run.exchange.evaluated():
             test = evaluate(run.model, run.pipeline.test_batches(run.env.rank, run.env.world_size), run.objective,
-                            run.exchange.autocast)
+                            run.env.members, run.exchange.autocast)
         run.model.train()
     link = clock.link_bytes()
     return {"kind": "eval", "epoch": epoch, "iter": iteration, "train_s": train_s,
@@ -84,10 +88,10 @@ def evaluate_at(run, epoch: int, iteration: int) -> dict:
 def end_epoch(run, epoch: int, totals: torch.Tensor, images_per_s: float) -> dict:
     """Evaluate with rank 0's BN statistics (as DDP's forward would use them); the epoch's record. Every rank learns
     the files the others skipped, so none names one again in a later epoch."""
-    sync_buffers(run.model)
+    sync_buffers(run.model, run.env.members)
     with run.exchange.evaluated():
         test = evaluate(run.model, run.pipeline.test_batches(run.env.rank, run.env.world_size), run.objective,
-                        run.exchange.autocast)
+                        run.env.members, run.exchange.autocast)
     if skips_bad_files(run):
         run.pipeline.skipped = skipped_files(run)
     return {"kind": "epoch", "epoch": epoch, "iter": epoch * len(run.sampler),
@@ -97,9 +101,9 @@ def end_epoch(run, epoch: int, totals: torch.Tensor, images_per_s: float) -> dic
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, batches, objective: Objective, autocast=nullcontext) -> dict:
+def evaluate(model: nn.Module, batches, objective: Objective, members: Membership, autocast=nullcontext) -> dict:
     """Test loss (per prediction, without label smoothing) and accuracy (and a language model's perplexity) over
-    this rank's shard of the test set (`batches`), in the run's precision, summed across ranks."""
+    this rank's shard of the test set (`batches`), in the run's precision, summed across the members."""
     model.eval()
     plain = Objective(objective.text, 0.0, objective.predictions_per_sample)
     sums = torch.zeros(3, dtype=torch.float64)
@@ -109,7 +113,7 @@ def evaluate(model: nn.Module, batches, objective: Objective, autocast=nullconte
         sums[0] += loss_sum.item()
         sums[1] += correct.item()
         sums[2] += y.numel()
-    dist.all_reduce(sums)
+    members.all_reduce(sums)
     return objective.evaluated((sums[0] / sums[2]).item(), (sums[1] / sums[2]).item())
 
 
@@ -120,8 +124,7 @@ def skips_bad_files(run) -> bool:
 
 def skipped_files(run) -> dict[str, str]:
     """Every file any rank skipped (path: what is wrong), gathered (collective)."""
-    everyone: list = [None] * run.env.world_size
-    dist.all_gather_object(everyone, run.pipeline.skipped)
+    everyone = run.env.members.all_gather_object(run.pipeline.skipped)
     return {path: what for ranks in everyone for path, what in ranks.items()}
 
 

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from scalesgd.comm.cost import planner
 from scalesgd.comm.engine.exchange import ENGINES, GradientExchange
 from scalesgd.comm.engine.policies import GradientNorms
+from scalesgd.comm.wire.membership import Membership
 from scalesgd.config import NO_PLANNER, TrainConfig
 from scalesgd.data import (
     DataBundle,
@@ -91,7 +91,7 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
     run = setup(cfg, run_dir, env, resume)
     done = checkpoint.restore(run_dir, run.model, run.exchange, run.scheduler, run.env) if resume else Progress()
     run.noise = NoiseScale.from_state(done.noise)
-    run.milestones = Milestones(cfg.output.eval_every, cfg.output.time_budget, done.elapsed_s)
+    run.milestones = Milestones(cfg.output.eval_every, cfg.output.time_budget, done.clock_s, done.bytes_sent)
     if run.env.is_main:  # a restart from the start, too, drops what the failed attempt logged
         metrics.truncate_after(run_dir / METRICS_NAME, done.iteration(len(run.sampler)))
         checkpoint.remove_temporaries(run_dir)
@@ -110,7 +110,8 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
         checkpoint.save(run_dir, cfg, run.model, run.exchange, run.scheduler,
                         replace(done, step=step, totals=tuple(totals.tolist()), epoch_s=epoch_s,
                                 noise=run.noise.state(),
-                                elapsed_s=elapsed_before + time.perf_counter() - wall_start), run.env)
+                                elapsed_s=elapsed_before + time.perf_counter() - wall_start,
+                                **run.milestones.reading()), run.env)
 
     for epoch in range(done.epoch + 1, last_epoch + 1):
         if adascale is not None and adascale.done:
@@ -122,13 +123,17 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
         stopped = run.milestones.stopped = run.milestones.stopped and epoch < last_epoch
         if epoch < last_epoch and not stopped:
             run.pipeline.prepare(epoch + 1)  # the next epoch's batches decode while this one is evaluated
-        else:
-            run.exchange.settle()  # what is still on its way lands: the last evaluation and checkpoint hold it all
+        else:  # what is still on its way lands: the last evaluation and checkpoint hold it all, its bytes counted
+            run.exchange.settle()
+            settled = run.exchange.stats()
+            if settled is not None:
+                run.milestones.count({"bytes_sent": settled.bytes_sent})
         with run.milestones.paused():
             record = end_epoch(run, epoch, totals, images_per_s[-1])
         record.update(noise_record(run))
         done = Progress(epoch, max(done.best_test_acc, record["test_acc"]),
-                        elapsed_before + time.perf_counter() - wall_start, noise=run.noise.state())
+                        elapsed_before + time.perf_counter() - wall_start, noise=run.noise.state(),
+                        **run.milestones.reading())
         if log:
             log.write(record)
             log.flush()
@@ -263,7 +268,7 @@ def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None, progress: 
         if len(pending) == cfg.output.sync_every or last:
             clock_due = env.is_main and every_s > 0 and time.perf_counter() - last_saved >= every_s
             rows, due, spent = read_window(window, len(pending), (clock_due, env.is_main and run.milestones.spent()),
-                                           pending, log, progress)
+                                           pending, log, progress, env.members)
             totals += rows[:, :3].sum(0)
             if cfg.measures_noise:
                 for _, _, samples, local_sq, mean_sq in rows.tolist():  # summed over ranks: ÷ W for the means
@@ -304,16 +309,17 @@ def forward_backward(run: Run, parts: list[tuple[torch.Tensor, torch.Tensor]], g
 
 
 def read_window(window: torch.Tensor, n: int, flags: tuple[bool, bool], records: list[dict],
-                log: metrics.MetricsLog | None, progress: EpochProgress) -> tuple[torch.Tensor, bool, bool]:
-    """Sum the window's first `n` rows (loss, correct, samples, squared gradient norms) across ranks, and whether
-    any rank says a checkpoint is due or the time budget spent (`flags`), in one allreduce; log each iteration. The
+                log: metrics.MetricsLog | None, progress: EpochProgress,
+                members: Membership) -> tuple[torch.Tensor, bool, bool]:
+    """Sum the window's first `n` rows (loss, correct, samples, squared gradient norms) across the members, and
+    whether any rank says a checkpoint is due or the time budget spent (`flags`), in one allreduce; log each iteration. The
     summed rows, and those two agreements.
 
     Raises NonFiniteLoss at the first iteration whose global loss is not finite.
     """
     window[-1, :2] = torch.tensor([float(f) for f in flags], dtype=window.dtype)
     rows = torch.cat([window[:n], window[-1:]])
-    dist.all_reduce(rows)
+    members.all_reduce(rows)
     sums = rows.cpu()
     for (loss, _, samples, *_), record in zip(sums[:n].tolist(), records):
         step_loss = loss / samples
@@ -351,7 +357,7 @@ def finish(run: Run, done: Progress, record: dict, images_per_s: list[float], pr
     """Write the trace, stop the exchange, and (rank 0) write summary.json and report.png; the summary."""
     if run.cfg.output.trace:
         save_trace(run.cfg.output.trace, run.tracer, run.env)
-    held = memory.per_rank(run.exchange.optimizer, run.env.device, run.env.world_size, run.before_bytes)
+    held = memory.per_rank(run.exchange.optimizer, run.env.device, run.env.members, run.before_bytes)
     run.exchange.close()
     run.pipeline.close()
     timed = run.timings[SKIP_ITERS:] or run.timings
@@ -386,7 +392,6 @@ def finish(run: Run, done: Progress, record: dict, images_per_s: list[float], pr
 
 def save_trace(path: str, tracer: Tracer, env: DistEnv) -> None:
     """Gather every rank's spans on rank 0 and write one Chrome trace."""
-    everyone: list = [None] * env.world_size
-    dist.all_gather_object(everyone, tracer.events)
+    everyone = env.members.all_gather_object(tracer.events)
     if env.is_main:
         write_chrome_trace(Path(path), everyone)

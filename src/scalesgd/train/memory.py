@@ -6,8 +6,8 @@ from __future__ import annotations
 import resource
 
 import torch
-import torch.distributed as dist
 
+from scalesgd.comm.wire.membership import Membership
 from scalesgd.optim._batched import local
 
 MB = 2**20
@@ -35,11 +35,10 @@ def resident_bytes() -> int:
         return int(statm.read().split()[1]) * resource.getpagesize()
 
 
-def per_rank(optimizer, device: torch.device, world_size: int, before: int = 0) -> dict:
-    """Every rank's peak, the part of it that was there `before` training (0 on a GPU: the allocator counts only
+def per_rank(optimizer, device: torch.device, members: Membership, before: int = 0) -> dict:
+    """Every member's peak, the part of it that was there `before` training (0 on a GPU: the allocator counts only
     tensors) and its state, in MiB, gathered (collective)."""
     mine = [peak_bytes(device) / MB, state_bytes(optimizer) / MB, 0.0 if device.type == "cuda" else before / MB]
-    everyone: list = [None] * world_size
-    dist.all_gather_object(everyone, mine)
+    everyone = members.all_gather_object(mine)
     return {"peak_mb": [round(p, 1) for p, _, _ in everyone], "state_mb": [round(s, 2) for _, s, _ in everyone],
             "before_mb": [round(b, 1) for _, _, b in everyone]}

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from scalesgd import output
 from scalesgd.errors import UsageError
+from scalesgd.periodic.schedule import Schedule
 from scalesgd.train.metrics import read
 from scalesgd.train.objective import throughput
 from scalesgd.train.rundir import CONFIG_NAME, METRICS_NAME, REPORT_NAME, SUMMARY_NAME, write_json
@@ -62,11 +63,11 @@ def input_pipeline(summary: dict) -> list[tuple[str, str]]:
 
 def periodic_text(cfg: dict) -> str:
     """How often a run synchronised where it did so periodically ('' where it exchanged every step)."""
-    if not cfg.get("local_steps"):
+    schedule = Schedule.of(cfg)
+    if schedule is None:
         return ""
-    streaming = (f", {cfg['fragments']} fragments {cfg.get('overlap_steps', 0)} steps behind, α {cfg.get('mix', 0):g}"
-                 if cfg.get("fragments", 1) > 1 or cfg.get("overlap_steps") else "")
-    return f"every {cfg['local_steps']} steps{streaming}"
+    mix = f", α {cfg.get('mix', 0):g}" if cfg.get("mix") else ""
+    return f"{schedule.describe()}{mix}"
 
 
 def title(cfg: dict) -> str:

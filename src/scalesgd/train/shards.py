@@ -7,7 +7,6 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from scalesgd.runtime.process_group import DistEnv
@@ -25,7 +24,7 @@ def save(state: dict, folder: Path, env: DistEnv) -> None:
     replaced: only the checkpoint file written after this names a folder."""
     if env.is_main and folder.exists():
         shutil.rmtree(folder)
-    dist.barrier()
+    env.members.barrier()
     dcp.save(state, checkpoint_id=folder)
 
 

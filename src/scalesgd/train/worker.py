@@ -125,7 +125,7 @@ def what_is_kept(run_dir: Path | None) -> str:
 
 def procs_per_node(cfg: TrainConfig) -> int | None:
     """Processes per node for a hierarchical exchange: the option, else LOCAL_WORLD_SIZE."""
-    if not cfg.exchange.needs_topology:
+    if not cfg.needs_topology:
         return None
     return cfg.exchange.procs_per_node or process_group.local_world_size(cfg.runtime.workers)
 

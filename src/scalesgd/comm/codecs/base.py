@@ -165,7 +165,6 @@ class Codec(ABC):
     encode_in_backward = False  # True: `start` and every `encode` run on autograd's thread (no collective there)
     keeps_gradients = False  # True: it carries gradients across steps (residuals, a momentum): fp16's loss scale,
     #                          which changes between steps, is divided out of what it is given and put back after
-    reads_weights = False  # True: it encodes relative to the values of the bucket's parameters (`BucketView.params`)
 
     @abstractmethod
     def start(self, flat: torch.Tensor, bucket: BucketView, channel: Channel, scratch: Scratch) -> Exchange:

@@ -75,14 +75,15 @@ class CastExchange(Exchange):
 
 
 CODECS.add("fp32", CodecEntry("uncompressed", lambda s: CastCodec("fp32", None), torch_hook=torch_hooks.builtin,
-                              cost=lambda o: DenseCost(4), engines=SHARDED_TOO, scatters=True))
+                              cost=lambda o: DenseCost(4), engines=SHARDED_TOO, scatters=True, cast=torch.float32))
 CODECS.add("fp16", CodecEntry("half precision (with ddp: PyTorch's fp16_compress_hook)",
                               lambda s: CastCodec("fp16", torch.float16), torch_hook=torch_hooks.fp16,
-                              cost=lambda o: DenseCost(2), engines=SHARDED_TOO, scatters=True))
+                              cost=lambda o: DenseCost(2), engines=SHARDED_TOO, scatters=True,
+                              cast=torch.float16))
 CODECS.add("bf16", CodecEntry("bfloat16 (with ddp: PyTorch's bf16_compress_hook)",
                               lambda s: CastCodec("bf16", torch.bfloat16), torch_hook=torch_hooks.bf16,
                               cost=lambda o: DenseCost(2), torch_hook_needs_cuda=True, engines=SHARDED_TOO,
-                              scatters=True))
+                              scatters=True, cast=torch.bfloat16))
 # PowerSGD has no cast of ours: under DDP it is PyTorch's own hook, as each cast is; it takes the lowrank family's rank
 # and compression rule, sums P, Q and the uncompressed tensors one after another in fp32, and our lowrank does its work
 CODECS.add("powersgd", CodecEntry("PyTorch's PowerSGD hook at --rank (4); ours, on both engines, is lowrank", None,

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 from scalesgd.comm.codecs.base import Codec
 from scalesgd.options import Flat, build, check_fields, expanded, flat_options, flatten
 from scalesgd.registry import OptionFamilies, Registry
@@ -105,6 +107,9 @@ class CodecEntry:
     # in the sharded engine's reduce-scatter, its sum ends in each rank's shard (a ring reduce-scatter); else it
     # sums the whole of each unit's gradients and each rank keeps its shard (1-bit Adam: its momentum is whole)
     scatters: bool = False
+    cast: torch.dtype | None = None  # a cast of each element to this dtype, summed as a plain reduce-scatter in it
+    reads_weights: bool = False  # it encodes relative to the bucket's parameters' values (`BucketView.params`)
+    flag_bytes: int = 0  # bytes of flags each rank allreduces beside a sum that ends in the shards (fp8's int32 flags)
     # under DDP, PyTorch's own, given whether the model is on CUDA and the run's settings (a `DdpHook`; None: its
     # allreduce)
     torch_hook: Callable[[bool, "CodecSettings"], object] | None = None

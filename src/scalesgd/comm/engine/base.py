@@ -32,6 +32,7 @@ class ExchangeSetup:
     norms: GradientNorms | None = None  # given: each step's local and mean squared norms are counted into it
     precision: str = "fp32"  # forward and backward under autocast to bf16 or fp16 (with a gradient scaler)
     clip_norm: float = 0.0  # the mean gradient's global norm clipped to this before each step (0: never)
+    process_group: object = None  # the ranks whose gradients the engine averages, DDP's `process_group` (None: all)
 
 
 AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}  # precision → autocast dtype
@@ -47,8 +48,11 @@ class GradientExchange(ABC):
 
     def __init__(self, model: nn.Module, optimizer, driver: BucketDriver | None, plan: BucketPlan | None = None,
                  bare: nn.Module | None = None, norms: GradientNorms | None = None, precision: str = "fp32",
-                 clip_norm: float = 0.0):
+                 clip_norm: float = 0.0, scaler: torch.amp.GradScaler | None = None):
+        """`scaler`: the loss scaler of an engine this one runs over, whose step it shares (its own driver then sends
+        no loss-scaled gradients); None: one of its own for `precision`, which the driver follows."""
         self.model = model
+        self.bare = bare or model  # the model itself (`model` may wrap it: DDP)
         self.norms = norms
         self.optimizer = optimizer
         self.driver = driver
@@ -58,9 +62,11 @@ class GradientExchange(ABC):
         self.device = next((bare or model).parameters()).device
         self.precision = precision
         self.clip_norm = clip_norm
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=precision == "fp16")
-        if driver is not None:
-            driver.follow(self.scaler)
+        if scaler is None:
+            scaler = torch.amp.GradScaler(self.device.type, enabled=precision == "fp16")
+            if driver is not None:
+                driver.follow(scaler)
+        self.scaler = scaler
 
     def autocast(self) -> AbstractContextManager:
         """Forward (and the loss) in the run's precision: autocast to bf16 or fp16, nothing for fp32."""
@@ -137,6 +143,11 @@ class GradientExchange(ABC):
         return {"optimizer": self.optimizer.state_dict(),
                 "codec": self.driver.state_dict() if self.driver is not None else None,
                 "scaler": self.scaler.state_dict()}
+
+    def layout(self) -> list[int] | None:
+        """Which part of the model this rank holds, where it holds a part (state kept for one part is another
+        rank's only where the layouts agree); None: the whole model."""
+        return None
 
     @classmethod
     def codec_site(cls, model: nn.Module) -> str | None:

@@ -26,7 +26,6 @@ from torch.nn.parallel import DistributedDataParallel
 from scalesgd.comm.codecs import BucketView, Channel, Codec, CodecSettings
 from scalesgd.comm.codecs.registry import (
     entry_of,
-    needs_topology,
     step_defaults,
     with_steps_per_epoch,
 )
@@ -36,10 +35,9 @@ from scalesgd.comm.engine.agreement import (
     codec_from,
     describe_exchange,
 )
-from scalesgd.comm.engine.driver import BucketDriver, offsets_of
+from scalesgd.comm.engine.driver import BucketDriver, offsets_of, open_channel
 from scalesgd.comm.wire.futures import new_future, on_thread, settle
 from scalesgd.comm.wire.groups import own_group
-from scalesgd.comm.wire.topology import Topology
 
 
 class CodecHookState:
@@ -128,10 +126,7 @@ class CodecHookState:
                 self._group = own_group()
             group = self._group
             check_ranks_agree(describe_exchange(self.codec, self.driver.dense_steps), group)
-            topology = self._topology
-            if topology is None and needs_topology(self.codec):
-                topology = Topology.from_env().groups()
-            self.driver.channel = Channel(group, dist.get_world_size(group), "ring", topology)
+            self.driver.channel = open_channel(self.codec, group, self._topology)
         return self.driver.channel
 
     def exchange(self, flat: torch.Tensor, view: BucketView) -> None:

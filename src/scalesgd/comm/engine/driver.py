@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 
 from scalesgd.comm.codecs.base import (
     BucketView,
@@ -30,8 +31,11 @@ from scalesgd.comm.codecs.base import (
     piece_steps,
 )
 from scalesgd.comm.codecs.cast import DENSE
+from scalesgd.comm.codecs.registry import needs_topology
 from scalesgd.comm.engine.policies import LOCAL, MEAN, DenseFirst, GradientNorms
+from scalesgd.comm.wire.collectives import ALGORITHMS
 from scalesgd.comm.wire.pipeline import DEPTH, TAGS, Steps, run_pipelined
+from scalesgd.comm.wire.topology import Topology
 from scalesgd.trace import Tracer, now_us
 
 
@@ -54,7 +58,8 @@ class Pending:
     codec: Codec  # the bucket's codec this step (the dense one in a dense-first step)
     exchange: Exchange | None = None  # None until started
     scale: float | None = None  # fp16's loss scale, divided out for a codec that keeps gradients (put back after)
-    saved: tuple | None = None  # under a loss scaler, (the codec's state before the step,): put back if it is skipped
+    undoable: bool = False  # the step may not be taken (fp16's scaler skips it, a round does not commit)
+    saved: tuple | None = None  # where undoable, (the codec's state before the step,): put back by `undo`
     encoded: bool = False  # every piece encoded already (in backward)
     times: Times = field(default_factory=Times)
 
@@ -103,11 +108,13 @@ class BucketDriver:
         return BucketView(index, params, offsets, numel, tuple(self.key(p) for p in params))
 
     # ---- one bucket ------------------------------------------------------------------------------
-    def prepare(self, flat: torch.Tensor, view: BucketView, lane: str = "backward") -> Pending:
+    def prepare(self, flat: torch.Tensor, view: BucketView, lane: str = "backward", undoable: bool = False) -> Pending:
         """A full bucket's step begins: counted for the dense-first steps, and started and encoded here when its
-        codec encodes in backward (the next layer's backward waits, as DLGS's timing model has it)."""
+        codec encodes in backward (the next layer's backward waits, as DLGS's timing model has it). `undoable`: the
+        step may not be taken though it completes (a round that does not commit): `undo` can put the codec back."""
         dense = self.dense_first is not None and self.dense_first.dense(view.keys)
-        pending = Pending(flat, view, DENSE if dense else self.codec)
+        pending = Pending(flat, view, DENSE if dense else self.codec,
+                          undoable=undoable or self.loss_scale is not None)
         if pending.codec.encode_in_backward:
             if self.norms is not None:
                 self.norms.add(LOCAL, flat)
@@ -135,7 +142,7 @@ class BucketDriver:
         if pending.scale is not None:
             pending.flat.mul_(pending.scale)
         if pending.saved is not None and pending.flat.numel() and not torch.isfinite(pending.flat[:1]).all():
-            pending.codec.restore_bucket(view, pending.saved[0])  # a codec's NaN fills the bucket: the step is skipped
+            self.undo(pending)  # a codec's NaN fills the bucket: the step is skipped
         if pending.codec is DENSE and self.codec is not DENSE:
             scaled = self.loss_scale is not None and self.codec.keeps_gradients
             self.codec.after_dense(pending.flat / self.loss_scale() if scaled else pending.flat, view)
@@ -143,6 +150,11 @@ class BucketDriver:
             self.norms.add(MEAN, pending.flat)
         times.wire_s = max((now_us() - begin) / 1e6 - times.codec_s, 0.0)
         return times
+
+    def undo(self, pending: Pending) -> None:
+        """Put the codec's state back as the bucket's step found it: the one undo path, for a step fp16's scaler
+        skips and for a round that does not commit."""
+        pending.codec.restore_bucket(pending.view, pending.saved[0])
 
     def exchange(self, flat: torch.Tensor, view: BucketView) -> int:
         """Replace `flat` by the mean over ranks, prepared and completed on this thread; the bytes sent."""
@@ -167,10 +179,10 @@ class BucketDriver:
 
     # ---- the pieces ------------------------------------------------------------------------------
     def _start(self, pending: Pending) -> Exchange:
-        if self.loss_scale is not None:  # a step the scaler may skip: the contract's one undo path
-            if pending.codec.keeps_gradients:
-                pending.scale = self.loss_scale()
-                pending.flat.div_(pending.scale)
+        if self.loss_scale is not None and pending.codec.keeps_gradients:
+            pending.scale = self.loss_scale()
+            pending.flat.div_(pending.scale)
+        if pending.undoable:  # a step that may not be taken: the contract's one undo path
             pending.saved = (pending.codec.save_bucket(pending.view, pending.flat),)
         scratch = self._scratch.setdefault(pending.view.index, Scratch())
         return pending.codec.start(pending.flat, pending.view, self.channel, scratch)
@@ -198,3 +210,11 @@ class BucketDriver:
 def offsets_of(params: list[torch.Tensor]) -> list[int]:
     """Where each of `params` starts in a flat buffer that holds them one after another."""
     return list(itertools.accumulate((p.numel() for p in params[:-1]), initial=0))
+
+
+def open_channel(codec: Codec, group, topology=None, algorithm: str = "ring", scatter: bool = False) -> Channel:
+    """Where `codec`'s buckets travel in `group`: with the node and cross-node groups `topology` where given, else,
+    where the codec or the allreduce sums in two stages, the running job's (built now: collective on first use)."""
+    if topology is None and (needs_topology(codec) or ALGORITHMS[algorithm].needs_topology):
+        topology = Topology.from_env().groups()
+    return Channel(group, dist.get_world_size(group), algorithm, topology, scatter=scatter)

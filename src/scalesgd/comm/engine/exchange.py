@@ -14,7 +14,7 @@ one (FSDP2 with the codec on its reduce-scatter, `comm/engine/fsdp.py`) and FSDP
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 from torch import nn
@@ -51,7 +51,8 @@ class DdpExchange(GradientExchange):
             inner = hook or DdpHook(None, allreduce)
             hook = DdpHook(MeasuredHook(setup.norms, inner.state, inner.hook), measured_hook, inner.bucket_cap_mb)
         ddp = DistributedDataParallel(model, device_ids=[next(model.parameters()).device.index] if on_cuda else None,
-                                      bucket_cap_mb=hook.bucket_cap_mb if hook is not None else None)
+                                      bucket_cap_mb=hook.bucket_cap_mb if hook is not None else None,
+                                      process_group=setup.process_group)
         if hook is not None:
             ddp.register_comm_hook(hook.state, hook.hook)
         self._hook = hook
@@ -68,6 +69,17 @@ class DdpExchange(GradientExchange):
     def close(self) -> None:
         if self._hook is not None:
             self._hook.close()
+
+
+class LocalExchange(GradientExchange):
+    """No exchange: the worker steps alone (a one-process replica, which periodic synchronisation joins to the
+    others every H steps)."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, setup: ExchangeSetup):
+        super().__init__(model, optimizer, None, precision=setup.precision, clip_norm=setup.clip_norm)
+
+    def no_sync(self) -> AbstractContextManager:
+        return nullcontext()
 
 
 class EngineExchange(GradientExchange):

@@ -25,14 +25,14 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from scalesgd.comm.codecs import CODECS, Channel, make_codec
-from scalesgd.comm.codecs.cast import DENSE, CastCodec
-from scalesgd.comm.codecs.registry import CROSS_NODE_SHARDS, needs_topology
+from scalesgd.comm.codecs import CODECS, make_codec
+from scalesgd.comm.codecs.cast import DENSE
+from scalesgd.comm.codecs.registry import CROSS_NODE_SHARDS
 from scalesgd.comm.engine.base import ExchangeSetup, GradientExchange
-from scalesgd.comm.engine.driver import BucketDriver
-from scalesgd.comm.engine.fsdp_sums import CodecReduceScatter, CrossNodeSum, UnitSum, cross_node_channel
+from scalesgd.comm.engine.driver import BucketDriver, open_channel
+from scalesgd.comm.engine.fsdp_sums import CastSum, CrossNodeSum, cross_node_channel, sum_for
+from scalesgd.comm.engine.fsdp_units import units_of
 from scalesgd.comm.engine.optimizer import IterationStats
-from scalesgd.comm.wire.topology import Topology
 
 COMPUTE = {"fp32": None, "bf16": torch.bfloat16}  # --precision → the dtype the shards are gathered to for compute
 GATHERED = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors on rank 0, as a checkpoint keeps
@@ -91,7 +91,7 @@ class FsdpExchange(GradientExchange):
     which any number of ranks loads, and the codec's state, which the same layout of shards loads.
 
     `across_nodes` False: a model sharded within each node sums only there (periodic synchronisation across nodes is
-    `periodic.sharded`'s)."""
+    `periodic.exchange`'s, over this engine)."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, setup: ExchangeSetup,
                  across_nodes: bool = True):
@@ -106,42 +106,38 @@ class FsdpExchange(GradientExchange):
         super().__init__(model, optimizer, driver, bare=model, norms=setup.norms, clip_norm=setup.clip_norm)
 
     def _install(self, model: FSDPModule, setup: ExchangeSetup, across_nodes: bool) -> tuple[list, BucketDriver | None]:
-        """Each unit's reduce-scatter on the codec's wire: a cast's as FSDP's own, another codec's through its driver
-        (`UnitSum`); hybrid: the node's in fp32, then, `across_nodes`, the cross-node mean of the unit's shard
-        through the codec's driver (`CrossNodeSum`). The parts that count bytes and time, and the driver (None where
-        a cast is the whole sum)."""
+        """Each unit's reduce-scatter as the codec's registration says (`fsdp_sums.sum_for`): a cast's, one ending
+        in the shards or one of the whole unit through the codec's driver; hybrid: the node's in fp32, then,
+        `across_nodes`, the cross-node mean of the unit's shard through the codec's driver. The parts that count
+        bytes and time, and the driver (None where a cast is the whole sum)."""
+        units, entry = units_of(model), CODECS[self._codec.name]
         hybrid = sharded_within_nodes(model)
         if hybrid and across_nodes and setup.topology is None:
             raise ValueError("a model sharded within each node needs the node and cross-node groups (`topology`)")
-        cast = hybrid or isinstance(self._codec, CastCodec)
-        parts = [CodecReduceScatter(make_codec(DENSE.name, setup.settings) if hybrid else self._codec)] if cast else []
-        driver = None
+        kind, driver = CastSum if hybrid else sum_for(entry), None
+        if kind is CastSum:  # the node's sum, or the whole sum, in the cast's dtype
+            parts = [CastSum(make_codec(DENSE.name, setup.settings), torch.float32) if hybrid
+                     else CastSum(self._codec, entry.cast)]
+        else:  # on the ring of FSDP's mesh
+            channel = open_channel(self._codec, next(model.parameters()).device_mesh.get_group(), setup.topology,
+                                   scatter=entry.scatters)
+            driver = BucketDriver(self._codec, channel, dense_steps=setup.compress_after)
+            parts = [kind(driver, unit, entry.reads_weights) for unit in units if unit.params]
         if hybrid and across_nodes:
-            driver = BucketDriver(self._codec, cross_node_channel(setup.topology, needs_topology(self._codec)),
+            driver = BucketDriver(self._codec, cross_node_channel(setup.topology, entry.needs_topology),
                                   dense_steps=setup.compress_after)
             parts.append(CrossNodeSum(driver))
-        elif not cast:  # on the ring of FSDP's mesh
-            group = next(model.parameters()).device_mesh.get_group()
-            topology = setup.topology
-            if topology is None and needs_topology(self._codec):
-                topology = Topology.from_env().groups()
-            channel = Channel(group, dist.get_world_size(group), topology=topology,
-                              scatter=CODECS[self._codec.name].scatters)
-            driver = BucketDriver(self._codec, channel, dense_steps=setup.compress_after)
-        numbers = {id(p): i for i, p in enumerate(model.parameters())}
-        for unit, module in enumerate(m for m in model.modules() if isinstance(m, FSDPModule)):
-            params = [p for group in module._get_fsdp_state()._fsdp_param_groups for p in group.fsdp_params]
-            keys = tuple(numbers[id(p.sharded_param)] for p in params)
-            if cast:
-                module.set_custom_reduce_scatter(parts[0])
-            elif params:  # (a unit with no parameters of its own has no reduce-scatter)
-                parts.append(UnitSum(driver, unit, params, keys))
-                module.set_custom_reduce_scatter(parts[-1])
-                if self._codec.reads_weights:
-                    module.set_reshard_after_backward(False)  # its weights, gathered, are the codec's at the sum
-            if hybrid and across_nodes and params:
-                module.set_all_reduce_hook(parts[1].hook(unit, params, keys))
-        self._gathered_to_step = not cast and self._codec.reads_weights
+        summed = iter(parts)
+        for unit in units:
+            if kind is CastSum:
+                unit.sum_with(parts[0])
+            elif unit.params:  # (a unit with no parameters of its own has no reduce-scatter)
+                unit.sum_with(next(summed))
+                if entry.reads_weights:
+                    unit.keep_gathered_through_backward()  # its weights, gathered, are the codec's at the sum
+            if hybrid and across_nodes and unit.params:
+                unit.across_nodes_with(parts[-1].hook(unit))
+        self._gathered_to_step = kind is not CastSum and entry.reads_weights
         return parts, driver
 
     @classmethod
@@ -149,12 +145,21 @@ class FsdpExchange(GradientExchange):
         return CROSS_NODE_SHARDS if sharded_within_nodes(model) else None
 
     @classmethod
+    def mesh(cls, groups, device: torch.device) -> DeviceMesh | None:
+        """Where this engine lays the shards out: over every rank (None), or within each node where the node groups
+        are given (the cross-node sum is the codec's all-reduce hook)."""
+        return node_mesh(groups, device) if groups is not None else None
+
+    @classmethod
+    def reduce_dtype(cls, codec: str) -> torch.dtype:
+        """FSDP2's own reduce dtype: fp32, which the codec's sum replaces."""
+        return torch.float32
+
+    @classmethod
     def shard(cls, model: nn.Module, units: Iterable[nn.Module], precision: str, codec: str, groups=None,
               device: torch.device = torch.device("cpu")) -> nn.Module:
-        """`shard_model` as this engine lays it out: over every rank, or within each node where `groups` are given
-        (the cross-node sum is the codec's all-reduce hook); FSDP2's reduce dtype fp32 (the codec's wire replaces
-        it)."""
-        return shard_model(model, units, precision, node_mesh(groups, device) if groups is not None else None)
+        """`shard_model` as this engine lays it out, for `codec`."""
+        return shard_model(model, units, precision, cls.mesh(groups, device), cls.reduce_dtype(codec))
 
     @staticmethod
     def uses_own_group(codec) -> bool:
@@ -168,6 +173,20 @@ class FsdpExchange(GradientExchange):
 
     def autocast(self) -> AbstractContextManager:
         return nullcontext()
+
+    @contextmanager
+    def evaluated(self) -> Iterator[None]:
+        """Every unit resharded on both sides of an evaluation: the root keeps what a forward without backward
+        gathered, which would otherwise stand for the shards in what follows (other parameters put in place, a
+        state dict)."""
+        self.reshard()
+        try:
+            yield
+        finally:
+            self.reshard()
+
+    def layout(self) -> list[int]:
+        return self._layout
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -245,10 +264,14 @@ class Fsdp2Exchange(FsdpExchange):
         return None  # its own all-reduce across nodes, in the reduce dtype
 
     @classmethod
-    def shard(cls, model: nn.Module, units: Iterable[nn.Module], precision: str, codec: str, groups=None,
-              device: torch.device = torch.device("cpu")) -> nn.Module:
-        mesh = hybrid_mesh(groups, device) if groups is not None else None
-        return shard_model(model, units, precision, mesh, make_codec(codec).wire_dtype or torch.float32)
+    def mesh(cls, groups, device: torch.device) -> DeviceMesh | None:
+        """Its own hybrid layout where the node groups are given: a 2-D mesh, replicated across nodes."""
+        return hybrid_mesh(groups, device) if groups is not None else None
+
+    @classmethod
+    def reduce_dtype(cls, codec: str) -> torch.dtype:
+        """Its own reduce-scatter in the codec's dtype (a cast's)."""
+        return CODECS[codec].cast or torch.float32
 
     def stats(self) -> IterationStats | None:
         return None

@@ -23,19 +23,16 @@ import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from scalesgd.comm.codecs import BucketView, Channel, Codec
-from scalesgd.comm.codecs.registry import needs_topology
+from scalesgd.comm.codecs import BucketView, Codec
 from scalesgd.comm.engine.agreement import (
     check_ranks_agree,
     codec_from,
     describe_exchange,
 )
 from scalesgd.comm.engine.buckets import BucketPlan, model_tensors, plan_buckets
-from scalesgd.comm.engine.driver import BucketDriver, Pending
+from scalesgd.comm.engine.driver import BucketDriver, Pending, open_channel
 from scalesgd.comm.engine.policies import GradientNorms
-from scalesgd.comm.wire.collectives import ALGORITHMS
 from scalesgd.comm.wire.groups import own_group
-from scalesgd.comm.wire.topology import Topology
 from scalesgd.trace import Tracer, now_us
 
 
@@ -105,14 +102,10 @@ class DistributedOptimizer:
         _check_optimizer_covers(optimizer, params)
         self.plan: BucketPlan = (buckets if isinstance(buckets, BucketPlan)
                                  else plan_buckets(buckets, model_tensors(model)))
-        node_groups = topology is None and (ALGORITHMS[algorithm].needs_topology or needs_topology(self.codec))
         # collectives from here on: every rank builds the engine together
         self.group = group if group is not None else own_group()
         check_ranks_agree(describe_exchange(self.codec, self.driver.dense_steps, self.plan, algorithm), self.group)
-        if node_groups:
-            topology = Topology.from_env().groups()
-        self.channel = self.driver.channel = Channel(self.group, dist.get_world_size(self.group), algorithm,
-                                                     topology)
+        self.channel = self.driver.channel = open_channel(self.codec, self.group, topology, algorithm)
         self._src = dist.get_global_rank(self.group, 0)
         self._broadcast(list(model.parameters()) + list(model.buffers()))
         self._buckets = [self._make_bucket(b, [params[i] for i in idx]) for b, idx in enumerate(self.plan.buckets)]

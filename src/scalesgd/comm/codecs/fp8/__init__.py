@@ -6,6 +6,7 @@ from scalesgd.comm.codecs.fp8.ranges import Fp8Options
 from scalesgd.comm.codecs.registry import CODEC_OPTIONS, CODECS, CodecEntry, DenseCost
 
 CODEC_OPTIONS.add("fp8", Fp8Options)
+FLAG_BYTES = 4  # the flags' small allreduce beside a sum ending in the shards (int32: gloo has no byte max)
 
 
 def _fp8(name: str, relative: bool, two_stage: bool):
@@ -14,8 +15,10 @@ def _fp8(name: str, relative: bool, two_stage: bool):
 
 CODECS.add("fp8", CodecEntry("e5m2 relative to the weights, summed in two stages (Oyama et al. 2020)",
                              _fp8("fp8", relative=True, two_stage=True), family="fp8", needs_topology=True,
-                             cost=lambda o: DenseCost(1), scatters=True))
+                             cost=lambda o: DenseCost(1), scatters=True, reads_weights=True, flag_bytes=FLAG_BYTES))
 CODECS.add("fp8-direct", CodecEntry("ablation: the gradient itself in e5m2", _fp8("fp8-direct", False, True),
-                                    family="fp8", needs_topology=True, cost=lambda o: DenseCost(1), scatters=True))
+                                    family="fp8", needs_topology=True, cost=lambda o: DenseCost(1), scatters=True,
+                                    flag_bytes=FLAG_BYTES))
 CODECS.add("fp8-flat", CodecEntry("ablation: one fp8 ring over all ranks", _fp8("fp8-flat", True, False),
-                                  family="fp8", cost=lambda o: DenseCost(1), scatters=True))
+                                  family="fp8", cost=lambda o: DenseCost(1), scatters=True, reads_weights=True,
+                                  flag_bytes=FLAG_BYTES))

@@ -50,7 +50,6 @@ class Fp8Codec(Codec):
     def __init__(self, name: str = "fp8", relative: bool = True, two_stage: bool = True,
                  options: Fp8Options = Fp8Options(), seed: int = 0):
         self.name, self.relative, self.two_stage, self.options = name, relative, two_stage, options
-        self.reads_weights = relative
         self._tensors: dict[int, TensorRange] = {}  # parameter number → its range
         self.eps = torch.tensor(options.eps)  # ε of the relative data, as the kernels take it
         self._seed = seed
