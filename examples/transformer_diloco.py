@@ -47,7 +47,7 @@ def main():
 
     losses, batches = [], iter(loader)
     with DiLoCo(model, inner, args.local_steps, codec=args.codec, fragments=args.fragments,
-                delay=args.overlap_steps) as diloco:  # starts every rank from rank 0's weights
+                overlap_steps=args.overlap_steps) as diloco:  # starts every rank from rank 0's weights
         for step in range(args.steps):
             total = torch.zeros(())
             for _ in range(args.accumulate):  # no no_sync needed: nothing is exchanged in backward

@@ -1,5 +1,5 @@
 """The transformer trainer with its parameters, gradients and AdamW's state sharded across the workers (FSDP2),
-the gradients' reduce-scatter on a scalesgd codec's wire: each rank holds 1/N of the model's state.
+the gradients' reduce-scatter through a scalesgd codec (`scalesgd-fsdp`): each rank holds 1/N of the model's state.
 
     torchrun --nproc-per-node 2 examples/transformer_fsdp.py --codec bf16 --accumulate 2
 
@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from scalesgd.comm.codecs import CodecSettings
+from scalesgd.comm.codecs import CODECS, CodecSettings
+from scalesgd.comm.codecs.registry import SHARDED_ENGINE
 from scalesgd.comm.engine.exchange import ExchangeSetup, build_exchange
 from scalesgd.comm.engine.fsdp import shard_model
 from scalesgd.data.text import load_text_bundle
@@ -26,7 +27,10 @@ from scalesgd.recipe import LrFactor, build_scheduler, param_groups
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--codec", default="bf16", help="the reduce-scatter's wire: fp32, fp16 or bf16")
+    sharded = [name for name, entry in CODECS.items() if entry.runs_on(SHARDED_ENGINE)]
+    parser.add_argument("--codec", default="bf16", choices=sharded,
+                        help="what the gradients' reduce-scatter sends: a cast, fp8, or a codec summing each block's "
+                             "whole gradients (top-k, low rank)")
     parser.add_argument("--precision", default="fp32", help="compute: fp32, or bf16 copies of the fp32 shards")
     parser.add_argument("--steps", type=int, default=40, help="optimizer steps")
     parser.add_argument("--micro-batch", type=int, default=8, help="sequences per forward on each worker")
@@ -42,7 +46,8 @@ def main():
     shard_model(model, units=list(model.blocks), precision=args.precision)  # before the optimizer: it keeps shards
     optimizer = torch.optim.AdamW(param_groups(model, 0.1, bias_decay=False, embedding_decay=False), lr=args.lr,
                                   betas=(0.9, 0.95))
-    exchange = build_exchange("fsdp", model, optimizer, ExchangeSetup(args.codec, CodecSettings(), clip_norm=1.0))
+    exchange = build_exchange(SHARDED_ENGINE, model, optimizer,
+                              ExchangeSetup(args.codec, CodecSettings(), clip_norm=1.0))
     schedule = build_scheduler(optimizer, LrFactor(total_steps=args.steps, steps_per_epoch=args.steps,
                                                    warmup="gradual", warmup_steps=args.steps // 10, start=0.1,
                                                    schedule="cosine"))

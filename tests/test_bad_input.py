@@ -175,16 +175,19 @@ REFUSED = [
                                                         "which runs only on CUDA with NCCL (this machine has no GPU)")]
       if not torch.cuda.is_available() else []),
     ((*TRAIN, "--precision", "fp8"), "--precision 'fp8' is not known; choose from fp32, bf16, fp16"),
-    ((*TRAIN, "--engine", "fsdp", "--codec", "powersgd"), "--codec powersgd is PyTorch's own DDP hook (--engine ddp)"),
-    ((*TRAIN, "--engine", "fsdp", "--shard", "node", "--codec", "lags"),
-     "--codec lags groups whole gradients its own way (its buckets: layer), and --engine fsdp sums each unit's "),
-    ((*TRAIN, "--engine", "fsdp", "--precision", "fp16"), "--precision fp16 with --engine fsdp: a loss scaler over "),
-    ((*TRAIN, "--engine", "fsdp", "--local-steps", "4"), "--local-steps 4 with --engine fsdp: periodic "),
+    ((*TRAIN, "--engine", "scalesgd-fsdp", "--codec", "powersgd"),
+     "--codec powersgd is PyTorch's own DDP hook (--engine ddp)"),
+    ((*TRAIN, "--engine", "scalesgd-fsdp", "--shard", "node", "--procs-per-node", "1", "--codec", "lags"),
+     "--codec lags groups whole gradients its own way (its buckets: layer), and --engine scalesgd-fsdp sums each "),
+    ((*TRAIN, "--engine", "scalesgd-fsdp", "--precision", "fp16"),
+     "--precision fp16 with --engine scalesgd-fsdp: a loss scaler over "),
+    ((*TRAIN, "--engine", "scalesgd-fsdp", "--local-steps", "4"),
+     "--local-steps 4 with --engine scalesgd-fsdp: periodic "),
     ((*TRAIN, "--engine", "fsdp2", "--exchange", "auto"), "--exchange auto chooses the codec on our sharded engine's "
-     "sums; --engine fsdp2 is FSDP2 as it comes: give --engine fsdp"),
+     "sums; --engine fsdp2 is FSDP2 as it comes: give --engine scalesgd-fsdp"),
     ((*TRAIN, "--engine", "fsdp2", "--codec", "topk"), "--codec topk: --engine fsdp2 is FSDP2 as it comes, its "
                                                        "reduce-scatter in fp32, fp16, bf16; topk runs with --engine "),
-    ((*TRAIN, "--shard", "node"), "--shard node lays out the sharded engine's shards: add --engine fsdp"),
+    ((*TRAIN, "--shard", "node"), "--shard node lays out the sharded engine's shards: add --engine scalesgd-fsdp"),
     ((*TRAIN, "--dataset", "imagefolder"), "--dataset imagefolder needs --data-dir: the folder holding train/<class>"),
     ((*TRAIN, "--dataset", "imagefolder", "--data-dir", "f"),
      "image folder f is a file, not a folder (expected a directory with "),
@@ -220,6 +223,15 @@ def test_bad_input_is_one_line_exit_2_before_anything_runs_or_is_written(tmp_pat
     assert err.count("\n") == 1 and err.startswith("scalesgd: error: ") and expected in err, err
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
     assert (tmp_path / "f").read_text() == "a file"
+
+
+def test_an_engines_earlier_name_is_one_warning_line_then_runs_under_its_name_now(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    code = main([*TRAIN, "--engine", "fsdp", "--precision", "fp16"])
+    warning, error = capsys.readouterr().err.splitlines()
+    assert code == 2 and warning == ("scalesgd: warning: --engine fsdp is now scalesgd-fsdp (ours, beside fsdp2, FSDP2 "
+                                     "as it comes, as scalesgd is beside ddp); fsdp still works")
+    assert error.startswith("scalesgd: error: --precision fp16 with --engine scalesgd-fsdp: a loss scaler over ")
 
 
 @pytest.mark.parametrize("argv,expected", [REFUSED[0], REFUSED[-1]], ids=["run-dir", "profile"])

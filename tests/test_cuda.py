@@ -129,7 +129,7 @@ def sharded_and_not(rank, world):
     """One SGD step of resnet8 on this rank's GPU, whole (DDP) and sharded (FSDP2 on NCCL, fp32, bf16 and fp8 wires,
     top-k on each unit's whole gradients; and FSDP2's own reduce-scatter)."""
     out = {}
-    for engine, codec in (("ddp", "fp32"), ("fsdp", "fp32"), ("fsdp", "bf16"), ("fsdp", "fp8"), ("fsdp", "topk"),
+    for engine, codec in (("ddp", "fp32"), ("scalesgd-fsdp", "fp32"), ("scalesgd-fsdp", "bf16"), ("scalesgd-fsdp", "fp8"), ("scalesgd-fsdp", "topk"),
                           ("fsdp2", "fp32")):
         torch.manual_seed(0)
         device = torch.device("cuda", rank)
@@ -153,9 +153,9 @@ def test_the_sharded_engine_steps_as_ddp_on_nccl():
     torch.manual_seed(0)
     start = build_model("resnet8", 10, 3).state_dict()
     moved = {engine: sum(int((first[engine][k].float() != start[k]).sum()) for k in start if start[k].ndim > 1)
-             for engine in (("ddp", "fp32"), ("fsdp", "topk"))}  # top-k's step moves its 1 % (and the dense ones)
-    assert 0 < moved["fsdp", "topk"] < 0.1 * moved["ddp", "fp32"], moved
-    for engine, codec, atol in (("fsdp", "fp32", 1e-5), ("fsdp", "bf16", 1e-2), ("fsdp", "fp8", 2e-2),
+             for engine in (("ddp", "fp32"), ("scalesgd-fsdp", "topk"))}  # top-k's step moves its 1 % (and the dense ones)
+    assert 0 < moved["scalesgd-fsdp", "topk"] < 0.1 * moved["ddp", "fp32"], moved
+    for engine, codec, atol in (("scalesgd-fsdp", "fp32", 1e-5), ("scalesgd-fsdp", "bf16", 1e-2), ("scalesgd-fsdp", "fp8", 2e-2),
                                 ("fsdp2", "fp32", 1e-5)):
         sharded = first[engine, codec]
         assert sharded.keys() == whole.keys()

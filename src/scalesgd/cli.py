@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import warnings
 
 from scalesgd.commands import COMMANDS, GROUPS
-from scalesgd.errors import EXIT_USAGE, UsageError, as_flags
+from scalesgd.errors import EXIT_USAGE, Renamed, UsageError, as_flags
 from scalesgd.options import OptionParser, add_options, given
 from scalesgd.runtime import launcher, process_group
 
@@ -53,15 +54,26 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        options = given(build_parser().parse_args(argv))
-        command = COMMANDS[options.pop(CHOSEN)]
-        for name in [f"{CHOSEN}_name", *(f"{group}_verb" for group in GROUPS)]:
-            options.pop(name, None)
-        return command.run(command.configure(options), argv)
-    except UsageError as err:
-        print(error_line(err), file=sys.stderr)
-        return EXIT_USAGE
+    with warnings.catch_warnings():
+        warnings.simplefilter("once", Renamed)
+        warnings.showwarning = _show_renamed
+        try:
+            options = given(build_parser().parse_args(argv))
+            command = COMMANDS[options.pop(CHOSEN)]
+            for name in [f"{CHOSEN}_name", *(f"{group}_verb" for group in GROUPS)]:
+                options.pop(name, None)
+            return command.run(command.configure(options), argv)
+        except UsageError as err:
+            print(error_line(err), file=sys.stderr)
+            return EXIT_USAGE
+
+
+def _show_renamed(message, category, filename, lineno, file=None, line=None) -> None:
+    """An earlier name the user typed, as one line (any other warning as Python shows it)."""
+    if issubclass(category, Renamed):
+        print(f"scalesgd: warning: {as_flags(str(message))}", file=sys.stderr)
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
 def error_line(err: UsageError) -> str:

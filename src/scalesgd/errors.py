@@ -23,6 +23,11 @@ class NonFiniteLoss(RuntimeError):
     """The loss became inf/NaN: the run stops and the last good checkpoint is kept."""
 
 
+class Renamed(FutureWarning):
+    """A name the user typed is an older one's: it still works, and the warning says the new one (the command line
+    shows it as one line)."""
+
+
 class PeerLost(RuntimeError):
     """A collective failed because another worker died or stopped answering within the timeout."""
 

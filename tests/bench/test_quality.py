@@ -1,5 +1,6 @@
 """`scalesgd bench quality`: the target, each run's time, steps and bytes to it, and a short real bench."""
 
+import argparse
 import json
 
 import pytest
@@ -61,7 +62,7 @@ def test_steps_to_target_pool_rates_and_tell_reached_from_missed_from_cut_short(
 def test_exchanges_are_labels_of_the_table_or_label_equals_options():
     assert parse_exchanges("ddp; mine=--engine scalesgd --codec fp8") == (
         ("ddp", EXCHANGES["ddp"]), ("mine", "--engine scalesgd --codec fp8"))
-    with pytest.raises(ValueError, match="'nope' is no known exchange"):
+    with pytest.raises(argparse.ArgumentTypeError, match="'nope' is no known exchange"):
         parse_exchanges("nope")
 
 
@@ -69,10 +70,23 @@ def test_every_exchange_of_the_benchs_own_table_is_a_valid_training_run():
     QualityBenchConfig(exchanges=tuple(EXCHANGES.items())).validate()  # a bad option raises before any run
 
 
-def test_an_exchange_that_sets_what_the_bench_sets_is_refused_before_any_run():
-    cfg = QualityBenchConfig(exchanges=(("x", "--codec fp8 --seed 3"),))
+@pytest.mark.parametrize("given", ["--codec fp8 --seed 3", "--codec fp8 --seed=3", "--codec fp8 --se 3"])
+def test_an_exchange_that_sets_what_the_bench_sets_is_refused_before_any_run(given):
+    cfg = QualityBenchConfig(exchanges=(("x", given),))
     with pytest.raises(UsageError, match="`seed` in 'x'"):
         cfg.validate()
+
+
+@pytest.mark.parametrize("argv,words", [
+    (("--exchanges", "bogus"), "--exchanges: 'bogus' is no known exchange; give LABEL=OPTIONS or one of ddp,"),
+    (("--exchanges", ";;"), "--exchanges : give one exchange or more"),
+    (("--reference", "bogus"), "--reference 'bogus': 'bogus' is no known exchange"),
+    (("--exchanges", "a=--local-steps 'x"), "--exchanges 'a': its options \"--local-steps 'x\" do not split (No "
+                                            "closing quotation)"),
+])
+def test_a_bad_exchange_or_reference_is_one_line_naming_it(argv, words):
+    proc = bench("quality", *argv)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and words in proc.stderr, proc.stderr
 
 
 def test_a_short_bench_on_local_workers_writes_the_table_and_the_plot(tmp_path):

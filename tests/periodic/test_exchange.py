@@ -45,7 +45,7 @@ def replica_against_node_averaged(rank, world, engine):
     reference = {k: v.clone() for k, v in model.state_dict().items()}
     model = gpt()
     inside = ExchangeSetup(topology=groups, group=groups.node_group, process_group=groups.node_group)
-    if engine == "fsdp":
+    if engine == "scalesgd-fsdp":
         shard_model(model, MODELS["gpt"].shard_units(model), mesh=node_mesh(groups, torch.device("cpu")))
         inner = torch.optim.AdamW(model.parameters(), lr=1e-2)
         within = FsdpExchange(model, inner, inside, across_nodes=False)
@@ -68,7 +68,7 @@ def replica_against_node_averaged(rank, world, engine):
         p.detach().clone() for p in exchange.diloco.params]
 
 
-@pytest.mark.parametrize("engine", ["fsdp", "ddp", "scalesgd"])
+@pytest.mark.parametrize("engine", ["scalesgd-fsdp", "ddp", "scalesgd"])
 def test_each_node_is_one_diloco_worker_whatever_engine_runs_inside_it(engine):
     ranks = run_workers(replica_against_node_averaged, 4, engine)
     reference, whole = ranks[0][:2]  # a sharded model is gathered whole on rank 0

@@ -64,12 +64,12 @@ def test_a_sharded_gpt_is_costed_by_its_blocks_on_the_backend_named(capsys, tmp_
     for backend in ("nccl", "gloo"):
         code, out, _ = simulate(capsys, "--model", "gpt", "--iteration-time", "0.1", "--batch-per-worker", "8",
                                 "--workers", "4", "--procs-per-node", "2", "--inter-bandwidth", "100mbit",
-                                "--modes", "fsdp,fsdp-fp8,fsdp:node-fp8", "--fsdp-backend", backend, "--json",
+                                "--modes", "scalesgd-fsdp,scalesgd-fsdp-fp8,scalesgd-fsdp:node-fp8", "--fsdp-backend", backend, "--json",
                                 "--out", str(tmp_path / backend))
         assert code == 0
         rows[backend] = {r["mode"]: r["iteration_s"] for r in json.loads(out)["rows"]}
     gloo, nccl = rows["gloo"], rows["nccl"]
-    assert gloo["fsdp:node-fp8"] < gloo["fsdp-fp8"] < gloo["fsdp"]  # fewer bytes across nodes, then a quarter's
+    assert gloo["scalesgd-fsdp:node-fp8"] < gloo["scalesgd-fsdp-fp8"] < gloo["scalesgd-fsdp"]  # fewer bytes across nodes, then a quarter's
     assert all(nccl[m] < gloo[m] for m in gloo)  # gathers ahead and sums behind compute
 
 
@@ -125,7 +125,8 @@ def test_a_preset_prints_its_headline(capsys, tmp_path):
      "--workers 12: every count must be a positive multiple of --procs-per-node 8"),
     (("--model", "resnet20", "--iteration-time", "1", "--modes", "ddp-onebit"), "--modes ddp-onebit: mode"),
     (("--profile", "/nonexistent"), "--profile /nonexistent: not a directory"),
-    (("--profile", "/tmp", "--modes", "ddp,fsdp-fp8"), "--modes fsdp-fp8: a sharded mode is costed unit by unit"),
+    (("--profile", "/tmp", "--modes", "ddp,scalesgd-fsdp-fp8"),
+     "--modes scalesgd-fsdp-fp8: a sharded mode is costed unit by unit"),
     (("--validate", "/tmp"), "/tmp is not a `scalesgd bench train` output directory"),
     ((), "give exactly one of --profile, --model"),
     (("--preset", "google"), "--preset 'google' is not known"),

@@ -1,6 +1,7 @@
 """`--exchange auto`: every rank measures, rank 0 decides, every rank uses the same choice."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,9 +14,9 @@ from scalesgd.train import auto
 from scalesgd.sim.exchange import predict
 from scalesgd.sim.modes import parse_mode
 from scalesgd.sim.quality import StepsToTarget
-from scalesgd.train.auto import PLANS, Decision, decide
-from scalesgd.train.auto_rank import (FINALIST_MARGIN, FINALISTS, RESOLUTION, finalists, periodic_options,
-                                      periodic_settings, pick)
+from scalesgd.train.auto import PLANS, Decision, Weighed, decide
+from scalesgd.train.auto_rank import (FINALIST_MARGIN, FINALISTS, RESOLUTION, Candidate, finalists,
+                                      periodic_options, periodic_settings, pick)
 from tests.sim.test_exchange import PROFILE, cluster
 from tests.spawn_util import run_workers
 
@@ -25,8 +26,8 @@ def _decide(rank, world):
     model = build_model("resnet8", 10, 3)
     batch = (torch.randn(4, 3, 8, 8), torch.randint(0, 10, (4,)))
     decision = decide(model, batch, torch.nn.functional.cross_entropy,
-                      ("fp32", "lowrank-acp", "ddp-fp16", "topk-global"), CodecSettings(TopkOptions(density=0.01)),
-                      "ring", None, None, 1, 4)
+                      Weighed(("fp32", "lowrank-acp", "ddp-fp16", "topk-global"),
+                              CodecSettings(TopkOptions(density=0.01)), "ring", None, None, 1, 4))
     return decision.to_dict()
 
 
@@ -35,43 +36,42 @@ def test_every_rank_gets_rank_zeros_choice_of_the_fastest_candidate():
     assert first == second
     table = first["candidates"]
     # every plan for our codecs, DDP's own buckets for its fp16 hook, topk-global's own rule (one bucket)
-    assert sorted((r["codec"], r["buckets"]) for r in table) == sorted(
+    assert sorted((r["exchange"], r["plan"]) for r in table) == sorted(
         [(c, p) for c in ("fp32", "lowrank-acp") for p in PLANS] + [("ddp-fp16", "ddp"), ("topk-global", "single")])
     fastest = min(r["iteration_s"] for r in table)
     tied = [r for r in table if r["iteration_s"] <= fastest * (1 + RESOLUTION)]
-    chosen = next(r for r in table if (r["codec"], r["buckets"]) == (first["codec"], first["buckets"]))
+    chosen = next(r for r in table if (r["exchange"], r["plan"]) == (first["codec"], first["buckets"]))
     assert chosen in tied and chosen["buckets_n"] == min(r["buckets_n"] for r in tied)
     assert first["predicted_s"] == chosen["iteration_s"] and len(first["groups"]) == chosen["buckets_n"]
     assert sorted(i for g in first["groups"] for i in g) == list(range(len(list(build_model("resnet8", 10, 3)
                                                                                .parameters()))))
-    assert (first["finalists"][0]["codec"], first["finalists"][0]["buckets"]) == (first["codec"], first["buckets"])
-    assert all(f["predicted_s"] <= first["predicted_s"] * (1 + FINALIST_MARGIN) for f in first["finalists"])
+    assert (first["finalists"][0]["exchange"], first["finalists"][0]["plan"]) == (first["codec"], first["buckets"])
+    assert all(f["iteration_s"] <= first["predicted_s"] * (1 + FINALIST_MARGIN) for f in first["finalists"])
     json.dumps(first)  # what summary.json and auto.json hold
 
 
+def _row(codec, seconds, buckets=1, **more):
+    return Candidate(codec, seconds, 0.0, f"size:{buckets}", ((0,),) * buckets, **more)
+
+
 def test_a_tie_goes_to_the_fewest_buckets():
-    table = [{"iteration_s": 1.00, "groups": [[3], [2], [1], [0]]}, {"iteration_s": 1.02, "groups": [[3, 2, 1, 0]]},
-             {"iteration_s": 1.50, "groups": []}]
+    table = [_row("fp32", 1.00, 4), _row("fp32", 1.02, 1), _row("fp16", 1.50)]
     assert pick(table) is table[1]
-    table[1]["iteration_s"] = 1.2  # no longer within the model's resolution
+    table[1] = _row("fp32", 1.2, 1)  # no longer within the model's resolution
     assert pick(table) is table[0]
 
 
-def _row(codec, seconds, buckets=1):
-    return {"codec": codec, "buckets": f"size:{buckets}", "iteration_s": seconds, "groups": [[0]] * buckets}
-
-
 def test_candidates_rank_by_time_to_the_target_and_one_that_missed_it_is_never_chosen():
-    fast_but_missed = _row("lowrank", 0.5) | {"missed": True, "to_target_s": 0.5}
-    fewer_steps = _row("fp8", 0.95) | {"steps_factor": 0.8, "to_target_s": 0.76}
-    more_steps = _row("fp16", 0.90) | {"steps_factor": 1.2, "to_target_s": 1.08}
+    fast_but_missed = _row("lowrank", 0.5, missed=True)
+    fewer_steps = _row("fp8", 0.95, steps_factor=0.8)
+    more_steps = _row("fp16", 0.90, steps_factor=1.2)
+    assert (fewer_steps.to_target_s, more_steps.to_target_s) == pytest.approx((0.76, 1.08))
     table = [fast_but_missed, more_steps, fewer_steps, _row("fp32", 1.0)]
     assert pick(table) is fewer_steps  # not the fastest step: the soonest to the target
     assert fast_but_missed not in finalists(table, fewer_steps)
-    rows = [{"codec": r["codec"], "buckets": "size:1", "groups": [[0]], "predicted_s": r["iteration_s"],
-             "steps_factor": r.get("steps_factor")} for r in (more_steps, fewer_steps)]
-    decision = Decision("fp8", "size:1", [[0]], 0.95, [], rows).tried([0.9, 1.0])
-    assert decision.codec == "fp8"  # measured slower a step (1.0 against 0.9), sooner to the target (0.8 × 1.0)
+    decision = Decision(fewer_steps, table, [more_steps, fewer_steps]).tried([0.9, 1.0])
+    assert decision.chosen is fewer_steps  # measured slower a step (1.0 against 0.9), sooner to the target (0.8 × 1.0)
+    assert decision.measured_s == 1.0
 
 
 def test_finalists_are_the_best_plan_of_each_codec_the_model_cannot_rank_apart():
@@ -80,23 +80,23 @@ def test_finalists_are_the_best_plan_of_each_codec_the_model_cannot_rank_apart()
     best = pick(table)
     assert best is table[1]
     chosen = finalists(table, best)
-    assert [r["codec"] for r in chosen] == ["fp16", "fp32", "fp8"][:FINALISTS]
-    assert chosen[0] is best and all(r["iteration_s"] <= 0.90 * (1 + FINALIST_MARGIN) for r in chosen)
+    assert [c.exchange for c in chosen] == ["fp16", "fp32", "fp8"][:FINALISTS]
+    assert chosen[0] is best and all(c.iteration_s <= 0.90 * (1 + FINALIST_MARGIN) for c in chosen)
     assert finalists([_row("fp16", 1.0), _row("fp8", 1.0 * (1 + FINALIST_MARGIN) + 0.01)], _row("fp16", 1.0)) \
         == [_row("fp16", 1.0)]  # nothing close: the model's choice stands untried
     close = [_row(c, 0.90 + i / 100) for i, c in enumerate(("fp16", "fp8", "bf16", "lowrank", "lowrank-acp", "ddp"))]
-    assert [r["codec"] for r in finalists(close, close[0])] == ["fp16", "fp8", "bf16", "lowrank", "lowrank-acp",
+    assert [c.exchange for c in finalists(close, close[0])] == ["fp16", "fp8", "bf16", "lowrank", "lowrank-acp",
                                                                 "ddp"][:FINALISTS - 1] + ["ddp"]  # not compressing too
 
 
 def test_a_trial_picks_the_finalist_measured_fastest_and_keeps_every_measurement():
-    rows = [{"codec": c, "buckets": "size:1", "groups": [[i]], "predicted_s": p}
-            for i, (c, p) in enumerate([("fp16", 0.9), ("fp32", 1.0), ("fp8", 1.1)])]
-    decision = Decision("fp16", "size:1", [[0]], 0.9, [], rows)
-    tried = decision.tried([1.3, 1.2, 1.25])
-    assert (tried.codec, tried.groups, tried.predicted_s, tried.measured_s) == ("fp32", [[1]], 1.0, 1.2)
-    assert [f["measured_s"] for f in tried.finalists] == [1.3, 1.2, 1.25]
-    assert Decision.from_dict(json.loads(json.dumps(tried.to_dict()))) == tried
+    rows = [Candidate(c, p, 0.0, "size:1", ((i,),)) for i, (c, p) in enumerate([("fp16", 0.9), ("fp32", 1.0),
+                                                                               ("fp8", 1.1)])]
+    tried = Decision(rows[0], rows, rows).tried([1.3, 1.2, 1.25])
+    record = tried.to_dict()
+    assert (record["codec"], record["groups"], record["predicted_s"], record["trial_s"]) == ("fp32", [[1]], 1.0, 1.2)
+    assert [f["measured_s"] for f in record["finalists"]] == [1.3, 1.2, 1.25]
+    assert Decision.from_dict(json.loads(json.dumps(record))) == tried
 
 
 def _trial_ddp_and_ours(rank, world):
@@ -112,8 +112,8 @@ def _trial_ddp_and_ours(rank, world):
         return step(exchange, *args)
 
     auto._step = counted
-    finals = [{"codec": "ddp-powersgd", "buckets": "ddp", "groups": [list(range(len(list(model.parameters()))))[::-1]]},
-              {"codec": "lowrank", "buckets": "single", "groups": [list(range(len(list(model.parameters()))))[::-1]]}]
+    backward = (tuple(range(len(list(model.parameters()))))[::-1],)
+    finals = [Candidate("ddp-powersgd", 1.0, 0.0, "ddp", backward), Candidate("lowrank", 1.0, 0.0, "single", backward)]
     before = [p.detach().clone() for p in model.parameters()]
     times = auto.trial(cfg, model, batches, torch.nn.functional.cross_entropy,
                        type("Env", (), {"topology_groups": None})(), finals)
@@ -161,19 +161,25 @@ def test_auto_may_choose_a_periodic_mode_only_as_measured_and_only_where_it_chan
 
 
 def test_a_periodic_mode_is_chosen_where_sooner_to_the_target_and_a_tie_keeps_exchanging_every_step():
-    per_step = _row("fp8", 1.0) | {"steps_factor": 1.0, "to_target_s": 1.0}
-    periodic = {"codec": "fp8", "buckets": "periodic@16-fp8", "iteration_s": 0.8, "groups": [], "steps_factor": 1.2,
-                "to_target_s": 0.98, "settings": {"local_steps": 16, "codec": "fp8"}}
+    per_step = _row("fp8", 1.0, steps_factor=1.0)
+    settings = {"local_steps": 16, "codec": "fp8"}
+    periodic = Candidate("fp8", 0.8166, 0.0, steps_factor=1.2, mode="periodic@16-fp8", settings=settings)
     assert pick([per_step, periodic]) is per_step  # 0.98 against 1.0: within the model's resolution
-    periodic |= {"iteration_s": 0.5, "to_target_s": 0.6}
+    periodic = replace(periodic, iteration_s=0.5)
     assert pick([per_step, periodic]) is periodic and finalists([per_step, periodic], per_step) == [per_step]
-    chosen = Decision("fp8", periodic["buckets"], [], 0.5, [periodic], [], settings=periodic["settings"])
-    assert chosen.compresses and Decision.from_dict(json.loads(json.dumps(chosen.to_dict()))) == chosen
+    chosen = Decision(periodic, [periodic])
+    record = chosen.to_dict()
+    assert (record["mode"], record["buckets"], record["settings"]) == ("periodic@16-fp8", "", settings)
+    assert chosen.compresses and Decision.from_dict(json.loads(json.dumps(record))) == chosen
+    earlier = {**record, "buckets": "periodic@16-fp8"}  # an earlier version's auto.json: the mode as its buckets
+    del earlier["chosen"], earlier["mode"]
+    assert Decision.from_dict(earlier).chosen.mode == "periodic@16-fp8"
 
 
 def test_a_periodic_choice_switches_the_run_to_periodic_synchronisation_without_a_bucket_plan(tmp_path):
     settings = {"local_steps": 16, "codec": "fp8", "outer_momentum": 0.5}
-    saved = Decision("fp8", "periodic@16-fp8", [], 0.5, [], [], settings=settings)
+    periodic = Candidate("fp8", 0.5, 0.0, mode="periodic@16-fp8", settings=settings)
+    saved = Decision(periodic, [periodic])
     (tmp_path / auto.AUTO_NAME).write_text(json.dumps(saved.to_dict()))
     cfg, plan, record = auto.choose(GPT, None, [], None, type("Env", (), {"is_main": False})(), tmp_path, True)
     assert (cfg.periodic.local_steps, cfg.periodic.outer_momentum, cfg.exchange.codec, plan) == (16, 0.5, "fp8", None)
@@ -192,17 +198,17 @@ def _decide_on_shards(rank, world, bytes_per_s):
     batch = (torch.randint(0, 256, (4, 64)), torch.randint(0, 256, (4, 64)))
     loss = lambda out, y: torch.nn.functional.cross_entropy(out.flatten(0, 1), y.flatten())  # noqa: E731
     groups = build_groups(Topology(world, rank, 1))  # fp8 sums in two stages: its probe needs the nodes (of 1)
-    return decide(model, batch, loss, ("fp32", "bf16", "fp8"), CodecSettings(), "ring", None, groups, 1, 4,
-                  layout="", units=unit_names(model, "gpt")).to_dict()
+    return decide(model, batch, loss, Weighed(("fp32", "bf16", "fp8"), CodecSettings(), "ring", None, groups, 1, 4,
+                                              shard="", units=unit_names(model, "gpt"))).to_dict()
 
 
 @pytest.mark.parametrize("bytes_per_s", [1.25e5, 1.25e11])
 def test_on_shards_auto_costs_each_codec_on_the_units_sums_and_chooses_by_the_link(bytes_per_s):
     first, second = run_workers(_decide_on_shards, 2, bytes_per_s)
     assert first == second and first["buckets"] == "units"
-    assert sorted((r["codec"], r["buckets"]) for r in first["candidates"]) == [("bf16", "units"), ("fp32", "units"),
-                                                                               ("fp8", "units")]
-    times = {r["codec"]: r["iteration_s"] for r in first["candidates"]}
+    assert sorted((r["exchange"], r["plan"]) for r in first["candidates"]) == [("bf16", "units"), ("fp32", "units"),
+                                                                                ("fp8", "units")]
+    times = {r["exchange"]: r["iteration_s"] for r in first["candidates"]}
     if bytes_per_s < 1e6:  # at 1 Mbit/s a step is mostly the all-gathers and sums: fewer bytes, sooner
         assert first["codec"] == "fp8" and times["fp8"] < times["bf16"] < times["fp32"]
     else:  # on a free link only the codecs' own work differs: fp8's encoding costs more than its bytes save
@@ -211,10 +217,11 @@ def test_on_shards_auto_costs_each_codec_on_the_units_sums_and_chooses_by_the_li
 
 
 def test_a_choice_on_shards_keeps_the_sharded_engine_and_its_units_as_buckets(tmp_path):
-    saved = Decision("fp8", "units", [], 0.5, [], [])
+    chosen = Candidate("fp8", 0.5, 0.0, "units")
+    saved = Decision(chosen, [chosen])
     (tmp_path / auto.AUTO_NAME).write_text(json.dumps(saved.to_dict()))
-    sharded = TrainConfig.from_argv(["--model", "gpt", "--dataset", "text", "--exchange", "auto", "--engine", "fsdp",
+    sharded = TrainConfig.from_argv(["--model", "gpt", "--dataset", "text", "--exchange", "auto", "--engine", "scalesgd-fsdp",
                                      "--shard", "node", "--workers", "4", "--procs-per-node", "2"]).validate()
     cfg, plan, record = auto.choose(sharded, None, [], None, type("Env", (), {"is_main": False})(), tmp_path, True)
-    assert (cfg.exchange.engine, cfg.exchange.shard, cfg.exchange.codec, plan) == ("fsdp", "node", "fp8", None)
+    assert (cfg.exchange.engine, cfg.exchange.shard, cfg.exchange.codec, plan) == ("scalesgd-fsdp", "node", "fp8", None)
     assert record["codec"] == "fp8"

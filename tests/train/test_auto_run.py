@@ -6,8 +6,7 @@ import signal
 import subprocess
 import sys
 
-from scalesgd.train.auto import FINALIST_MARGIN
-from scalesgd.train.auto_rank import to_target
+from scalesgd.train.auto_rank import FINALIST_MARGIN
 from tests.comm.cost.test_planner_run import scalesgd
 from tests.train.cli import wait_for_checkpoint
 
@@ -28,18 +27,19 @@ def test_auto_saves_its_decision_trains_with_it_and_keeps_it_on_resume(tmp_path)
     assert decided["codec"] in ("fp32", "fp16", "bf16") and len(decided["candidates"]) == 3 * 4
     assert decided["compresses"] == (decided["codec"] != "fp32")  # and says so when it sends fp32
     finalists = decided["finalists"]
-    predicted = {c: min(to_target(r) for r in decided["candidates"] if r["codec"] == c and not r["missed"])
+    predicted = {c: min(r["to_target_s"] for r in decided["candidates"] if r["exchange"] == c and not r["missed"])
                  for c in AUTO_CODECS}
-    best = finalists[0]["predicted_s"] * (finalists[0]["steps_factor"] or 1.0)  # per DDP step to the target
+    best = finalists[0]["to_target_s"]  # per DDP step to the target
     close = {c for c, s in predicted.items() if s <= best * (1 + FINALIST_MARGIN)}
-    assert {f["codec"] for f in finalists} == close  # every codec the model cannot rank apart is tried
+    assert {f["exchange"] for f in finalists} == close  # every codec the model cannot rank apart is tried
     if len(finalists) > 1:  # tried for real: the one measured soonest to the target (its step × steps factor) is used
         fastest = min(finalists, key=lambda f: f["measured_s"] * (f.get("steps_factor") or 1.0))
         assert (decided["codec"], decided["buckets"], decided["trial_s"]) == (
-            fastest["codec"], fastest["buckets"], fastest["measured_s"])
+            fastest["exchange"], fastest["plan"], fastest["measured_s"])
     else:
-        assert (decided["codec"], decided["buckets"]) == (finalists[0]["codec"], finalists[0]["buckets"])
-    (run / "auto.json").write_text(json.dumps({**decided, "predicted_s": -1.0}))  # marks the saved decision
+        assert (decided["codec"], decided["buckets"]) == (finalists[0]["exchange"], finalists[0]["plan"])
+    marked = {**decided, "chosen": {**decided["chosen"], "iteration_s": -1.0}}  # marks the saved decision
+    (run / "auto.json").write_text(json.dumps(marked))
     resumed = scalesgd("train", "--resume", str(run), "--quiet")
     assert resumed.returncode == 0, resumed.stderr
     buckets = json.loads((run / "buckets.json").read_text())

@@ -11,11 +11,13 @@ import sys
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 
 from scalesgd.config import TrainConfig
 from scalesgd.errors import UsageError
 from scalesgd.train import checkpoint
 from scalesgd.train.checkpoint import NoSpace, finished, load_latest, save_atomic
+from scalesgd.train import shards
 from scalesgd.train.metrics import read
 from tests.train.cli import load_ckpt, scalesgd, wait_for_checkpoint
 
@@ -71,7 +73,7 @@ FP8_RANGES = ["--fp8-period", "7", "--fp8-samples", "64"]  # ranges re-estimated
                                     ["--local-steps", "6", "--fragments", "2", "--overlap-steps", "1", "--mix",
                                      "0.25", "--codec", "topk", "--density", "0.05"],  # local parameters and inner
                                     # state per rank, global ones, outer momentum, residuals, an exchange in flight
-                                    ["--engine", "fsdp", "--shard", "node", "--procs-per-node", "1", "--local-steps",
+                                    ["--engine", "scalesgd-fsdp", "--shard", "node", "--procs-per-node", "1", "--local-steps",
                                      "3", "--codec", "topk", "--density", "0.05", "--accumulate", "2"]],  # 2 nodes
                          # of 1: parameters and momentum through torch.distributed.checkpoint (which keeps one node's),
                          # each rank's local parameters, inner state, global ones and residuals beside them
@@ -240,4 +242,31 @@ def test_both_checkpoints_torn_is_one_line_naming_each_and_why(tmp_path):
 def test_a_lone_torn_checkpoint_is_named_as_before(tmp_path):
     (tmp_path / "checkpoint.pt").write_bytes(b"")
     with pytest.raises(UsageError, match=r"checkpoint.pt is not a readable scalesgd checkpoint \(an empty file\)"):
+        load_latest(tmp_path)
+
+
+def _sharded_checkpoint(run_dir, name: str, epoch: int):
+    """A checkpoint file naming a shard folder written by torch.distributed.checkpoint (one process)."""
+    folder = f"shards-{epoch}-0"
+    dcp.save({"model": {"w": torch.arange(4096.0)}}, checkpoint_id=run_dir / folder)
+    save_atomic({"model": None, "shards": folder, "optimizer": None, "scheduler": {}, "epoch": epoch,
+                      "rng": {}, "config": {}}, run_dir / name)
+    return run_dir / folder
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_cut_short_shard_file_resumes_from_the_checkpoint_before_or_is_one_line(tmp_path, capsys):
+    before = _sharded_checkpoint(tmp_path, "checkpoint.prev.pt", 1)
+    latest = _sharded_checkpoint(tmp_path, "checkpoint.pt", 2)
+    assert shards.problem(latest) is None and load_latest(tmp_path)["epoch"] == 2
+    shard = next(latest.glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:1000])  # a disk that filled, a copy cut off
+    assert load_latest(tmp_path, say=True)["epoch"] == 1
+    said = capsys.readouterr().err
+    assert f"its shard file {latest.name}/{shard.name} is cut short (1,000 of its" in said
+    assert "resuming from checkpoint.prev.pt, epoch 1" in said and said.count("\n") == 1
+    (before / ".metadata").unlink()
+    with pytest.raises(UsageError, match=r"neither checkpoint .* can be read: checkpoint.pt \(its shard file .* cut "
+                                         r"short .*\), nor the one before, checkpoint.prev.pt \(its shard folder "
+                                         r"shards-1-0 has no readable metadata"):
         load_latest(tmp_path)

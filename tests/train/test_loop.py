@@ -35,6 +35,8 @@ def test_two_workers_train_and_write_every_artefact(finished_run):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["final_test_acc"] == epochs[-1]["test_acc"]
     assert summary["images_per_s"] > 0 and summary["wall_time_s"] > 0 and summary["config"] == config
+    # start-up (data, model, a codec's kernels) is off the training clock, and said
+    assert 0 < summary["startup_s"] <= summary["wall_time_s"] - summary["train_s"]
     assert (run / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     state = load_ckpt(run)
     assert {"model", "optimizer", "scheduler", "epoch", "rng", "config"} <= set(state)

@@ -16,11 +16,11 @@ for rate in 1gbit 100mbit; do
   rm -rf $dir
   scalesgd testbed up --nodes 2 --procs-per-node 2 --bandwidth $rate --prefix fa
   scalesgd testbed run --prefix fa -- scalesgd train --model gpt --dataset text --data-file "$text" --samples 768 --batch-size 64 \
-    --epochs 1 --gpt-layers 4 --gpt-width 512 --gpt-heads 8 --eval-every 12 --engine fsdp --exchange auto \
+    --epochs 1 --gpt-layers 4 --gpt-width 512 --gpt-heads 8 --eval-every 12 --engine scalesgd-fsdp --exchange auto \
     --compress-after 0 --run-dir $dir --quiet
   scalesgd testbed down --prefix fa
 done
-measured=$(mktemp -d)  # fsdp-comm-gpt's runs: each codec as given
+measured=$(mktemp -d)  # fsdp-comm-gpt's runs: each codec as given (ours in folders fsdp-CODEC)
 tar -xJf docs/benchmarks/fsdp-comm-gpt/raw.tar.xz -C "$measured"
 python - "$out" "$measured" <<'PY'
 import json, pathlib, sys

@@ -29,8 +29,8 @@ for seed in 0 1 2; do
       --run-dir $dir/$label
   done <<'MODES'
 fsdp2-node-bf16=--engine fsdp2 --shard node --codec bf16
-fsdp-node-fp8=--engine fsdp --shard node --codec fp8
-fsdp-node-diloco-h16-fp8-2x=--engine fsdp --shard node --local-steps 16 --codec fp8 --outer-momentum 0.5 --epochs 4
+fsdp-node-fp8=--engine scalesgd-fsdp --shard node --codec fp8
+fsdp-node-diloco-h16-fp8-2x=--engine scalesgd-fsdp --shard node --local-steps 16 --codec fp8 --outer-momentum 0.5 --epochs 4
 MODES
 done
 python - "$out" <<'PY'

@@ -16,7 +16,7 @@ scalesgd testbed up --nodes 2 --procs-per-node 2 --bandwidth 1gbit --prefix fm
 trap 'scalesgd testbed down --prefix fm' EXIT
 for seed in 0; do
   for alloc in "" 131072; do
-  for mode in "ddp:--engine ddp --codec fp32" "fsdp:--engine fsdp --codec fp32" "fsdp-node:--engine fsdp --shard node --codec fp32"; do
+  for mode in "ddp:--engine ddp --codec fp32" "fsdp:--engine scalesgd-fsdp --codec fp32" "fsdp-node:--engine scalesgd-fsdp --shard node --codec fp32"; do
     name=${mode%%:*}${alloc:+-mmap}; args=${mode#*:}
     [ -f $out/$name-seed$seed/summary.json ] && continue
     rm -rf $out/$name-seed$seed

@@ -10,6 +10,7 @@ time, steps and bytes to the target, its loss at the budget, and the plot its lo
 
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 import shutil
@@ -22,8 +23,8 @@ from pathlib import Path
 from scalesgd import checks, testbed
 from scalesgd.bench import quality_report
 from scalesgd.config import TrainConfig
-from scalesgd.errors import UsageError, option_name
-from scalesgd.options import Options, ints, option, words
+from scalesgd.errors import UsageError
+from scalesgd.options import Options, ints, option, parse, words
 from scalesgd.sim.quality import key_of as quality_key
 from scalesgd.train import metrics
 from scalesgd.train.rundir import METRICS_NAME, SUMMARY_NAME
@@ -51,15 +52,23 @@ SETS = ("seed", "run_dir", "resume", "eval_every", "time_budget")  # train optio
 
 
 def parse_exchanges(text: str) -> tuple[tuple[str, str], ...]:
-    """(label, train options) per entry of ';'-separated LABEL (from `EXCHANGES`) or LABEL=OPTIONS."""
+    """(label, train options) per entry of ';'-separated LABEL (from `EXCHANGES`) or LABEL=OPTIONS (an
+    `argparse.ArgumentTypeError` saying what is wrong, which the command line shows as it is)."""
     out = []
     for entry in (e.strip() for e in text.split(";") if e.strip()):
         label, _, given = entry.partition("=")
         label = label.strip()
         if not given and label not in EXCHANGES:
-            raise ValueError(f"{label!r} is no known exchange; give LABEL=OPTIONS or one of {', '.join(EXCHANGES)}")
+            raise argparse.ArgumentTypeError(f"{label!r} is no known exchange; give LABEL=OPTIONS or one of "
+                                             f"{', '.join(EXCHANGES)}")
         out.append((label, given.strip() if given else EXCHANGES[label]))
     return tuple(out)
+
+
+def _exchanges_problem(given: tuple[tuple[str, str], ...]) -> str | None:
+    if not given:
+        return "give one exchange or more (LABEL or LABEL=OPTIONS, ';'-separated)"
+    return None if len({label for label, _ in given}) == len(given) else "give distinct labels"
 
 
 @dataclass
@@ -70,8 +79,7 @@ class QualityBenchConfig(Options):
         tuple((k, v) for k, v in EXCHANGES.items() if k != "ddp-powersgd8"),
         "';'-separated exchanges: a label of the bench's own table (" + ", ".join(EXCHANGES) + ") or "
         "LABEL=TRAIN OPTIONS", parse=lambda text: parse_exchanges(text), shown_default="every one but ddp-powersgd8",
-        check=lambda given: None if given and len({label for label, _ in given}) == len(given) else
-        "give distinct labels")
+        check=_exchanges_problem)
     reference: str = option("ddp", "the exchange whose final quality, + --slack, is the target, and whose time to it "
                             "on local workers is the compute-only bound (LABEL=OPTIONS or a label)")
     seeds: tuple[int, ...] = option((0, 1, 2), "each exchange trains once per seed", parse=ints,
@@ -95,9 +103,16 @@ class QualityBenchConfig(Options):
     def validate(self) -> QualityBenchConfig:
         """Every option, then every exchange as the training run it is, before any run starts."""
         super().validate()
-        for label, given in (*self.exchanges, self.reference_entry):
-            argv = [*self.train_args, *shlex.split(given)]
-            owned = [f"`{name}`" for name in SETS if option_name(name) in argv]
+        try:
+            entries = (*self.exchanges, self.reference_entry)
+        except argparse.ArgumentTypeError as err:
+            raise UsageError(f"`reference` {self.reference!r}: {err}") from None
+        for label, given in entries:
+            try:
+                argv = [*self.train_args, *shlex.split(given)]
+            except ValueError as err:  # an unclosed quote
+                raise UsageError(f"`exchanges` {label!r}: its options {given!r} do not split ({err})") from None
+            owned = [f"`{name}`" for name in SETS if name in parse(TrainConfig, argv, "scalesgd train")]
             if owned:
                 raise UsageError(f"{', '.join(owned)} in {label!r}: the bench sets it per run")
             TrainConfig.from_argv(argv)
@@ -105,7 +120,10 @@ class QualityBenchConfig(Options):
 
     @property
     def reference_entry(self) -> tuple[str, str]:
-        return parse_exchanges(self.reference)[0]
+        entries = parse_exchanges(self.reference)
+        if len(entries) != 1:
+            raise argparse.ArgumentTypeError("give one exchange, LABEL or LABEL=OPTIONS")
+        return entries[0]
 
 
 def run(cfg: QualityBenchConfig, command: str) -> int:

@@ -333,7 +333,7 @@ def summarize(cfg: TrainBenchConfig, runner: Runner, env) -> dict:
         for key in ("codec_s", "comm_s", "exposed_s", "overlapped_s", "bytes_sent", "thread_cpu_s"):
             row[f"mean_{key}"] = statistics.fmean(getattr(s, key) for s in runner.stats)
     if runner.auto:
-        row.update(auto_choice=f"{runner.auto['codec']} {runner.auto['buckets']}",
+        row.update(auto_choice=f"{runner.auto['codec']} {runner.auto['buckets'] or runner.auto['mode']}",
                    predicted_s=runner.auto["predicted_s"], auto=runner.auto)
     if runner.planned:  # the timing model's forward + backward + exchange, against what happened
         done = torch.tensor([c + s.exposed_s for c, s in zip(runner.compute, runner.stats)], dtype=torch.float64)

@@ -11,7 +11,7 @@ import torch
 
 from scalesgd import checks
 from scalesgd.comm.codecs import CODEC_OPTIONS, CODECS, CodecEntry, CodecOptions, CodecSettings
-from scalesgd.comm.codecs.registry import CROSS_NODE_SHARDS
+from scalesgd.comm.codecs.registry import CROSS_NODE_SHARDS, SHARDED_ENGINE
 from scalesgd.comm.cost.planner import NO_PLANNER, PLANNERS
 from scalesgd.comm.engine.buckets import spec_problem
 from scalesgd.comm.engine.exchange import ENGINES, SHARDED, ExchangeSetup, exchange_names, parse_exchange
@@ -20,7 +20,7 @@ from scalesgd.options import expanded, option, words
 from scalesgd.trace import Tracer
 
 EXCHANGES = ("manual", "auto")
-SHARDING = ("all", "node")  # --engine fsdp: over every rank, or within each node (hybrid: replicated across nodes)
+SHARDING = ("all", "node")  # the sharded engines: over every rank, or within each node (hybrid: replicated across)
 MAX_DENSE = 1_000_000_000  # dense steps or epochs before compression: past any run, and an int64 once multiplied
 # what --exchange auto weighs unless told: the exchanges that keep fp32's accuracy, ours and PyTorch's DDP's (ddp-bf16
 # where CUDA runs it). The low-rank and sparse ones change what is learned (PyTorch's PowerSGD hook: +6.9 % validation
@@ -50,18 +50,19 @@ def _steps_or_epochs(text: str) -> str | None:
 class ExchangeConfig:
     """How a run's gradients travel between its workers."""
 
-    engine: str = option("ddp", "gradient exchange: PyTorch DDP, ours (scalesgd), or FSDP2 sharding parameters, "
-                         "gradients and optimizer state with the codec on its reduce-scatter (fsdp) or as it comes, "
-                         "its own reduce-scatter in the codec's dtype, for comparison (fsdp2)", choices=ENGINES)
+    engine: str = option("ddp", "gradient exchange: PyTorch's as it comes, DDP (ddp) or FSDP2 sharding "
+                         "parameters, gradients and optimizer state (fsdp2: its own reduce-scatter in the codec's "
+                         "dtype), or ours: whole models (scalesgd) or FSDP2's shards with the codec on their "
+                         "reduce-scatter (scalesgd-fsdp; its earlier name fsdp still works)", choices=ENGINES)
     codec: str = option("fp32", "what travels; with ddp, fp16/bf16/powersgd are PyTorch's own comm hooks, the "
                         "others ours", choices=CODECS, check_choices=False)
     algorithm: str = option("ring", "scalesgd engine's allreduce", choices=ALGORITHMS)
     buckets: str = option("size:1", "scalesgd engine's bucket plan: size:MB | growing[:FIRST_MB[:FACTOR]] | layer "
                           "| single", check=spec_problem)
-    shard: str = option("all", "--engine fsdp: shard over every rank (all), or within each node and replicate across "
-                        "nodes (node: hybrid sharding; the node's reduce-scatter in fp32, each shard's sum across "
-                        "nodes, or with --local-steps each node's DiLoCo round, through the codec)",
-                        choices=SHARDING)
+    shard: str = option("all", "the sharded engines: shard over every rank (all), or within each node and "
+                        "replicate across nodes (node: hybrid sharding; 2 nodes or more; the node's reduce-scatter in "
+                        "fp32, each shard's sum across nodes, or with --local-steps each node's DiLoCo round, "
+                        "through the codec)", choices=SHARDING)
     procs_per_node: int = option(0, "processes per node for hierarchical exchange", shown_default="LOCAL_WORLD_SIZE",
                                  check=checks.at_least(0, "0 reads LOCAL_WORLD_SIZE"))
     compress_after: str = option("warmup", "a lossy codec compresses after this many dense (fp32) steps: STEPS, "
@@ -124,7 +125,7 @@ class ExchangeConfig:
     def codec_site(self) -> str:
         """Where the codec runs: in the engine's exchange, or, where ours shards within each node, in the cross-node
         sum of the shards (`CROSS_NODE_SHARDS`: any codec of ours; FSDP2 as it comes sums in its reduce dtype)."""
-        return CROSS_NODE_SHARDS if self.hybrid and self.engine == "fsdp" else self.engine
+        return CROSS_NODE_SHARDS if self.hybrid and self.engine == SHARDED_ENGINE else self.engine
 
     @property
     def sharded(self) -> bool:

@@ -60,7 +60,13 @@ def exchange(cfg) -> None:
     if x.sharded:
         sharded(cfg)
     elif x.shard != "all":
-        raise UsageError(f"`shard` {x.shard} lays out the sharded engine's shards: add `engine` fsdp")
+        raise UsageError(f"`shard` {x.shard} lays out the sharded engine's shards: add `engine` {SHARDED_ENGINE}")
+    if not x.auto and x.auto_codecs != field_default(type(x), "auto_codecs"):
+        raise UsageError(f"`auto_codecs` {','.join(x.auto_codecs)} lists what `exchange` auto weighs: add `exchange` "
+                         "auto, or drop it")
+    if not x.auto and not x.auto_periodic:
+        raise UsageError("--no-auto-periodic keeps `exchange` auto to per-step exchanges: add `exchange` auto, or drop "
+                         "it")
     if cfg.periodic.on:
         periodic(cfg)
     else:
@@ -164,7 +170,7 @@ def manual(cfg) -> None:
     if x.sharded and x.codec in CODECS and x.codec not in runs_here:
         entry, ours = CODECS[x.codec], ", ".join(runs_here)
         if x.engine == "fsdp2":
-            elsewhere = " and ".join(e for e in ("scalesgd", "ddp", "fsdp") if entry.runs_on(e))
+            elsewhere = " and ".join(e for e in ("scalesgd", "ddp", SHARDED_ENGINE) if entry.runs_on(e))
             raise UsageError(f"`codec` {x.codec}: `engine` fsdp2 is FSDP2 as it comes, its reduce-scatter in {ours}; "
                              f"{x.codec} runs with `engine` {elsewhere}")
         if entry.build is None:
@@ -220,8 +226,9 @@ def periodic(cfg) -> None:
     the fragments divide a round and their exchanges land before their next one starts."""
     r, x, p = cfg.recipe, cfg.exchange, cfg.periodic
     if x.auto:
-        raise UsageError("`exchange` auto weighs per-step exchanges; with `local_steps` give `codec` (the "
-                         "pseudo-gradient's)")
+        raise UsageError(f"`exchange` auto chooses how the run exchanges, periodic synchronisation among its "
+                         f"choices (where bench quality measured it): drop `local_steps` {p.local_steps}, or drop "
+                         "`exchange` auto and give `codec` (the pseudo-gradient's)")
     ours = [name for name, entry in CODECS.items() if entry.build is not None]
     require_choice("codec", x.codec, ours, " (with `local_steps`: the pseudo-gradient travels through our codecs)")
     per_step = {"compress_after": x.compress_after != field_default(type(x), "compress_after"),
@@ -270,11 +277,12 @@ def _named(text: str, names: tuple[str, ...]) -> str:
 
 
 def sharded(cfg) -> None:
-    """`engine` fsdp or fsdp2: what the sharded engines do not run yet is refused, saying why."""
+    """`engine` scalesgd-fsdp or fsdp2: what the sharded engines do not run yet is refused, saying why."""
     r, engine = cfg.recipe, cfg.exchange.engine
     if cfg.periodic.on and cfg.exchange.codec_site != CROSS_NODE_SHARDS:
         raise UsageError(f"`local_steps` {cfg.periodic.local_steps} with `engine` {engine}: periodic synchronisation "
-                         "of shards runs across nodes, each node one worker: add `shard` node with `engine` fsdp")
+                         "of shards runs across nodes, each node one worker: add `shard` node with `engine` "
+                         f"{SHARDED_ENGINE}")
     if cfg.periodic.on and cfg.periodic.peer:
         raise UsageError(f"`peer` {cfg.periodic.peer} synchronises whole models; drop it with `engine` {engine}")
     if r.precision == "fp16":
@@ -282,7 +290,7 @@ def sharded(cfg) -> None:
                          "(FSDP's mixed precision: bf16 compute, fp32 shards) or fp32")
     if r.freeze_variance and cfg.exchange.codec_site != CROSS_NODE_SHARDS:
         raise UsageError("`freeze_variance` steps with 1-bit Adam's update for a sparse exchange, which the sharded "
-                         "engine runs only across nodes: add `shard` node with `engine` fsdp")
+                         f"engine runs only across nodes: add `shard` node with `engine` {SHARDED_ENGINE}")
     if cfg.measures_noise:
         raise UsageError("`noise_scale` and `lr_scaling` adascale read each rank's local gradient norm, which the "
                          "sharded engine does not keep; give `engine` scalesgd or ddp")

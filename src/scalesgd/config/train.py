@@ -16,7 +16,7 @@ from torch import nn
 from scalesgd import checks
 from scalesgd.comm.codecs import CodecSettings
 from scalesgd.comm.config import ExchangeConfig
-from scalesgd.comm.engine.exchange import ExchangeSetup
+from scalesgd.comm.engine.exchange import RENAMED, ExchangeSetup, engine_named
 from scalesgd.config import rules
 from scalesgd.config.output import OutputConfig
 from scalesgd.config.runtime import RuntimeConfig
@@ -144,6 +144,8 @@ class TrainConfig:
         if unknown:
             raise UsageError(f"unknown configuration keys {unknown}; this version accepts {sorted(known)}")
         d = {**brought(d, field_default(ModelConfig, "name"), field_default(RecipeConfig, "optimizer")), **d}
+        if d.get("engine") in RENAMED:  # a run directory of an earlier version, or its name typed (warned of there)
+            d["engine"] = engine_named(d["engine"], warn=False)
         if d.get("milestones") is not None:
             d["milestones"] = tuple(float(m) for m in d["milestones"])
         for key in LISTS:

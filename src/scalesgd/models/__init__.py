@@ -37,7 +37,7 @@ class ModelEntry:
     build: Callable[[int, int, ModelOptions], nn.Module]
     data: str = IMAGE
     recipe: dict = field(default_factory=dict)  # `scalesgd train` options (by flat name) it runs at unless given
-    # the modules `--engine fsdp` shards one by one before the rest (a block, a stage: gathered one at a time)
+    # the modules the sharded engines shard one by one before the rest (a block, a stage: gathered one at a time)
     shard_units: Callable[[nn.Module], list[nn.Module]] = lambda model: []
 
 

@@ -1,6 +1,7 @@
 """Exchange modes by name, as `bench train` runs them and `simulate` predicts them: `none`, `ddp[-CODEC[@RANK]]`,
-`scalesgd[-CODEC[@AMOUNT][/WIRE][-ALGORITHM[-BUCKETS]]]`, sharded `fsdp[:node][-CODEC[@AMOUNT][/WIRE]]` and
-`fsdp2[:node][-CODEC]`. AMOUNT is a sparse codec's density or a low-rank codec's
+`scalesgd[-CODEC[@AMOUNT][/WIRE][-ALGORITHM[-BUCKETS]]]`, sharded `scalesgd-fsdp[:node][-CODEC[@AMOUNT][/WIRE]]`
+(ours; `fsdp…`, its earlier name, still read) and `fsdp2[:node][-CODEC]` (FSDP2 as it comes), periodic
+`periodic@H[/F[/τ]][-CODEC]`. AMOUNT is a sparse codec's density or a low-rank codec's
 rank; WIRE the low-rank codec's factor wire, or how a sparse codec's entries travel (compact or plain)."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from scalesgd.comm.codecs.registry import (
     flat_codec_options,
     options_from_flat,
 )
-from scalesgd.comm.engine.exchange import SHARDED, exchange_names, parse_exchange
+from scalesgd.comm.engine.exchange import RENAMED, SHARDED, engine_named, exchange_names, parse_exchange
 from scalesgd.config import AUTO_CODECS, NO_PLANNER
 from scalesgd.errors import UsageError
 from scalesgd.periodic.schedule import Schedule
@@ -25,7 +26,7 @@ MODES_HELP = ("comma-separated: none (no exchange: the compute-only bound), ddp[
               "periodic@H[/F[/τ]][-CODEC] (simulate: synchronisation every H steps, F fragments, τ steps behind), "
               "scalesgd[-CODEC[@AMOUNT][/WIRE][-ALGORITHM[-BUCKETS]]] (AMOUNT: a sparse codec's density, lowrank's "
               "rank; WIRE: lowrank's factor wire, e.g. scalesgd-lowrank@4/fp16, or a sparse codec's, compact or plain, "
-              "e.g. scalesgd-topk@0.01/plain), fsdp[:node][-CODEC[@AMOUNT][/WIRE]] (simulate: ours on FSDP2's "
+              "e.g. scalesgd-topk@0.01/plain), scalesgd-fsdp[:node][-CODEC[@AMOUNT][/WIRE]] (simulate: ours on FSDP2's "
               "reduce-scatter; :node shards within nodes), fsdp2[:node][-CODEC] (FSDP2's own), "
               "auto[-EXCHANGE+EXCHANGE…[@DENSITY]] "
               "(--exchange auto among those: our codecs by name, ddp and ddp-CODEC; default: --auto-codecs' own)")
@@ -90,7 +91,7 @@ def parse_mode(text: str) -> Mode:
         return _parse_periodic(text)
     if text == "auto" or text.startswith(("auto-", "auto@")):
         return _parse_auto(text)
-    if engine.split(":")[0] in SHARDED:
+    if any(text == name or text.startswith((name + ":", name + "-")) for name in _SHARDED_NAMES):
         return _parse_sharded(text)
     if engine not in ("ddp", "scalesgd"):
         raise UsageError(f"mode {text!r} is not known; use none, ddp[-CODEC[@RANK]], "
@@ -120,17 +121,18 @@ def parse_mode(text: str) -> Mode:
                 given=_amount_and_wire(text, engine, codec, amount, wire))
 
 
-_SHARDED = re.compile(rf"({'|'.join(sorted(SHARDED, key=len, reverse=True))})(?::(node))?(?:-(.+))?$")
+_SHARDED_NAMES = sorted([*SHARDED, *RENAMED], key=len, reverse=True)
+_SHARDED = re.compile(rf"({'|'.join(map(re.escape, _SHARDED_NAMES))})(?::(node))?(?:-(.+))?$")
 
 
 def _parse_sharded(text: str) -> Mode:
-    """`fsdp[:node][-CODEC[@AMOUNT][/WIRE]]` (ours) or `fsdp2[:node][-CODEC]` (FSDP2's own reduce-scatter in the
-    codec's dtype): every rank's shard, or (`:node`) shards within each node and the sum across nodes."""
+    """`scalesgd-fsdp[:node][-CODEC[@AMOUNT][/WIRE]]` (ours) or `fsdp2[:node][-CODEC]` (FSDP2's own reduce-scatter in
+    the codec's dtype): every rank's shard, or (`:node`) shards within each node and the sum across nodes."""
     found = _SHARDED.match(text)
     if not found:
-        raise UsageError(f"mode {text!r}: a sharded mode is fsdp[:node][-CODEC[@AMOUNT][/WIRE]] or "
-                         "fsdp2[:node][-CODEC], e.g. fsdp-fp8 or fsdp:node-topk@0.01")
-    engine, shard, rest = found[1], found[2] or "", found[3] or "fp32"
+        raise UsageError(f"mode {text!r}: a sharded mode is scalesgd-fsdp[:node][-CODEC[@AMOUNT][/WIRE]] or "
+                         "fsdp2[:node][-CODEC], e.g. scalesgd-fsdp-fp8 or scalesgd-fsdp:node-topk@0.01")
+    engine, shard, rest = engine_named(found[1]), found[2] or "", found[3] or "fp32"
     codec = _longest_codec(rest)
     if codec is None or not CODECS[codec].runs_on(engine):
         takes = [c for c, e in CODECS.items() if e.runs_on(engine)]

@@ -60,10 +60,16 @@ def mode_key(mode) -> str:
     return key_of(mode.engine, mode.codec, mode.schedule)
 
 
+def per_reference_step(iteration_s: float, factor: float | None) -> float:
+    """Seconds to the target per step DDP fp32 takes to it: the mode's step (a round's share) × its steps to the
+    target over DDP fp32's (1 where none was measured): the one way a time to the target is predicted."""
+    return iteration_s * (factor if factor is not None else 1.0)
+
+
 def to_target(iteration_s: float, row: StepsToTarget | None) -> float | None:
-    """Seconds to the target per step DDP fp32 takes to it: the mode's step (a round's share) × its steps factor;
-    None where it missed the target or none was measured."""
-    return None if row is None or row.missed else iteration_s * row.factor
+    """`per_reference_step` where the table has the mode's row; None where it missed the target or none was
+    measured."""
+    return None if row is None or row.missed else per_reference_step(iteration_s, row.factor)
 
 
 def merged(records: list[dict[str, StepsToTarget]]) -> dict[str, StepsToTarget]:

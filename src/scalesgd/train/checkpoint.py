@@ -244,12 +244,12 @@ def load_latest(run_dir: Path, say: bool = False) -> dict:
     line saying so); UsageError naming both when neither can be read."""
     latest, previous = Path(run_dir) / CHECKPOINT_NAME, Path(run_dir) / PREVIOUS_CHECKPOINT_NAME
     try:
-        return load(latest)
+        return load_whole(latest)
     except UsageError as err:
         if not previous.is_file():
             raise
         try:
-            state = load(previous)
+            state = load_whole(previous)
         except UsageError as before:
             raise UsageError(f"neither checkpoint of {run_dir} can be read: {latest.name} "
                              f"({_reason(err) if latest.is_file() else 'missing'}), nor the one before, "
@@ -281,4 +281,13 @@ def load(path: Path) -> dict:
     missing = [k for k in REQUIRED_KEYS if not isinstance(state, dict) or k not in state]
     if missing:
         raise UsageError(f"{path} is not a scalesgd checkpoint: missing keys {missing}")
+    return state
+
+
+def load_whole(path: Path) -> dict:
+    """`load`, and a sharded checkpoint's shard folder checked readable too (UsageError naming what is damaged)."""
+    state = load(path)
+    damaged = shards.problem(Path(path).parent / state["shards"]) if state.get("shards") else None
+    if damaged:
+        raise UsageError(f"{path} is not a readable scalesgd checkpoint ({damaged})")
     return state

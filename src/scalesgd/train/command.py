@@ -8,6 +8,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from scalesgd.comm.engine.exchange import engine_named
 from scalesgd.config import TrainConfig, rules
 from scalesgd.data.config import absolute_paths
 from scalesgd.errors import UsageError, as_flags
@@ -30,6 +31,8 @@ class TrainCommand(Options):
         run's configuration, changed where these options say."""
         given = dict(given)
         resume = given.pop("resume", "")
+        if "engine" in given:
+            given["engine"] = engine_named(given["engine"])
         if process_group.launched_by_torchrun():
             world = int(os.environ["WORLD_SIZE"])
             if given.get("workers", world) != world:

@@ -18,7 +18,7 @@ from scalesgd.comm.cost import planner
 from scalesgd.comm.engine.exchange import ENGINES, GradientExchange
 from scalesgd.comm.engine.policies import GradientNorms
 from scalesgd.comm.wire.membership import Membership
-from scalesgd.config import NO_PLANNER, TrainConfig
+from scalesgd.config import TrainConfig
 from scalesgd.data import (
     DataBundle,
     FolderData,
@@ -80,6 +80,7 @@ class Run:
     noise: NoiseScale = field(default_factory=NoiseScale)  # --noise-scale's smoothed estimates
     milestones: Milestones = field(default_factory=Milestones)  # the training clock, --eval-every, --time-budget
     before_bytes: int = 0  # the process's resident set before data and model (Python, torch)
+    startup_s: float = 0.0  # from the worker's start of training to its first step (data, model, codec kernels)
 
 
 def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool = False) -> dict:
@@ -90,6 +91,7 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
     wall_start = time.perf_counter()
     run = setup(cfg, run_dir, env, resume)
     done = checkpoint.restore(run_dir, run.model, run.exchange, run.scheduler, run.env) if resume else Progress()
+    run.startup_s = time.perf_counter() - wall_start
     run.noise = NoiseScale.from_state(done.noise)
     run.milestones = Milestones(cfg.output.eval_every, cfg.output.time_budget, done.clock_s, done.bytes_sent)
     if run.env.is_main:  # a restart from the start, too, drops what the failed attempt logged
@@ -167,25 +169,21 @@ def setup(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool) 
             print(f"scalesgd: skipped {path}: {what}", file=sys.stderr)
     objective = Objective(data.is_text, cfg.recipe.label_smoothing, data.sequence_length)
     plan, planned, chosen = None, {}, {}
+    if cfg.exchange.auto:  # decided once, on the whole model before it is laid out: the codec decides how it is
+        batches = pipeline.first_batches(cfg.micro_batch, PROBE_BATCHES)  # sharded (fixed batches: no RNG drawn)
+        cfg, plan, chosen = auto.choose(cfg, model, batches, objective.loss, env, run_dir, resume, cfg.output.quiet)
     if cfg.exchange.sharded:  # the optimizer is built on the shards (within each node where hybrid)
-        if cfg.exchange.auto:  # the codec decides how the model is sharded: chosen on the whole model, before
-            batches = pipeline.first_batches(cfg.micro_batch, PROBE_BATCHES)
-            cfg, _, chosen = auto.choose(cfg, model, batches, objective.loss, env, run_dir, resume, cfg.output.quiet)
         ENGINES[cfg.exchange.engine].shard(model, MODELS[cfg.model.name].shard_units(model), cfg.recipe.precision,
                                            cfg.exchange.codec, env.topology_groups if cfg.exchange.hybrid else None,
                                            env.device)
     optimizer = cfg.build_optimizer(model, len(sampler))
     scheduler = build_scheduler(optimizer, cfg.recipe.lr_schedule(len(sampler)).factor)
     tracer = Tracer(False)
-    if cfg.exchange.planner != NO_PLANNER or (cfg.exchange.mode == "auto" and not cfg.exchange.sharded):
-        batches = pipeline.first_batches(cfg.micro_batch, PROBE_BATCHES)  # fixed batches: no RNG drawn
-        if cfg.exchange.mode == "auto":
-            cfg, plan, chosen = auto.choose(cfg, model, batches, objective.loss, env, run_dir, resume, cfg.output.quiet)
-        else:
-            topk = cfg.exchange.codec_options["topk"]
-            plan, planned = planner.plan_exchange(cfg.exchange.planner, topk.density, topk.reuse, model, batches[0],
-                                                  objective.loss, env.exchange_group, run_dir, resume,
-                                                  wire=topk.wire)
+    if cfg.exchange.planned:
+        topk = cfg.exchange.codec_options["topk"]
+        plan, planned = planner.plan_exchange(cfg.exchange.planner, topk.density, topk.reuse, model,
+                                              pipeline.first_batches(cfg.micro_batch, PROBE_BATCHES)[0],
+                                              objective.loss, env.exchange_group, run_dir, resume, wire=topk.wire)
     norms = GradientNorms() if cfg.measures_noise else None
     travel = cfg.exchange_setup(env.exchange_group, env.topology_groups, tracer, plan, len(sampler), norms)
     exchange = open_exchange(cfg, model, optimizer, travel)
@@ -364,7 +362,8 @@ def finish(run: Run, done: Progress, record: dict, images_per_s: list[float], pr
     summary = {
         "final_test_acc": record.get("test_acc", done.best_test_acc), "best_test_acc": done.best_test_acc,
         **{f"final_{key}": record[key] for key in ("test_loss", "test_perplexity") if key in record},
-        "wall_time_s": done.elapsed_s, "train_s": run.milestones.train_s(), "bytes_sent": run.milestones.bytes_sent,
+        "wall_time_s": done.elapsed_s, "startup_s": run.startup_s, "train_s": run.milestones.train_s(),
+        "bytes_sent": run.milestones.bytes_sent,
         **({"stopped_by_time_budget": True} if run.milestones.stopped else {}),
         throughput_key(run.data.is_text): statistics.fmean(images_per_s) if images_per_s else 0.0,
         "epochs": run.cfg.recipe.epochs, "epochs_trained": done.epoch, "steps_per_epoch": len(run.sampler),

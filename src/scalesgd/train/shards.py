@@ -28,6 +28,26 @@ def save(state: dict, folder: Path, env: DistEnv) -> None:
     dcp.save(state, checkpoint_id=folder)
 
 
+def problem(folder: Path) -> str | None:
+    """What makes a checkpoint's shard folder unreadable (missing, no metadata, a shard file cut short), or None:
+    found before any worker starts, so a damaged one is one line rather than every rank's traceback."""
+    if not folder.is_dir():
+        return f"its shard folder {folder.name} is missing"
+    try:
+        stored = dcp.FileSystemReader(folder).read_metadata().storage_data
+    except Exception as err:  # noqa: BLE001 (any unreadable metadata is a damaged checkpoint)
+        return f"its shard folder {folder.name} has no readable metadata ({type(err).__name__})"
+    needed: dict[str, int] = {}
+    for info in stored.values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    for name, size in sorted(needed.items()):
+        have = (folder / name).stat().st_size if (folder / name).is_file() else None
+        if have is None or have < size:
+            held = "missing" if have is None else f"{have:,} of its {size:,} bytes"
+            return f"its shard file {folder.name}/{name} is cut short ({held})"
+    return None
+
+
 def prune(run_dir: Path, keep: set[str]) -> None:
     """Remove the shard folders no checkpoint file names any longer (rank 0, after the file is in place)."""
     for folder in Path(run_dir).glob(f"{PREFIX}*"):

@@ -7,11 +7,21 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from scalesgd.comm.codecs import CODECS, CodecSettings, TopkOptions
-from scalesgd.comm.codecs.registry import CROSS_NODE_SHARDS
-from scalesgd.comm.engine.exchange import ENGINES, DdpExchange, EngineExchange, ExchangeSetup, build_exchange
+from scalesgd.comm.codecs.registry import CROSS_NODE_SHARDS, SHARDED_ENGINE
+from scalesgd.comm.engine.exchange import (
+    ENGINES,
+    DdpExchange,
+    EngineExchange,
+    ExchangeSetup,
+    build_exchange,
+    engine_named,
+)
 from scalesgd.comm.engine.fsdp import FsdpExchange, shard_model
 from scalesgd.comm.engine.optimizer import DistributedOptimizer, IterationStats
+from scalesgd.config import TrainConfig
+from scalesgd.errors import Renamed
 from scalesgd.models import build_model
+from scalesgd.sim.modes import parse_mode
 from tests.spawn_util import run_workers
 
 CASES = [("ddp", "fp32"), ("ddp", "fp16"), ("ddp", "powersgd"), ("ddp", "fp8-flat"), ("scalesgd", "fp32"),
@@ -67,9 +77,9 @@ def test_both_engines_answer_the_same_questions():
 
 
 def test_own_groups_and_engine_compatibility_come_from_the_registry():
-    assert set(ENGINES) == {"ddp", "scalesgd", "fsdp", "fsdp2"}
+    assert set(ENGINES) == {"ddp", "scalesgd", "scalesgd-fsdp", "fsdp2"}
     assert [name for name, entry in CODECS.items() if entry.runs_on("fsdp2")] == ["fp32", "fp16", "bf16"]
-    for site in ("fsdp", CROSS_NODE_SHARDS):  # each unit's gradients (or shard) one bucket: not PyTorch's, regrouped
+    for site in (SHARDED_ENGINE, CROSS_NODE_SHARDS):  # each unit's gradients (or shard) one bucket: not PyTorch's, regrouped
         assert [name for name, entry in CODECS.items() if not entry.runs_on(site)] == ["powersgd", "topk-global",
                                                                                        "lags"]
     assert [name for name, entry in CODECS.items() if entry.scatters] == [  # sums that end in the shards
@@ -77,10 +87,10 @@ def test_own_groups_and_engine_compatibility_come_from_the_registry():
     assert not FsdpExchange.uses_own_group(CODECS["fp16"])  # the reduce-scatter runs in FSDP's mesh
     assert EngineExchange.uses_own_group(CODECS["fp16"])
     assert not DdpExchange.uses_own_group(CODECS["fp16"]) and DdpExchange.uses_own_group(CODECS["fp8"])
-    with pytest.raises(ValueError, match="codec 'lags' does not run on engine 'fsdp'"):
-        build_exchange("fsdp", torch.nn.Linear(2, 2), None, ExchangeSetup("lags"))
+    with pytest.raises(ValueError, match="codec 'lags' does not run on engine 'scalesgd-fsdp'"):
+        build_exchange("scalesgd-fsdp", torch.nn.Linear(2, 2), None, ExchangeSetup("lags"))
     with pytest.raises(ValueError, match="takes a model sharded by shard_model"):
-        build_exchange("fsdp", torch.nn.Linear(2, 2), None, ExchangeSetup("fp16"))
+        build_exchange("scalesgd-fsdp", torch.nn.Linear(2, 2), None, ExchangeSetup("fp16"))
     with pytest.raises(ValueError, match="precision 'fp16': the sharded engine computes in fp32 or bf16"):
         shard_model(torch.nn.Linear(2, 2), precision="fp16")
     with pytest.raises(ValueError, match="codec 'powersgd' does not run on engine 'scalesgd'"):
@@ -190,3 +200,13 @@ def test_every_codec_of_our_engine_trains_under_bf16_and_fp16_autocast():
     for case, (stepped, after, finite, moved) in ranks[0].items():
         assert all(stepped) and finite and moved, case
         assert torch.equal(after, ranks[1][case][1]), case  # every rank steps alike
+
+
+def test_an_engines_earlier_name_still_works_and_says_its_name_now():
+    with pytest.warns(Renamed, match="`engine` fsdp is now scalesgd-fsdp"):
+        assert engine_named("fsdp") == SHARDED_ENGINE
+    with pytest.warns(Renamed):
+        mode = parse_mode("fsdp:node-fp8")
+    assert (mode.engine, mode.shard, mode.codec) == (SHARDED_ENGINE, "node", "fp8")
+    assert engine_named("fsdp2") == "fsdp2" and engine_named("fsdp", warn=False) == SHARDED_ENGINE
+    assert TrainConfig.from_dict({"engine": "fsdp"}).exchange.engine == SHARDED_ENGINE  # an old run's config.json

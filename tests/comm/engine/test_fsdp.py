@@ -95,7 +95,7 @@ def sharded_against_ddp(rank, world, folder):
             train(resumed, data[2 * MICRO:], steps=1)
             out["resumed"] = whole(resumed, again)
     sgd = lambda params: torch.optim.SGD(params, lr=0.5, momentum=0.9)  # noqa: E731  (AdamW blows up rounding)
-    for engine, codec in (("ddp", "fp32"), ("scalesgd", "fp8-flat"), ("fsdp", "fp8")):  # fp8 relative to the weights
+    for engine, codec in (("ddp", "fp32"), ("scalesgd", "fp8-flat"), ("scalesgd-fsdp", "fp8")):  # fp8 relative to the weights
         model = shard_gpt() if engine == "fsdp" else gpt()
         exchange = build_exchange(engine, model, sgd(model.parameters()), ExchangeSetup(codec))
         train(exchange, data)

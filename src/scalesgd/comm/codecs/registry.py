@@ -91,8 +91,8 @@ SHARDED_TOO = (*WHOLE_GRADIENT_ENGINES, "fsdp", "fsdp2")  # FSDP2 as it comes (f
 # Where every codec of ours that sums bucket by bucket runs: the sharded engine's reduce-scatter (each unit's
 # gradients one bucket, laid out as FSDP lays them) and, where it shards within each node, its cross-node sum (each
 # unit's shard one bucket: every node holds the same shards)
-SHARDED_ENGINE = "fsdp"
-CROSS_NODE_SHARDS = "fsdp:node"
+SHARDED_ENGINE = "scalesgd-fsdp"
+CROSS_NODE_SHARDS = "scalesgd-fsdp:node"
 
 
 @dataclass(frozen=True)

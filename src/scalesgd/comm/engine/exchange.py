@@ -1,6 +1,7 @@
-"""The engines by name: PyTorch DDP (its allreduce, its hooks or ours), ours (`DistributedOptimizer`), the sharded
-one (FSDP2 with the codec on its reduce-scatter, `comm/engine/fsdp.py`) and FSDP2 as it comes (fsdp2); each is a
-`GradientExchange` (`comm/engine/base.py`), the one object a loop talks to:
+"""The engines by name, PyTorch's as they come under their own names and ours under ours: DDP (`ddp`: its allreduce,
+its hooks or ours) and our `DistributedOptimizer` (`scalesgd`); FSDP2 as it comes (`fsdp2`: its own reduce-scatter)
+and our sharded engine (`scalesgd-fsdp`: FSDP2's shards with the codec on their reduce-scatter,
+`comm/engine/fsdp.py`). Each is a `GradientExchange` (`comm/engine/base.py`), the one object a loop talks to:
 
     exchange = build_exchange("scalesgd", model, optimizer, ExchangeSetup(codec="fp8", precision="bf16"))
     with exchange.no_sync():                       # micro-batches before the last: gradients only summed
@@ -14,6 +15,7 @@ one (FSDP2 with the codec on its reduce-scatter, `comm/engine/fsdp.py`) and FSDP
 
 from __future__ import annotations
 
+import warnings
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
@@ -23,15 +25,17 @@ from torch.nn.parallel import DistributedDataParallel
 from scalesgd.comm.codecs import CODECS, CodecEntry, DdpHook, make_codec
 from scalesgd.comm.codecs.cast import DENSE
 from scalesgd.comm.codecs.pytorch import allreduce
+from scalesgd.comm.codecs.registry import SHARDED_ENGINE
 from scalesgd.comm.engine.base import ExchangeSetup, GradientExchange
 from scalesgd.comm.engine.ddp_hook import CodecHookState, codec_hook
 from scalesgd.comm.engine.fsdp import Fsdp2Exchange, FsdpExchange
 from scalesgd.comm.engine.optimizer import DistributedOptimizer, IterationStats
 from scalesgd.comm.engine.policies import MeasuredHook, measured_hook
+from scalesgd.errors import Renamed
 from scalesgd.registry import Registry
 
-__all__ = ["ENGINES", "SHARDED", "ExchangeSetup", "GradientExchange", "build_exchange", "exchange_names",
-           "parse_exchange"]
+__all__ = ["ENGINES", "RENAMED", "SHARDED", "ExchangeSetup", "GradientExchange", "build_exchange", "engine_named",
+           "exchange_names", "parse_exchange"]
 
 
 class DdpExchange(GradientExchange):
@@ -110,10 +114,22 @@ class EngineExchange(GradientExchange):
 ENGINES: Registry[type[GradientExchange]] = Registry("engine")
 ENGINES.add("ddp", DdpExchange)
 ENGINES.add("scalesgd", EngineExchange)
-ENGINES.add("fsdp", FsdpExchange)
+ENGINES.add(SHARDED_ENGINE, FsdpExchange)
 ENGINES.add("fsdp2", Fsdp2Exchange)
+RENAMED = {"fsdp": SHARDED_ENGINE}  # an engine's earlier name → its name now
 # the engines that shard the model before the optimizer is built (each lays it out with its `shard`)
 SHARDED = tuple(name for name, engine in ENGINES.items() if issubclass(engine, FsdpExchange))
+
+
+def engine_named(name: str, warn: bool = True) -> str:
+    """The engine `name` stands for: itself, or the engine an earlier name now is (`warn`: saying so, as a `Renamed`
+    warning)."""
+    if name in RENAMED:
+        if warn:
+            warnings.warn(f"`engine` {name} is now {RENAMED[name]} (ours, beside fsdp2, FSDP2 as it comes, as scalesgd "
+                          f"is beside ddp); {name} still works", Renamed, stacklevel=2)
+        return RENAMED[name]
+    return name
 
 
 def parse_exchange(name: str) -> tuple[str, str]:
@@ -136,6 +152,7 @@ def exchange_names() -> list[str]:
 def build_exchange(engine: str, model: nn.Module, optimizer: torch.optim.Optimizer,
                    setup: ExchangeSetup) -> GradientExchange:
     """Wrap `model` and `optimizer` in the registered engine (collective: every rank, together)."""
+    engine = engine_named(engine)
     site = ENGINES[engine].codec_site(model) if engine in ENGINES else None
     if not CODECS[setup.codec].runs_on(site or engine):
         where = "the cross-node sum of a model sharded within each node" if site else f"engine {engine!r}"

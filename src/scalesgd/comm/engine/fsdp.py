@@ -3,7 +3,7 @@ the optimizer's state, and the gradients' reduce-scatter travels on the codec's 
 
     model = shard_model(model, units=model.blocks, precision="bf16")   # before the optimizer: it needs the shards
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    exchange = build_exchange("fsdp", model, optimizer, ExchangeSetup(codec="bf16"))
+    exchange = build_exchange("scalesgd-fsdp", model, optimizer, ExchangeSetup(codec="bf16"))
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def shard_model(model: nn.Module, units: Iterable[nn.Module] = (), precision: st
                 reduce_dtype: torch.dtype = torch.float32) -> nn.Module:
     """Shard each unit (a GPT block, a ResNet stage: one all-gather and one reduce-scatter each), then the root (what
     is left: embeddings, head); under bf16 the units compute with bf16 copies of fp32 shards, the root returns fp32.
-    `reduce_dtype` is what FSDP2's own reduce-scatter sends (the codec's wire replaces it under `--engine fsdp`).
+    `reduce_dtype` is what FSDP2's own reduce-scatter sends (the codec's wire replaces it under `--engine scalesgd-fsdp`).
 
     Collective: every rank, together, before the optimizer is built on `model.parameters()` (the shards)."""
     if precision not in COMPUTE:
