@@ -188,6 +188,14 @@ REFUSED = [
     ((*TRAIN, "--engine", "fsdp2", "--codec", "topk"), "--codec topk: --engine fsdp2 is FSDP2 as it comes, its "
                                                        "reduce-scatter in fp32, fp16, bf16; topk runs with --engine "),
     ((*TRAIN, "--shard", "node"), "--shard node lays out the sharded engine's shards: add --engine scalesgd-fsdp"),
+    ((*TRAIN, "--no-auto-periodic"), "--no-auto-periodic keeps --exchange auto to per-step exchanges: add --exchange"),
+    ((*TRAIN, "--auto-codecs", "fp16,fp8"), "--auto-codecs fp16,fp8 lists what --exchange auto weighs"),
+    ((*TRAIN, "--local-steps", "4", "--peer", "bogus"), "--peer 'bogus' is not known; choose from '', torchft"),
+    ((*TRAIN, "--local-steps", "64", "--fragments", "64"), "--fragments 64: the model has 19 layers with parameters"),
+    ((*TRAIN, "--local-steps", "4", "--codec", "fp8", "--factor-wire", "fp16"),
+     "--factor-wire applies to the lowrank codecs; with --local-steps the pseudo-gradient travels through --codec"),
+    ((*TRAIN, "--engine", "scalesgd-fsdp", "--shard", "node", "--workers", "2"),
+     "--shard node shards within each node and sums across nodes, and the 2 workers are one node"),
     ((*TRAIN, "--dataset", "imagefolder"), "--dataset imagefolder needs --data-dir: the folder holding train/<class>"),
     ((*TRAIN, "--dataset", "imagefolder", "--data-dir", "f"),
      "image folder f is a file, not a folder (expected a directory with "),
@@ -332,8 +340,44 @@ TRIAL = {  # what a new user ran against ef7adf9 that ended silent, in a traceba
 }
 
 
+PERIODIC = "tests.periodic."
+TRAIN_TESTS = "tests.train."
+TRIAL_ROUNDS = {  # what a new user ran against 1bdcfc8 (periodic rounds, shards, auto) that ended silent, in a
+    # traceback or a confusing line
+    "a resumed run's clock started from the wall clock's elapsed_s":
+        TRAIN_TESTS + "test_loop::test_a_resumed_run_continues_the_training_clock_and_the_bytes_sent",
+    "finish()'s exchanges were not in bytes_sent":
+        TRAIN_TESTS + "test_loop::test_the_exchange_the_end_of_a_run_lands_is_counted_in_its_bytes",
+    "--shard node on one node said nothing": REFUSED_HERE,
+    "another codec's options with --local-steps were ignored": REFUSED_HERE,
+    "DiLoCo over another model's optimizers, or fragments leaving parameters out":
+        PERIODIC + "test_diloco::test_arguments_that_would_not_synchronise_are_refused_naming_them",
+    "bench quality's 'a=… --seed=3'":
+        "tests.bench.test_quality::test_an_exchange_that_sets_what_the_bench_sets_is_refused_before_any_run",
+    "simulate --modes periodic@64/64 on a 19-layer model":
+        "tests.sim.test_command::test_bad_input_is_one_line_and_exit_2",
+    "--no-auto-periodic and --auto-codecs without --exchange auto": REFUSED_HERE,
+    "--local-steps 64 --fragments 64 refused only inside the workers": REFUSED_HERE,
+    "a truncated .distcp shard file on resume":
+        TRAIN_TESTS + "test_checkpoint::test_a_cut_short_shard_file_resumes_from_the_checkpoint_before_or_is_one_line",
+    "bench quality --reference bogus, an unclosed quote, --exchanges bogus or ';;'":
+        "tests.bench.test_quality::test_a_bad_exchange_or_reference_is_one_line_naming_it",
+    "periodic@16-topk@0.01 said topk is none of ours":
+        "tests.sim.test_exchange::test_a_periodic_mode_that_cannot_run_is_refused",
+    "DiLoCo(local_steps=1.5) and local_steps='16'":
+        PERIODIC + "test_schedule::test_what_cannot_run_is_refused_naming_the_argument",
+    "--peer bogus listed an empty choice as nothing": REFUSED_HERE,
+    "the unknown-codec list offered powersgd":
+        PERIODIC + "test_diloco::test_arguments_that_would_not_synchronise_are_refused_naming_them",
+    "a step fp16's scaler skipped on one rank split the rounds":
+        PERIODIC + "test_diloco::test_a_step_the_scaler_skips_on_one_rank_still_counts_there_so_rounds_stay_together",
+    "docs/periodic.md named top-k, no density, no SCALESGD_FP8_KERNELS":
+        PERIODIC + "test_docs::test_the_periodic_docs_name_registered_codecs_their_density_and_fp8s_compile",
+}
+
+
 def test_every_case_the_trial_found_has_a_test_that_exists():
     import importlib
-    for case, where in TRIAL.items():
+    for case, where in {**TRIAL, **TRIAL_ROUNDS}.items():
         module, name = where.split("::")
         assert hasattr(importlib.import_module(module), name), (case, where)

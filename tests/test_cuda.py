@@ -129,8 +129,8 @@ def sharded_and_not(rank, world):
     """One SGD step of resnet8 on this rank's GPU, whole (DDP) and sharded (FSDP2 on NCCL, fp32, bf16 and fp8 wires,
     top-k on each unit's whole gradients; and FSDP2's own reduce-scatter)."""
     out = {}
-    for engine, codec in (("ddp", "fp32"), ("scalesgd-fsdp", "fp32"), ("scalesgd-fsdp", "bf16"), ("scalesgd-fsdp", "fp8"), ("scalesgd-fsdp", "topk"),
-                          ("fsdp2", "fp32")):
+    for engine, codec in (("ddp", "fp32"), ("scalesgd-fsdp", "fp32"), ("scalesgd-fsdp", "bf16"),
+                          ("scalesgd-fsdp", "fp8"), ("scalesgd-fsdp", "topk"), ("fsdp2", "fp32")):
         torch.manual_seed(0)
         device = torch.device("cuda", rank)
         model = build_model("resnet8", 10, 3).to(device)
@@ -153,10 +153,13 @@ def test_the_sharded_engine_steps_as_ddp_on_nccl():
     torch.manual_seed(0)
     start = build_model("resnet8", 10, 3).state_dict()
     moved = {engine: sum(int((first[engine][k].float() != start[k]).sum()) for k in start if start[k].ndim > 1)
-             for engine in (("ddp", "fp32"), ("scalesgd-fsdp", "topk"))}  # top-k's step moves its 1 % (and the dense ones)
-    assert 0 < moved["scalesgd-fsdp", "topk"] < 0.1 * moved["ddp", "fp32"], moved
-    for engine, codec, atol in (("scalesgd-fsdp", "fp32", 1e-5), ("scalesgd-fsdp", "bf16", 1e-2), ("scalesgd-fsdp", "fp8", 2e-2),
-                                ("fsdp2", "fp32", 1e-5)):
+             for engine in (("ddp", "fp32"), ("scalesgd-fsdp", "topk"))}
+    if gpus() == 1:  # FSDP2 skips its reduce-scatter on one rank: nothing is exchanged, the step is DDP's
+        assert moved["scalesgd-fsdp", "topk"] == moved["ddp", "fp32"], moved
+    else:  # each rank's top-k (density 0.1) moves a share of the weights, not all of them
+        assert moved["scalesgd-fsdp", "topk"] < 0.5 * moved["ddp", "fp32"], moved
+    for engine, codec, atol in (("scalesgd-fsdp", "fp32", 1e-5), ("scalesgd-fsdp", "bf16", 1e-2),
+                                ("scalesgd-fsdp", "fp8", 2e-2), ("fsdp2", "fp32", 1e-5)):
         sharded = first[engine, codec]
         assert sharded.keys() == whole.keys()
         assert all(torch.allclose(sharded[k].float(), whole[k].float(), atol=atol) for k in whole), codec

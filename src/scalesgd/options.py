@@ -278,6 +278,12 @@ def refuse(name: str, value: Any, problem: str | None) -> None:
         raise UsageError(f"`{name}` {shown}: {problem}")
 
 
+def own_and_set(flat, values: dict) -> bool:
+    """Whether a family's own option (a codec's `density`) is on and not at its default in `values` (by flat name)."""
+    value = values[flat.name]
+    return bool(flat.field.metadata["own"] and value and value != flat.field.default)
+
+
 def choices_of(f: dataclasses.Field) -> tuple[str, ...]:
     """The names an option accepts now (a registry, a tuple, or a function giving them, read at each use)."""
     choices = f.metadata["choices"]

@@ -52,7 +52,8 @@ def test_bf16_on_a_cpu_without_native_bf16_warns_with_the_measured_slowdown(monk
 
 
 def test_periodic_synchronisation_refuses_what_needs_an_exchange_every_step_and_its_bad_schedules():
-    cases = {("--local-steps", "8", "--exchange", "auto"): "`exchange` auto chooses how the run exchanges, periodic synchronisation among its choices",
+    cases = {("--local-steps", "8", "--exchange", "auto"): "`exchange` auto chooses how the run exchanges, periodic "
+                                                           "synchronisation among its choices",
              ("--local-steps", "8", "--codec", "powersgd"): "`codec` 'powersgd' (with `local_steps`",
              ("--local-steps", "8", "--momentum-correction", "--codec", "topk"): "`momentum_correction` True needs",
              ("--local-steps", "8", "--fragments", "3"): "`fragments` 3: give a divisor of `local_steps` 8",
@@ -64,7 +65,8 @@ def test_periodic_synchronisation_refuses_what_needs_an_exchange_every_step_and_
                                                                               "codecs",
              ("--local-steps", "8", "--replica", "node", "--workers", "4"): "the 4 workers are one node",
              ("--replica", "node",): "`replica` node applies to periodic synchronisation",
-             ("--engine", "scalesgd-fsdp", "--shard", "node"): "`shard` node shards within each node and sums across nodes, "
+             ("--engine", "scalesgd-fsdp", "--shard", "node"): "`shard` node shards within each node and sums across "
+                                                               "nodes, "
                                                       "and the 2 workers are one node",
              ("--local-steps", "8", "--fragments", "2", "--overlap-steps", "4"): "`overlap_steps` 4: give 0 to 3",
              ("--local-steps", "8", "--codec", "onebit"): "give `onebit_beta1` 0",

@@ -64,12 +64,14 @@ def test_a_sharded_gpt_is_costed_by_its_blocks_on_the_backend_named(capsys, tmp_
     for backend in ("nccl", "gloo"):
         code, out, _ = simulate(capsys, "--model", "gpt", "--iteration-time", "0.1", "--batch-per-worker", "8",
                                 "--workers", "4", "--procs-per-node", "2", "--inter-bandwidth", "100mbit",
-                                "--modes", "scalesgd-fsdp,scalesgd-fsdp-fp8,scalesgd-fsdp:node-fp8", "--fsdp-backend", backend, "--json",
+                                "--modes", "scalesgd-fsdp,scalesgd-fsdp-fp8,scalesgd-fsdp:node-fp8", "--fsdp-backend",
+                                backend, "--json",
                                 "--out", str(tmp_path / backend))
         assert code == 0
         rows[backend] = {r["mode"]: r["iteration_s"] for r in json.loads(out)["rows"]}
     gloo, nccl = rows["gloo"], rows["nccl"]
-    assert gloo["scalesgd-fsdp:node-fp8"] < gloo["scalesgd-fsdp-fp8"] < gloo["scalesgd-fsdp"]  # fewer bytes across nodes, then a quarter's
+    # fewer bytes across nodes, then a quarter's
+    assert gloo["scalesgd-fsdp:node-fp8"] < gloo["scalesgd-fsdp-fp8"] < gloo["scalesgd-fsdp"]
     assert all(nccl[m] < gloo[m] for m in gloo)  # gathers ahead and sums behind compute
 
 
@@ -124,6 +126,8 @@ def test_a_preset_prints_its_headline(capsys, tmp_path):
     (("--model", "resnet20", "--iteration-time", "1", "--workers", "12", "--procs-per-node", "8"),
      "--workers 12: every count must be a positive multiple of --procs-per-node 8"),
     (("--model", "resnet20", "--iteration-time", "1", "--modes", "ddp-onebit"), "--modes ddp-onebit: mode"),
+    (("--model", "resnet8", "--iteration-time", "1", "--modes", "periodic@64/64"),  # what train would refuse
+     "--modes periodic@64/64: fragments 64: the model has 19 layers with parameters; give 1 to 19"),
     (("--profile", "/nonexistent"), "--profile /nonexistent: not a directory"),
     (("--profile", "/tmp", "--modes", "ddp,scalesgd-fsdp-fp8"),
      "--modes scalesgd-fsdp-fp8: a sharded mode is costed unit by unit"),

@@ -61,8 +61,8 @@ def test_on_nccl_prefetch_and_sums_behind_compute_never_cost_more_than_gloos_tur
 
 def test_on_nccl_a_fast_link_hides_all_but_the_first_gathers_and_the_roots_sum():
     cluster = flat(1e12, nodes=4)
-    nccl, gloo = predict(parse_mode("scalesgd-fsdp"), PROFILE, cluster, NCCL), predict(parse_mode("scalesgd-fsdp"), PROFILE, cluster,
-                                                                             GLOO)
+    nccl = predict(parse_mode("scalesgd-fsdp"), PROFILE, cluster, NCCL)
+    gloo = predict(parse_mode("scalesgd-fsdp"), PROFILE, cluster, GLOO)
     gather = lambda n: reduce_scatter(4 * n, 4, cluster.inter)  # noqa: E731
     # exposed: the root's gather, unit 0's before forward, unit 1's before backward, and the root's sum (unit 0's
     # runs behind the embedding's backward, unit 1's behind unit 0's)
@@ -76,7 +76,8 @@ def test_the_codecs_sum_sends_their_wire_and_fsdp2_on_gloo_an_allreduce():
     fp32 = sum_s(parse_mode("scalesgd-fsdp"), MB, cluster)
     assert fp32 == pytest.approx(reduce_scatter(4 * MB, 4, cluster.inter))
     assert sum_s(parse_mode("scalesgd-fsdp-bf16"), MB, cluster) == pytest.approx(fp32 / 2)
-    assert sum_s(parse_mode("scalesgd-fsdp-fp8"), MB, cluster) == pytest.approx(fp32 / 4 + ring_allreduce(4, 4, cluster.inter))
+    assert sum_s(parse_mode("scalesgd-fsdp-fp8"), MB, cluster) == pytest.approx(fp32 / 4
+                                                                                + ring_allreduce(4, 4, cluster.inter))
     assert sum_s(parse_mode("fsdp2"), MB, cluster, backend="nccl") == pytest.approx(fp32)
     assert sum_s(parse_mode("fsdp2"), MB, cluster, backend="gloo") == pytest.approx(2 * fp32)
 

@@ -220,8 +220,9 @@ def test_a_choice_on_shards_keeps_the_sharded_engine_and_its_units_as_buckets(tm
     chosen = Candidate("fp8", 0.5, 0.0, "units")
     saved = Decision(chosen, [chosen])
     (tmp_path / auto.AUTO_NAME).write_text(json.dumps(saved.to_dict()))
-    sharded = TrainConfig.from_argv(["--model", "gpt", "--dataset", "text", "--exchange", "auto", "--engine", "scalesgd-fsdp",
-                                     "--shard", "node", "--workers", "4", "--procs-per-node", "2"]).validate()
+    sharded = TrainConfig.from_argv(["--model", "gpt", "--dataset", "text", "--exchange", "auto", "--engine",
+                                     "scalesgd-fsdp", "--shard", "node", "--workers", "4", "--procs-per-node",
+                                     "2"]).validate()
     cfg, plan, record = auto.choose(sharded, None, [], None, type("Env", (), {"is_main": False})(), tmp_path, True)
     assert (cfg.exchange.engine, cfg.exchange.shard, cfg.exchange.codec, plan) == ("scalesgd-fsdp", "node", "fp8", None)
     assert record["codec"] == "fp8"

@@ -73,8 +73,9 @@ FP8_RANGES = ["--fp8-period", "7", "--fp8-samples", "64"]  # ranges re-estimated
                                     ["--local-steps", "6", "--fragments", "2", "--overlap-steps", "1", "--mix",
                                      "0.25", "--codec", "topk", "--density", "0.05"],  # local parameters and inner
                                     # state per rank, global ones, outer momentum, residuals, an exchange in flight
-                                    ["--engine", "scalesgd-fsdp", "--shard", "node", "--procs-per-node", "1", "--local-steps",
-                                     "3", "--codec", "topk", "--density", "0.05", "--accumulate", "2"]],  # 2 nodes
+                                    ["--engine", "scalesgd-fsdp", "--shard", "node", "--procs-per-node", "1",
+                                     "--local-steps", "3", "--codec", "topk", "--density", "0.05", "--accumulate",
+                                     "2"]],  # 2 nodes
                          # of 1: parameters and momentum through torch.distributed.checkpoint (which keeps one node's),
                          # each rank's local parameters, inner state, global ones and residuals beside them
                          ids=["ddp-fp8-hook-lars-arccot", "scalesgd-topk-dgc", "onebit-adam-fp16-accumulated",

@@ -4,9 +4,7 @@ a batch, a schedule and a dataset need of the others. Each reads a `TrainConfig`
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import re
 
 from pathlib import Path
 
@@ -14,16 +12,15 @@ import torch
 
 from scalesgd import checks
 from scalesgd.comm.codecs import CODECS
-from scalesgd.comm.codecs.cast import DENSE
 from scalesgd.comm.codecs.registry import CROSS_NODE_SHARDS, SHARDED_ENGINE
 from scalesgd.comm.cost.planner import NO_PLANNER
 from scalesgd.comm.engine.exchange import exchange_names, parse_exchange
 from scalesgd.data import DATASETS, DataError, check_text_file
 from scalesgd.errors import UsageError
-from scalesgd.models import IMAGE, MODELS, TEXT, build_model
+from scalesgd.models import IMAGE, MODELS, TEXT
 from scalesgd.optim import early_freeze, variance_horizon
-from scalesgd.options import field_default, flat_options, flatten, refuse, require_choice
-from scalesgd.periodic.fragments import layers
+from scalesgd.options import field_default, flat_options, flatten, own_and_set, refuse, require_choice
+from scalesgd.config.rules_periodic import periodic
 from scalesgd.recipe.scaling import scaled_lr
 
 MIN_PER_WORKER = 2  # BatchNorm needs more than one sample per worker
@@ -112,7 +109,7 @@ def auto(cfg) -> None:
             raise UsageError(f"`auto_codecs` {name}: {problem}")
     values, families = flatten(cfg), {CODECS[parse_exchange(name)[1]].family for name in x.auto_candidates}
     for flat in flat_options(type(cfg)):  # a family's own option needs one of its codecs among the candidates
-        if _set_own(flat, values) and flat.prefix not in families:
+        if own_and_set(flat, values) and flat.prefix not in families:
             raise UsageError(f"`{flat.name}` applies to the {flat.prefix} codecs, and `auto_codecs` lists none of them")
     fitting, dropped = auto_fitting(cfg)
     if not fitting:
@@ -144,7 +141,7 @@ def _candidate_problem(cfg, name: str) -> str | None:
         engine = cfg.exchange.engine
     family, values = CODECS[codec].family, flatten(cfg)
     others = {flat.name: flat.field.default for flat in flat_options(type(cfg))
-              if _set_own(flat, values) and flat.prefix != family}
+              if own_and_set(flat, values) and flat.prefix != family}
     trial = cfg.replaced(exchange="manual", engine=engine, codec=codec, **others)
     if trial.exchange.momentum_in_exchange != cfg.exchange.momentum_in_exchange:
         return (f"the optimizer leaves its momentum to the exchange (`momentum_correction`), which {codec} does not "
@@ -154,12 +151,6 @@ def _candidate_problem(cfg, name: str) -> str | None:
     except UsageError as err:
         return str(err)
     return None
-
-
-def _set_own(flat, values: dict) -> bool:
-    """Whether a codec family's own option is on and not at its default."""
-    value = values[flat.name]
-    return bool(flat.field.metadata["own"] and value and value != flat.field.default)
 
 
 def manual(cfg) -> None:
@@ -188,7 +179,7 @@ def manual(cfg) -> None:
                          f"scalesgd); got `codec` {x.codec}")
     values = flatten(cfg)
     for flat in flat_options(type(cfg)):  # a family's own option, on and not as by default, needs its codec
-        if _set_own(flat, values) and x.codec_entry.family != flat.prefix:
+        if own_and_set(flat, values) and x.codec_entry.family != flat.prefix:
             family = ", ".join(name for name, entry in CODECS.items() if entry.family == flat.prefix)
             raise UsageError(f"`{flat.name}` applies to the {flat.prefix} codecs ({family}); "
                              f"got `codec` {x.codec}")
@@ -221,61 +212,6 @@ def manual(cfg) -> None:
         raise UsageError("`nesterov` is momentum SGD's (sgd, lars); adamw takes Adam's moments")
 
 
-def periodic(cfg) -> None:
-    """`local_steps`: a codec of ours carries the pseudo-gradient; what needs an exchange every step is refused;
-    the fragments divide a round and their exchanges land before their next one starts."""
-    r, x, p = cfg.recipe, cfg.exchange, cfg.periodic
-    if x.auto:
-        raise UsageError(f"`exchange` auto chooses how the run exchanges, periodic synchronisation among its "
-                         f"choices (where bench quality measured it): drop `local_steps` {p.local_steps}, or drop "
-                         "`exchange` auto and give `codec` (the pseudo-gradient's)")
-    ours = [name for name, entry in CODECS.items() if entry.build is not None]
-    require_choice("codec", x.codec, ours, " (with `local_steps`: the pseudo-gradient travels through our codecs)")
-    per_step = {"compress_after": x.compress_after != field_default(type(x), "compress_after"),
-                # an optimizer that steps with its codec's exchange (1-bit Adam's)
-                "optimizer": any(entry.optimizer == r.optimizer for entry in CODECS.values()),
-                "momentum_correction": x.momentum_in_exchange,
-                "freeze_variance": r.freeze_variance, "noise_scale": cfg.output.noise_scale,
-                "lr_scaling": r.lr_scaling == "adascale", "planner": x.planner != NO_PLANNER}
-    for name, on in per_step.items():
-        if on:
-            raise UsageError(f"`{name}` {flatten(cfg)[name]} needs the gradients exchanged every step; with "
-                             f"`local_steps` {p.local_steps} each worker steps alone between synchronisations")
-    entry = x.codec_entry
-    if entry.beta1_option is not None and flatten(cfg)[entry.beta1_option] != 0:
-        raise UsageError(f"`codec` {x.codec} with `local_steps` sends the pseudo-gradient's signs: give "
-                         f"`{entry.beta1_option}` 0 (the outer optimizer keeps the momentum)")
-    if p.peer == "torchft":
-        torchft_peer(cfg)
-    try:
-        schedule = p.schedule
-    except (TypeError, ValueError) as err:
-        raise UsageError(_named(str(err), SCHEDULE_OPTIONS)) from None
-    if schedule.fragments > 1:
-        with torch.device("meta"):  # the model's layers, nothing allocated
-            model = build_model(cfg.model.name, 2, 3, cfg.model.options)
-        problem = schedule.fits(len(layers(model)))
-        if problem:
-            raise UsageError(_named(f"{problem} ({cfg.model.name})", SCHEDULE_OPTIONS))
-    for name in ("algorithm", "buckets"):
-        if getattr(x, name) != field_default(type(x), name):
-            raise UsageError(f"`{name}` {getattr(x, name)} shapes a per-step exchange; with `local_steps` the "
-                             "pseudo-gradient travels on a ring in buckets of its codec's: drop it")
-    values = flatten(cfg)
-    for flat in flat_options(type(cfg)):  # another family's own option: nothing would read it
-        if _set_own(flat, values) and flat.prefix != x.codec_entry.family:
-            raise UsageError(f"`{flat.name}` applies to the {flat.prefix} codecs; with `local_steps` the "
-                             f"pseudo-gradient travels through `codec` {x.codec}")
-
-
-SCHEDULE_OPTIONS = ("local_steps", "fragments", "overlap_steps")
-
-
-def _named(text: str, names: tuple[str, ...]) -> str:
-    """A library message in the command line's terms: the options it names in backticks (shown as --flags)."""
-    return re.sub(rf"\b({'|'.join(names)})\b", r"`\1`", text)
-
-
 def sharded(cfg) -> None:
     """`engine` scalesgd-fsdp or fsdp2: what the sharded engines do not run yet is refused, saying why."""
     r, engine = cfg.recipe, cfg.exchange.engine
@@ -294,18 +230,6 @@ def sharded(cfg) -> None:
     if cfg.measures_noise:
         raise UsageError("`noise_scale` and `lr_scaling` adascale read each rank's local gradient norm, which the "
                          "sharded engine does not keep; give `engine` scalesgd or ddp")
-
-
-def torchft_peer(cfg) -> None:
-    """torchft's DiLoCo: installed, its pseudo-gradient in fp32 (its quantized path needs Triton on a GPU), one
-    process per replica group (a worker's Manager is its own group)."""
-    if importlib.util.find_spec("torchft") is None:
-        raise UsageError("`peer` torchft needs the torchft package: pip install 'scalesgd[peers]'")
-    if cfg.exchange.codec != DENSE.name:
-        raise UsageError(f"`peer` torchft sends fp32 pseudo-gradients (its quantized allreduce needs Triton on a "
-                         f"GPU): give `codec` {DENSE.name}, not {cfg.exchange.codec}")
-    if cfg.runtime.max_restarts:
-        raise UsageError("`peer` torchft recovers through its own Manager, not our restarts: give `max_restarts` 0")
 
 
 def batch(cfg) -> None:

@@ -79,7 +79,7 @@ def test_both_engines_answer_the_same_questions():
 def test_own_groups_and_engine_compatibility_come_from_the_registry():
     assert set(ENGINES) == {"ddp", "scalesgd", "scalesgd-fsdp", "fsdp2"}
     assert [name for name, entry in CODECS.items() if entry.runs_on("fsdp2")] == ["fp32", "fp16", "bf16"]
-    for site in (SHARDED_ENGINE, CROSS_NODE_SHARDS):  # each unit's gradients (or shard) one bucket: not PyTorch's, regrouped
+    for site in (SHARDED_ENGINE, CROSS_NODE_SHARDS):  # each unit's gradients (or shard) one bucket: not regrouped
         assert [name for name, entry in CODECS.items() if not entry.runs_on(site)] == ["powersgd", "topk-global",
                                                                                        "lags"]
     assert [name for name, entry in CODECS.items() if entry.scatters] == [  # sums that end in the shards

@@ -72,7 +72,7 @@ def sharded_against_ddp(rank, world, folder):
         out[engine, "held"] = memory.state_bytes(unsharded.optimizer)
     for codec in ("fp32", "bf16"):
         model = shard_gpt()
-        exchange = build_exchange("fsdp", model, torch.optim.AdamW(model.parameters(), lr=1e-2),
+        exchange = build_exchange("scalesgd-fsdp", model, torch.optim.AdamW(model.parameters(), lr=1e-2),
                                   ExchangeSetup(codec, CodecSettings()))
         exchange.stats()
         train(exchange, data)
@@ -85,9 +85,11 @@ def sharded_against_ddp(rank, world, folder):
         out["fsdp2", codec] = (whole(own, model), own.stats())
         if codec == "fp32":  # a checkpoint after 2 steps resumes into a fresh sharded run: the same third step
             again = shard_gpt()
-            resumed = build_exchange("fsdp", again, torch.optim.AdamW(again.parameters(), lr=1e-2), ExchangeSetup())
+            resumed = build_exchange("scalesgd-fsdp", again, torch.optim.AdamW(again.parameters(), lr=1e-2),
+                                     ExchangeSetup())
             first = shard_gpt()
-            partway = build_exchange("fsdp", first, torch.optim.AdamW(first.parameters(), lr=1e-2), ExchangeSetup())
+            partway = build_exchange("scalesgd-fsdp", first, torch.optim.AdamW(first.parameters(), lr=1e-2),
+                                     ExchangeSetup())
             train(partway, data, steps=2)
             dcp.save(partway.sharded_state(first), checkpoint_id=folder)  # each rank writes its own shards
             out["saved"] = (whole(partway, first), partway.optimizer_state())
@@ -95,8 +97,9 @@ def sharded_against_ddp(rank, world, folder):
             train(resumed, data[2 * MICRO:], steps=1)
             out["resumed"] = whole(resumed, again)
     sgd = lambda params: torch.optim.SGD(params, lr=0.5, momentum=0.9)  # noqa: E731  (AdamW blows up rounding)
-    for engine, codec in (("ddp", "fp32"), ("scalesgd", "fp8-flat"), ("scalesgd-fsdp", "fp8")):  # fp8 relative to the weights
-        model = shard_gpt() if engine == "fsdp" else gpt()
+    # fp8 relative to the weights
+    for engine, codec in (("ddp", "fp32"), ("scalesgd", "fp8-flat"), ("scalesgd-fsdp", "fp8")):
+        model = shard_gpt() if engine == "scalesgd-fsdp" else gpt()
         exchange = build_exchange(engine, model, sgd(model.parameters()), ExchangeSetup(codec))
         train(exchange, data)
         out["sgd", codec] = (whole(exchange, model), getattr(exchange.stats(), "bytes_sent", None))
@@ -146,7 +149,7 @@ def test_sharded_adamw_steps_the_gpt_as_ddp_does_and_sends_the_shards_on_the_cod
 
 def resharded(rank, world, folder):
     model = shard_gpt()
-    exchange = build_exchange("fsdp", model, torch.optim.AdamW(model.parameters(), lr=1e-2), ExchangeSetup())
+    exchange = build_exchange("scalesgd-fsdp", model, torch.optim.AdamW(model.parameters(), lr=1e-2), ExchangeSetup())
     exchange.load_sharded_state(model, folder)
     return whole(exchange, model), exchange.optimizer_state()
 
@@ -156,10 +159,10 @@ def layerwise_sharded_and_not(rank, world):
     out = {}
     for name, build in (("lars", lambda ps: LARS(ps, lr=0.5, momentum=0.9, weight_decay=1e-2)),
                         ("lamb", lambda ps: LAMB(ps, lr=1e-2, weight_decay=1e-2))):
-        for engine in ("ddp", "fsdp"):
+        for engine in ("ddp", "scalesgd-fsdp"):
             torch.manual_seed(0)
             model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
-            if engine == "fsdp":
+            if engine == "scalesgd-fsdp":
                 shard_model(model, [model[0]])
             exchange = build_exchange(engine, model, build(model.parameters()), ExchangeSetup())
             g = torch.Generator().manual_seed(rank)
@@ -175,7 +178,7 @@ def layerwise_sharded_and_not(rank, world):
 def test_lars_and_lamb_on_shards_take_each_layers_whole_norm_and_equal_the_unsharded_steps():
     first = run_workers(layerwise_sharded_and_not, 2)[0]
     for name in ("lars", "lamb"):
-        unsharded, sharded = first[name, "ddp"], first[name, "fsdp"]
+        unsharded, sharded = first[name, "ddp"], first[name, "scalesgd-fsdp"]
         assert sharded.keys() == unsharded.keys()
         for key, tensor in unsharded.items():  # a shard's own norm would scale each half differently
             assert torch.allclose(sharded[key], tensor, rtol=0, atol=1e-6), (name, key)
@@ -183,9 +186,9 @@ def test_lars_and_lamb_on_shards_take_each_layers_whole_norm_and_equal_the_unsha
 
 def clipped_on_every_engine(rank, world):
     out = {}
-    for engine, clip in (("ddp", 0.0), ("ddp", 0.05), ("scalesgd", 0.05), ("fsdp", 0.05)):
+    for engine, clip in (("ddp", 0.0), ("ddp", 0.05), ("scalesgd", 0.05), ("scalesgd-fsdp", 0.05)):
         model = gpt()
-        if engine == "fsdp":
+        if engine == "scalesgd-fsdp":
             shard_model(model, MODELS["gpt"].shard_units(model))
         exchange = build_exchange(engine, model, torch.optim.SGD(model.parameters(), lr=1.0),
                                   ExchangeSetup(clip_norm=clip))
@@ -201,7 +204,7 @@ def test_clipping_scales_the_mean_gradient_to_its_global_norm_on_every_engine():
     moved = {k: (free[k] - start[k]) for k in start}  # the mean gradient itself (SGD at rate 1)
     norm = torch.linalg.vector_norm(torch.cat([v.flatten() for k, v in moved.items() if k != "head.weight"]))
     assert norm > 0.05  # so clipping at 0.05 acts
-    for engine in ("ddp", "scalesgd", "fsdp"):
+    for engine in ("ddp", "scalesgd", "scalesgd-fsdp"):
         clipped = first[engine, 0.05]
         for key in start:
             assert torch.allclose(clipped[key] - start[key], moved[key] * 0.05 / norm, rtol=0, atol=1e-6), (engine, key)
@@ -235,21 +238,22 @@ def hybrid_against_ddp(rank, world):
         with warnings.catch_warnings(category=EarlyFreezeWarning, action="ignore"):  # its variance: a step of SGD's
             optimizer = (OneBitAdam(model.parameters(), lr=1e-3, freeze_step=1) if codec == "onebit" else
                          torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9))
-        exchange = build_exchange("fsdp", model, optimizer, ExchangeSetup(codec, CodecSettings(), topology=groups))
+        exchange = build_exchange("scalesgd-fsdp", model, optimizer,
+                                  ExchangeSetup(codec, CodecSettings(), topology=groups))
         train(exchange, data)
         out[codec] = {"state": whole(exchange, model), "sent": exchange.stats().bytes_sent,
                       "local": sum(p.to_local().numel() for p in model.parameters())}
     delivered = {}  # one backward's mean gradient shards: fp32's, top-k's, and top-k's residuals averaged over nodes
     for codec in ("fp32", "topk"):
         model = within_nodes(groups)
-        exchange = build_exchange("fsdp", model, torch.optim.SGD(model.parameters(), lr=0.0), ExchangeSetup(
+        exchange = build_exchange("scalesgd-fsdp", model, torch.optim.SGD(model.parameters(), lr=0.0), ExchangeSetup(
             codec, CodecSettings(TopkOptions(density=0.1)), topology=groups))
         logits = model(data[0][:, :-1])
         exchange.backward(torch.nn.functional.cross_entropy(logits.flatten(0, 1), data[0][:, 1:].flatten()))
         delivered[codec] = [p.grad.to_local().flatten() for p in model.parameters()]
     saved = exchange.state_dict()["codec"]
     residuals = saved["driver"]["flat"]["params"]
-    again = build_exchange("fsdp", model, torch.optim.SGD(model.parameters(), lr=0.0), ExchangeSetup(
+    again = build_exchange("scalesgd-fsdp", model, torch.optim.SGD(model.parameters(), lr=0.0), ExchangeSetup(
         "topk", CodecSettings(TopkOptions(density=0.1)), topology=groups))
     again.load_state_dict({"codec": {**saved, "layout": [1 - rank % 2, 2, 4]}})  # the other shards': not this rank's
     out["other shards"] = again.state_dict()["codec"]["driver"]["flat"]["params"]
@@ -308,9 +312,9 @@ def whole_sums_sharded_and_not(rank, world):
     padded to 33): FSDP's unit is our engine's bucket of that parameter, so the exchange is the same one."""
     out = {}
     for codec in WHOLE_SUMS:
-        for engine in ("scalesgd", "fsdp"):
+        for engine in ("scalesgd", "scalesgd-fsdp"):
             model = two_layers()
-            if engine == "fsdp":
+            if engine == "scalesgd-fsdp":
                 shard_model(model, [model[0], model[2]])
             with warnings.catch_warnings(category=EarlyFreezeWarning, action="ignore"):
                 optimizer = (OneBitAdam(model.parameters(), lr=1e-2, freeze_step=2) if codec == "onebit" else
@@ -323,7 +327,7 @@ def whole_sums_sharded_and_not(rank, world):
                 exchange.backward(torch.nn.functional.cross_entropy(exchange.model(x), y))
                 exchange.step()
                 optimizer.zero_grad()
-            held = sum(s["exp_avg_sq"].to_local().numel() if engine == "fsdp" else s["exp_avg_sq"].numel()
+            held = sum(s["exp_avg_sq"].to_local().numel() if engine == "scalesgd-fsdp" else s["exp_avg_sq"].numel()
                        for s in optimizer.state.values())
             out[codec, engine] = (whole(exchange, model), exchange.stats().bytes_sent, held)
             exchange.close()
@@ -333,7 +337,8 @@ def whole_sums_sharded_and_not(rank, world):
 def test_one_bit_adam_top_k_and_low_rank_on_shards_step_as_unsharded_for_the_same_bytes_their_state_sharded():
     first = run_workers(whole_sums_sharded_and_not, 3)[0]
     for codec in WHOLE_SUMS:
-        (unsharded, sent, held), (sharded, sharded_sent, sharded_held) = first[codec, "scalesgd"], first[codec, "fsdp"]
+        (unsharded, sent, held) = first[codec, "scalesgd"]
+        (sharded, sharded_sent, sharded_held) = first[codec, "scalesgd-fsdp"]
         for name, tensor in unsharded.items():
             assert torch.allclose(sharded[name], tensor, rtol=0, atol=1e-5), (codec, name)
             assert not torch.allclose(tensor, two_layers().state_dict()[name], atol=1e-3), (codec, name)  # it moved

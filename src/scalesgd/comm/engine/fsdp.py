@@ -42,7 +42,7 @@ def shard_model(model: nn.Module, units: Iterable[nn.Module] = (), precision: st
                 reduce_dtype: torch.dtype = torch.float32) -> nn.Module:
     """Shard each unit (a GPT block, a ResNet stage: one all-gather and one reduce-scatter each), then the root (what
     is left: embeddings, head); under bf16 the units compute with bf16 copies of fp32 shards, the root returns fp32.
-    `reduce_dtype` is what FSDP2's own reduce-scatter sends (the codec's wire replaces it under `--engine scalesgd-fsdp`).
+    `reduce_dtype` is what FSDP2's own reduce-scatter sends (the codec's sum replaces it under our sharded engine).
 
     Collective: every rank, together, before the optimizer is built on `model.parameters()` (the shards)."""
     if precision not in COMPUTE:

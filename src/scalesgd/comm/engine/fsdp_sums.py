@@ -96,8 +96,9 @@ class RowsSum(_UnitSum):
                    if self.reads_weights else rows)
         parts = [weights[row, c:c + size].view(p.padded)  # a matrix's rows stay a matrix
                  for row in range(ranks) for c, size, p in zip(self.columns, self.sizes, self.unit.params)]
-        view = BucketView(self.unit.index, parts, [row * rows.shape[1] + c for row in range(ranks) for c in self.columns],
-                          rows.numel(), tuple(key * ranks + row for row in range(ranks) for key in self.unit.keys))
+        offsets = [row * rows.shape[1] + c for row in range(ranks) for c in self.columns]
+        view = BucketView(self.unit.index, parts, offsets, rows.numel(),
+                          tuple(key * ranks + row for row in range(ranks) for key in self.unit.keys))
         self.bytes_sent += self.driver.exchange(flat, view)
         output.copy_(rows[rank])
 

@@ -74,6 +74,14 @@ def units_of(model: nn.Module) -> list[Unit]:
     numbers = {id(p): i for i, p in enumerate(model.parameters())}
     units = []
     for index, module in enumerate(m for m in model.modules() if isinstance(m, FSDPModule)):
-        params = [p for group in module._get_fsdp_state()._fsdp_param_groups for p in group.fsdp_params]
+        params = [p for group in _param_groups(module) for p in group.fsdp_params]
         units.append(Unit(index, module, tuple(UnitParam(p, numbers[id(p.sharded_param)]) for p in params)))
     return units
+
+
+def _param_groups(module: FSDPModule) -> list:
+    """A unit's parameter groups: a list since torch 2.12, one group (or None) before."""
+    state = module._get_fsdp_state()
+    if hasattr(state, "_fsdp_param_groups"):
+        return list(state._fsdp_param_groups)
+    return [state._fsdp_param_group] if state._fsdp_param_group is not None else []

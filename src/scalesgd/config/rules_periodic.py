@@ -1,0 +1,84 @@
+"""The rules of periodic synchronisation between `scalesgd train`'s options (`local_steps` and what goes with it):
+what needs an exchange every step is refused, the schedule is the `Schedule`'s to validate, its fragments the model's
+layers, and torchft's DiLoCo has its own needs."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+
+import torch
+
+from scalesgd.comm.codecs import CODECS
+from scalesgd.comm.codecs.cast import DENSE
+from scalesgd.comm.cost.planner import NO_PLANNER
+from scalesgd.errors import UsageError
+from scalesgd.models import build_model
+from scalesgd.options import field_default, flat_options, flatten, own_and_set, require_choice
+from scalesgd.periodic.fragments import layers
+
+SCHEDULE_OPTIONS = ("local_steps", "fragments", "overlap_steps")
+
+
+def periodic(cfg) -> None:
+    """`local_steps`: a codec of ours carries the pseudo-gradient; what needs an exchange every step is refused;
+    the fragments divide a round and their exchanges land before their next one starts."""
+    r, x, p = cfg.recipe, cfg.exchange, cfg.periodic
+    if x.auto:
+        raise UsageError(f"`exchange` auto chooses how the run exchanges, periodic synchronisation among its "
+                         f"choices (where bench quality measured it): drop `local_steps` {p.local_steps}, or drop "
+                         "`exchange` auto and give `codec` (the pseudo-gradient's)")
+    ours = [name for name, entry in CODECS.items() if entry.build is not None]
+    require_choice("codec", x.codec, ours, " (with `local_steps`: the pseudo-gradient travels through our codecs)")
+    per_step = {"compress_after": x.compress_after != field_default(type(x), "compress_after"),
+                # an optimizer that steps with its codec's exchange (1-bit Adam's)
+                "optimizer": any(entry.optimizer == r.optimizer for entry in CODECS.values()),
+                "momentum_correction": x.momentum_in_exchange,
+                "freeze_variance": r.freeze_variance, "noise_scale": cfg.output.noise_scale,
+                "lr_scaling": r.lr_scaling == "adascale", "planner": x.planner != NO_PLANNER}
+    for name, on in per_step.items():
+        if on:
+            raise UsageError(f"`{name}` {flatten(cfg)[name]} needs the gradients exchanged every step; with "
+                             f"`local_steps` {p.local_steps} each worker steps alone between synchronisations")
+    entry = x.codec_entry
+    if entry.beta1_option is not None and flatten(cfg)[entry.beta1_option] != 0:
+        raise UsageError(f"`codec` {x.codec} with `local_steps` sends the pseudo-gradient's signs: give "
+                         f"`{entry.beta1_option}` 0 (the outer optimizer keeps the momentum)")
+    if p.peer == "torchft":
+        torchft_peer(cfg)
+    try:
+        schedule = p.schedule
+    except (TypeError, ValueError) as err:
+        raise UsageError(_named(str(err), SCHEDULE_OPTIONS)) from None
+    if schedule.fragments > 1:
+        with torch.device("meta"):  # the model's layers, nothing allocated
+            model = build_model(cfg.model.name, 2, 3, cfg.model.options)
+        problem = schedule.fits(len(layers(model)))
+        if problem:
+            raise UsageError(_named(f"{problem} ({cfg.model.name})", SCHEDULE_OPTIONS))
+    for name in ("algorithm", "buckets"):
+        if getattr(x, name) != field_default(type(x), name):
+            raise UsageError(f"`{name}` {getattr(x, name)} shapes a per-step exchange; with `local_steps` the "
+                             "pseudo-gradient travels on a ring in buckets of its codec's: drop it")
+    values = flatten(cfg)
+    for flat in flat_options(type(cfg)):  # another family's own option: nothing would read it
+        if own_and_set(flat, values) and flat.prefix != x.codec_entry.family:
+            raise UsageError(f"`{flat.name}` applies to the {flat.prefix} codecs; with `local_steps` the "
+                             f"pseudo-gradient travels through `codec` {x.codec}")
+
+
+def _named(text: str, names: tuple[str, ...]) -> str:
+    """A library message in the command line's terms: the options it names in backticks (shown as --flags)."""
+    return re.sub(rf"\b({'|'.join(names)})\b", r"`\1`", text)
+
+
+def torchft_peer(cfg) -> None:
+    """torchft's DiLoCo: installed, its pseudo-gradient in fp32 (its quantized path needs Triton on a GPU), one
+    process per replica group (a worker's Manager is its own group)."""
+    if importlib.util.find_spec("torchft") is None:
+        raise UsageError("`peer` torchft needs the torchft package: pip install 'scalesgd[peers]'")
+    if cfg.exchange.codec != DENSE.name:
+        raise UsageError(f"`peer` torchft sends fp32 pseudo-gradients (its quantized allreduce needs Triton on a "
+                         f"GPU): give `codec` {DENSE.name}, not {cfg.exchange.codec}")
+    if cfg.runtime.max_restarts:
+        raise UsageError("`peer` torchft recovers through its own Manager, not our restarts: give `max_restarts` 0")
