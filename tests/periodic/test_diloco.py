@@ -316,3 +316,27 @@ def test_delay_is_overlap_steps_under_its_old_name():
     model = net()
     with pytest.warns(DeprecationWarning, match="overlap_steps"), pytest.raises(ValueError, match="overlap_steps 2"):
         DiLoCo(model, adamw(model.parameters()), 4, fragments=2, delay=2)
+
+
+# ---- a round outlasting a period ---------------------------------------------------------------------------------
+def two_rounds_in_flight(rank, world):
+    model = net()
+    inner = adamw(model.parameters())
+    d = DiLoCo(model, inner, 2)  # rounds started by hand below, not on the schedule
+    fragment = d.fragments[0]
+    sent = []
+    for number in (0, 1):  # the second starts before the first has landed, from other local parameters
+        inner_step(model, inner, rank, number)
+        sent.append(flat(d.global_params) - flat(model.parameters()))
+        fragment.start(number, d.weights, d.driver, None, False)
+    means = [torch.cat([m.reshape(-1) for m in fragment.pop(number).means]) for number in (1, 0)]
+    return sent, means[::-1], d.in_flight
+
+
+def test_two_rounds_of_one_fragment_in_flight_each_land_their_own_mean():
+    ranks = run_workers(two_rounds_in_flight, WORLD)
+    for number in (0, 1):
+        mean = sum(sent[number] for sent, _, _ in ranks) / WORLD
+        for _, means, in_flight in ranks:
+            torch.testing.assert_close(means[number], mean, rtol=0, atol=1e-6)
+            assert in_flight == []

@@ -18,12 +18,12 @@ from scalesgd.comm.engine.driver import BucketDriver, Pending, offsets_of
 
 @dataclass
 class Bucket:
-    """Part of a fragment's pseudo-gradient: its parameters' indices and the flat buffer Δ is written into and its
-    mean comes back in (`index`: its number among every fragment's buckets, the codec's scratch key)."""
+    """Part of a fragment's pseudo-gradient: its parameters' indices and its size (`index`: its number among every
+    fragment's buckets, the codec's scratch key)."""
 
     index: int
     members: list[int]
-    flat: torch.Tensor
+    numel: int
 
 
 @dataclass
@@ -40,11 +40,13 @@ class Weights:
 
 @dataclass
 class Round:
-    """One fragment's exchange in one round: under way (`future`), or landed (`means`: the mean Δ of each bucket);
-    `pending` keeps what undoes the codec's work where the round may not commit."""
+    """One fragment's exchange in one round, in buffers of its own (`flats`: Δ written in, its mean back; so rounds of
+    one fragment may be in flight together): under way (`future`), or landed (`means`); `pending` keeps what undoes
+    the codec's work where the round may not commit."""
 
     fragment: int
     number: int
+    flats: list[torch.Tensor] = field(default_factory=list)
     future: Future | None = None
     means: list[torch.Tensor] | None = None
     bytes_sent: int = 0
@@ -65,8 +67,8 @@ class Fragment:
     """Parameters that synchronise together (`members`: indices into the replica's parameters), in the codec's
     buckets, and the rounds of theirs in flight."""
 
-    def __init__(self, index: int, members: list[int], buckets: list[Bucket]):
-        self.index, self.members, self.buckets = index, members, buckets
+    def __init__(self, index: int, members: list[int], buckets: list[Bucket], device: torch.device):
+        self.index, self.members, self.buckets, self.device = index, members, buckets, device
         self.flights: dict[int, Round] = {}  # by round number
 
     @classmethod
@@ -80,8 +82,8 @@ class Fragment:
         for k, chosen in enumerate(plan.buckets):
             chosen_members = [members[j] for j in sorted(chosen)]
             numel = sum(params[i].numel() for i in chosen_members)
-            buckets.append(Bucket(first + k, chosen_members, torch.zeros(numel, device=params[0].device)))
-        return cls(index, members, buckets)
+            buckets.append(Bucket(first + k, chosen_members, numel))
+        return cls(index, members, buckets, params[0].device)
 
     # ---- a round ---------------------------------------------------------------------------------------
     def start(self, number: int, weights: Weights, driver: BucketDriver, thread: ThreadPoolExecutor | None,
@@ -89,34 +91,33 @@ class Fragment:
         """Write round `number`'s Δ = θ_global − θ_local into the buckets and send them (on `thread` where given);
         `undoable`: keep what `abort` needs."""
         global_params, params = weights.global_params, weights.params
+        flats = [torch.empty(bucket.numel, device=self.device) for bucket in self.buckets]
         with torch.no_grad():
-            for bucket in self.buckets:
-                torch.cat([(global_params[i] - params[i]).reshape(-1).float() for i in bucket.members],
-                          out=bucket.flat)
+            for bucket, flat in zip(self.buckets, flats):
+                torch.cat([(global_params[i] - params[i]).reshape(-1).float() for i in bucket.members], out=flat)
 
         def send() -> tuple[list[torch.Tensor], int, list[Pending]]:
             sent, kept = 0, []
-            for bucket in self.buckets:
+            for bucket, flat in zip(self.buckets, flats):
                 members = [global_params[i] for i in bucket.members]
-                view = driver.view(bucket.index, members, offsets_of(members), bucket.flat.numel())
-                pending = driver.prepare(bucket.flat, view, lane="comm", undoable=undoable)
+                view = driver.view(bucket.index, members, offsets_of(members), bucket.numel)
+                pending = driver.prepare(flat, view, lane="comm", undoable=undoable)
                 sent += driver.complete(pending).bytes_sent
                 kept += [pending] if undoable else []
-            return [bucket.flat for bucket in self.buckets], sent, kept
+            return flats, sent, kept
 
         if thread is None:
             future: Future = Future()
             future.set_result(send())
         else:
             future = thread.submit(send)
-        flight = self.flights[number] = Round(self.index, number, future)
+        flight = self.flights[number] = Round(self.index, number, flats, future)
         return flight
 
     def landed(self, number: int, means: list[torch.Tensor]) -> Round:
         """Round `number` restored from a checkpoint: its exchange done, its means `means`."""
-        for bucket, mean in zip(self.buckets, means):
-            bucket.flat.copy_(mean)
-        flight = self.flights[number] = Round(self.index, number, means=[b.flat for b in self.buckets])
+        flats = [torch.as_tensor(mean, device=self.device).clone() for mean in means]
+        flight = self.flights[number] = Round(self.index, number, flats, means=flats)
         return flight
 
     def pop(self, number: int) -> Round:
