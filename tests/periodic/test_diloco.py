@@ -304,6 +304,8 @@ def test_arguments_that_would_not_synchronise_are_refused_naming_them():
         (dict(codec="powersgd"), ValueError, "powersgd"),
         (dict(settings={"density": 0.1}), TypeError, "settings .* is a dict"),
         (dict(scaler=object()), TypeError, "scaler object"),
+        (dict(local_steps=Schedule(4, 2), fragments=2), ValueError, "fragments and overlap_steps come with the "
+                                                                     "Schedule given as local_steps"),
     ]
     for given, error, words in cases:
         arguments = {"model": model, "inner_optimizer": inner, "local_steps": 4, **given}

@@ -55,4 +55,4 @@ class PeriodicConfig:
     def schedule(self) -> Schedule | None:
         """When the workers synchronise (ValueError naming the option that cannot be); None where they exchange every
         step."""
-        return Schedule(self.local_steps, self.fragments, self.overlap_steps) if self.on else None
+        return Schedule.of(vars(self))

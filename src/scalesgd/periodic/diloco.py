@@ -42,7 +42,8 @@ BUCKET_MB = 4  # a pseudo-gradient's buckets: few, large messages (it travels on
 
 
 class DiLoCo:
-    """Synchronise `model` every `local_steps` steps of `inner_optimizer` (a hook on its `step`, or on `scaler`'s
+    """Synchronise `model` every `local_steps` steps (or on a `Schedule`'s) of `inner_optimizer` (a hook on its
+    `step`, or on `scaler`'s
     `update` where one is given, while the context is entered; or `after_inner_step()` called by the loop): the
     pseudo-gradient through `codec` (a registered name or a `Codec`), the global parameters stepped by
     `outer_optimizer` (an optimizer built over the model's parameters, or a function building it over the parameters
@@ -58,7 +59,7 @@ class DiLoCo:
     alone, as DiLoCo). `group`: the replicas, a process group or a `Membership` (default: a new group of every rank);
     a round commits where the membership says so. Every rank builds it together and starts from rank 0's parameters."""
 
-    def __init__(self, model: nn.Module, inner_optimizer: torch.optim.Optimizer, local_steps: int, *,
+    def __init__(self, model: nn.Module, inner_optimizer: torch.optim.Optimizer, local_steps: int | Schedule, *,
                  outer_optimizer: torch.optim.Optimizer | Callable | None = None, codec: str | Codec = "fp32",
                  settings: CodecSettings | None = None, fragments: int | list[list[nn.Parameter]] = 1,
                  overlap_steps: int = 0, mix: float = 0.0, group=None, topology=None,
@@ -68,6 +69,12 @@ class DiLoCo:
                           DeprecationWarning, stacklevel=2)
             overlap_steps = delay
         _check_arguments(model, inner_optimizer, mix, scaler, buckets_mb)
+        if isinstance(local_steps, Schedule):  # the whole schedule given: its fragments and overlap are its own
+            if fragments != 1 or overlap_steps:
+                raise ValueError("fragments and overlap_steps come with the Schedule given as local_steps: give "
+                                 "them there, or give local_steps as a number")
+            local_steps, fragments, overlap_steps = (local_steps.local_steps, local_steps.fragments,
+                                                     local_steps.overlap_steps)
         parts = _fragments(model, fragments, local_steps, overlap_steps)
         self.schedule = Schedule(local_steps, len(parts), overlap_steps)
         self.model, self.inner, self.scaler = model, inner_optimizer, scaler

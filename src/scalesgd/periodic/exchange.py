@@ -30,11 +30,9 @@ class PeriodicExchange(GradientExchange):
 
     def __init__(self, within: GradientExchange, setup: ExchangeSetup, periodic: PeriodicConfig):
         self.within = within
-        schedule = periodic.schedule
-        self.diloco = DiLoCo(within.bare, inner_of(within.optimizer), schedule.local_steps,
+        self.diloco = DiLoCo(within.bare, inner_of(within.optimizer), periodic.schedule,
                              outer_optimizer=lambda own: outer_sgd(own, periodic.outer_lr, periodic.outer_momentum),
-                             codec=make_codec(setup.codec, setup.settings), fragments=schedule.fragments,
-                             overlap_steps=schedule.overlap_steps, mix=periodic.mix, group=setup.group,
+                             codec=make_codec(setup.codec, setup.settings), mix=periodic.mix, group=setup.group,
                              topology=setup.topology)
         self._bytes, self._landed = self.diloco.bytes_sent, 0.0
         super().__init__(within.model, within.optimizer, self.diloco.driver, within.plan, bare=within.bare,
