@@ -104,6 +104,8 @@ def test_interrupted_and_resumed_run_ends_with_the_same_parameters(tmp_path, eng
     lines = lambda run: [(r["kind"], r["iter"], r.get("loss"), r.get("test_acc"))
                          for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())]
     assert lines(whole) == lines(broken)
+    sent = lambda run: json.loads((run / "summary.json").read_text())["bytes_sent"]
+    assert sent(whole) == sent(broken)  # the bytes before the checkpoint counted once, those after it too
 
 
 def test_save_is_atomic_and_leaves_nothing_behind_when_writing_fails(tmp_path):

@@ -107,6 +107,7 @@ class PeriodicExchange(GradientExchange):
             self.diloco.restart()
             return
         self.diloco.load_state_dict(own["periodic"])
+        self._bytes = self.diloco.bytes_sent  # what it sent before the checkpoint is the run's already (its clock's)
         with torch.no_grad():
             for p, saved in zip(self.diloco.params, own["local"]):
                 p.copy_(saved)
