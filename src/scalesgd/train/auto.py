@@ -89,7 +89,8 @@ class Decision:
     @property
     def measured_s(self) -> float | None:
         """The chosen exchange's trial iteration (None: chosen by the model alone)."""
-        return self.measured[self.finalists.index(self.chosen)] if self.measured else None
+        key = (self.chosen.exchange, self.chosen.plan, self.chosen.mode)  # not its prediction: a saved one may differ
+        return next((m for f, m in zip(self.finalists, self.measured) if (f.exchange, f.plan, f.mode) == key), None)
 
     @property
     def compresses(self) -> bool:

@@ -87,12 +87,12 @@ Cost = DenseCost | SparseCost | LowRankCost
 
 
 WHOLE_GRADIENT_ENGINES = ("ddp", "scalesgd")
-SHARDED_TOO = (*WHOLE_GRADIENT_ENGINES, "fsdp", "fsdp2")  # FSDP2 as it comes (fsdp2) takes only what says so
 # Where every codec of ours that sums bucket by bucket runs: the sharded engine's reduce-scatter (each unit's
 # gradients one bucket, laid out as FSDP lays them) and, where it shards within each node, its cross-node sum (each
 # unit's shard one bucket: every node holds the same shards)
 SHARDED_ENGINE = "scalesgd-fsdp"
 CROSS_NODE_SHARDS = "scalesgd-fsdp:node"
+SHARDED_TOO = (*WHOLE_GRADIENT_ENGINES, SHARDED_ENGINE, "fsdp2")  # FSDP2 as it comes (fsdp2) takes only what says so
 
 
 @dataclass(frozen=True)
