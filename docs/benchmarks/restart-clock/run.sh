@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Time to the target after a restart against the uninterrupted run: the default GPT (its own 2-epoch recipe),
 # DiLoCo H 16 with fp8 pseudo-gradients, 2 local workers, seeds 0-2; each seed once straight through and once killed
-# (SIGKILL to the launcher and its workers) 5 s after its checkpoint at step 128, then resumed. Evaluations every 16
+# (SIGKILL to the launcher and its workers) 5 s after its second mid-epoch checkpoint (step 140: the first loss
+# read 64 steps past the one at 70; mid-round, the round lands at 144), then resumed. Evaluations every 16
 # steps; the target is the time-to-quality table's, DDP fp32's final loss on local workers + 1 % (2.2876), reached in
 # 70-75 s on this machine: each run stops at 130 s on its training clock (`--time-budget`).
 #     bash docs/benchmarks/restart-clock/run.sh [OUT]     # then: python docs/benchmarks/restart-clock/summary.py OUT

@@ -46,6 +46,13 @@ def main() -> None:
                   f"{kind} seed {seed}: not reached", f"(train_s {summary['train_s']:.1f}, wall "
                   f"{summary['wall_time_s']:.1f} s, bytes {summary['bytes_sent'] / 1e6:.3f} MB)")
         rows[kind] = [hit for _, hit in found if hit]
+    for seed in range(3):  # the byte count across the resume: the same at every evaluation both runs made
+        evals = [{r["iter"]: r["bytes_sent"] for r in map(json.loads, (out / f"{kind}-seed{seed}" / "metrics.jsonl")
+                  .read_text().splitlines()) if r.get("kind") == "eval"} for kind in ("whole", "restarted")]
+        both = sorted(evals[0].keys() & evals[1].keys())
+        same = sum(evals[0][i] == evals[1][i] for i in both)
+        print(f"seed {seed}: bytes sent equal at {same} of {len(both)} evaluations both runs made "
+              f"(steps {both[0]}-{both[-1]})")
     for kind, hits in rows.items():
         if hits:
             times, sent = [t for t, _ in hits], [b / 1e6 for _, b in hits]

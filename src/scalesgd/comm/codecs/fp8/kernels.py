@@ -107,8 +107,8 @@ _EAGER = {"encode": _encode, "decode": _decode, "encode_relative": _encode_relat
 # --- choosing the path ------------------------------------------------------------------------------
 
 class _Kernels:
-    """The functions in use, resolved once per process, when the first fp8 codec is built (compiling took 28 s a
-    process from a cold cache and 10 s warm on this project's 2-core CPU; `SCALESGD_FP8_KERNELS=eager`: 0.5 s)."""
+    """The functions in use, resolved once per process, when the first fp8 codec is built (compiling took 26 s a
+    process from a cold cache and 6 s warm on this project's 2-core CPU; `SCALESGD_FP8_KERNELS=eager`: none)."""
 
     def __init__(self):
         self._table: dict | None = None
