@@ -42,12 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run a command; a process that joined a distributed launch ends with its launcher, and without interpreter
-    teardown."""
+    """Run a command; a process that joined a distributed launch ends with its launcher. The command's own process
+    (no `argv`) ends without interpreter teardown: freeing torch's objects took 1.1-1.7 s of every command's time."""
     if argv is None:
         launcher.join_launcher()
     code = _run(argv)
-    if process_group.launched_by_torchrun() and argv is None:
+    if argv is None:
         process_group.exit_process(code)
     return code
 

@@ -223,7 +223,7 @@ def finish() -> None:
 
 
 def exit_process(code: int):
-    """End a worker without interpreter finalization, after flushing its output.
+    """End a process without interpreter finalization, after flushing its output.
 
     Gloo's C++ threads can still hold work objects with tensors when Python tears down; releasing
     them then needs the GIL of a dying interpreter and aborts the process (SIGABRT at exit).
