@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
+import numpy as np
 import pytest
 import torch
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 from scalesgd.data import DataBundle, load_bundle, load_digits_bundle
+from scalesgd.data.digits import _split_with_sklearn, cache_path, split_digits
 
 
 @pytest.fixture(scope="module")
@@ -53,3 +59,27 @@ def test_deterministic_across_calls(bundle):
 
 def test_load_bundle_dispatches_to_digits():
     assert len(load_bundle("digits").train) == 1437
+
+
+def test_the_split_is_kept_in_the_users_cache_and_read_back_without_scikit_learn(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    direct = _split_with_sklearn()
+    first = split_digits()
+    assert cache_path().parent == tmp_path / "scalesgd" and [p.name for p in cache_path().parent.iterdir()] == [
+        cache_path().name]
+    read = subprocess.run([sys.executable, "-c", "import sys; from scalesgd.data.digits import split_digits; "
+                           "split_digits(); print('sklearn' in sys.modules)"], capture_output=True, text=True,
+                          env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)}, check=True)
+    assert read.stdout.strip() == "False"  # read back from the cache: scikit-learn never imported
+    for a, b, c in zip(direct, first, split_digits()):
+        assert np.array_equal(a, b) and np.array_equal(a, c) and a.dtype == c.dtype
+
+
+def test_a_damaged_cache_is_computed_again_and_replaced(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cache_path().parent.mkdir(parents=True)
+    cache_path().write_bytes(b"PK\x03\x04 cut short")
+    split = split_digits()
+    assert all(np.array_equal(a, b) for a, b in zip(split, _split_with_sklearn()))
+    with np.load(cache_path()) as kept:
+        assert np.array_equal(kept["y_test"], split[3])
