@@ -38,11 +38,19 @@ def rich_table(title: str, columns: list[str], rows: list[list]):
 
 def write_json(path: Path, record: dict) -> None:
     """A record as indented JSON, one file (run directories' config, summary, profile and decisions), whole or not at
-    all: written beside it and renamed over it, so a kill or a full disk leaves the one before as it was."""
-    path = Path(path)
+    all."""
+    write_whole(Path(path), json.dumps(record, indent=2) + "\n")
+
+
+def write_whole(path: Path, data: str | bytes) -> None:
+    """`data` (text as UTF-8) as the file `path`, whole or not at all: written beside it and renamed over it, so a
+    kill or a full disk leaves the one before as it was (and processes writing it at once each replace it whole)."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        temporary.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        if isinstance(data, str):
+            temporary.write_text(data, encoding="utf-8")
+        else:
+            temporary.write_bytes(data)
         os.replace(temporary, path)
     except BaseException:
         temporary.unlink(missing_ok=True)

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from scalesgd.bench.quality import EXCHANGES, QualityBenchConfig, parse_exchanges
-from scalesgd.cli import main
 from scalesgd.bench.quality_report import reached, steps_to_target, summarise, target_of
+from scalesgd.cli import main
 from scalesgd.errors import UsageError
 from scalesgd.sim import quality
 from tests.bench.cli import bench

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import zipfile
 from importlib import metadata
@@ -11,12 +12,11 @@ import numpy as np
 import torch
 
 from scalesgd.data.dataset import DataBundle, Split
+from scalesgd.output import write_whole
 
 TEST_FRACTION = 0.2
 SPLIT_SEED = 0
 TRAIN_SIZE = 1437  # of the 1797 images, after the stratified split
-
-
 SPLIT_NAMES = ("x_train", "x_test", "y_train", "y_test")
 
 
@@ -34,11 +34,11 @@ def split_digits() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):  # absent, or damaged
         pass
     split = _split_with_sklearn()
+    kept = io.BytesIO()
+    np.savez(kept, **dict(zip(SPLIT_NAMES, split)))
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
-        partial = cached.with_name(f"{cached.stem}.{os.getpid()}.partial.npz")
-        np.savez(partial, **dict(zip(SPLIT_NAMES, split)))
-        os.replace(partial, cached)  # whole or absent: workers writing it at once each replace it whole
+        write_whole(cached, kept.getvalue())
     except OSError:
         pass
     return split
