@@ -1,9 +1,9 @@
 """Running `scalesgd bench …` as a user would, for the bench tests."""
 
 import subprocess
-import sys
+
+from tests.command import scalesgd
 
 
 def bench(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "scalesgd", "bench", *argv], capture_output=True, text=True,
-                          timeout=timeout)
+    return scalesgd("bench", *argv, timeout=timeout)

@@ -24,13 +24,13 @@ from scalesgd.data import (
 from scalesgd.data.imagefolder.trees import write_fake_tree
 from scalesgd.data.pipeline import DataGone, FolderPipeline, one_line
 from scalesgd.train.worker import named_cause
+from tests.command import scalesgd
 
 
 def test_a_soak_of_two_kills_restarts_twice_and_ends_bit_identical(tmp_path):
     out = tmp_path / "faults"
-    proc = subprocess.run([sys.executable, "-m", "scalesgd", "bench", "faults", "--scenarios", "soak", "--kills", "2",
-                           "--workers", "2", "--timeout", "5", "--seed", "16", "--out", str(out)],
-                          capture_output=True, text=True, timeout=1200, check=False)
+    proc = scalesgd("bench", "faults", "--scenarios", "soak", "--kills", "2", "--workers", "2", "--timeout", "5",
+                    "--seed", "16", "--out", out, timeout=1200)
     results = {r["scenario"]: r for r in json.loads((out / "faults.json").read_text())["results"]}
     assert proc.returncode == 0, [r["outcome"] for r in results.values()]
     soak = results["soak"]
@@ -40,8 +40,7 @@ def test_a_soak_of_two_kills_restarts_twice_and_ends_bit_identical(tmp_path):
 
 
 def test_unknown_scenario_is_one_line():
-    proc = subprocess.run([sys.executable, "-m", "scalesgd", "bench", "faults", "--scenarios", "flood"],
-                          capture_output=True, text=True, timeout=120, check=False)
+    proc = scalesgd("bench", "faults", "--scenarios", "flood")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "flood" in proc.stderr
 
 

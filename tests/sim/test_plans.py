@@ -2,17 +2,12 @@
 printed; a profile shown with its groups and prediction. (`scalesgd plan` is run by tests/test_cli.py.)"""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from scalesgd.errors import UsageError
 from scalesgd.sim import plans
-
-
-def scalesgd(*args):
-    return subprocess.run([sys.executable, "-m", "scalesgd", *args], capture_output=True, text=True, timeout=120)
+from tests.command import scalesgd
 
 
 def test_profile_of_a_run_without_one_is_one_line(tmp_path):

@@ -11,14 +11,10 @@ import pytest
 
 from scalesgd.testbed import TestbedSpec as Spec
 from scalesgd.testbed import netns
+from tests.command import scalesgd
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root (CI runs as root)")
 PREFIX = f"t{os.getpid() % 100000}"
-
-
-def scalesgd(*argv, timeout=300):
-    return subprocess.run([sys.executable, "-m", "scalesgd", *argv], capture_output=True, text=True, timeout=timeout,
-                          check=False)
 
 
 def leftovers() -> list[str]:

@@ -1,19 +1,15 @@
 """Running `scalesgd train` as a user would, for the training tests."""
 
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from tests.command import scalesgd  # noqa: F401  (the training tests run commands through it)
+
 FAST = ["--quiet", "--dataset", "digits", "--batch-size", "128", "--base-batch", "32", "--warmup-epochs", "1"]
-
-
-def scalesgd(*argv, cwd=None, timeout=240, **kw):
-    return subprocess.run([sys.executable, "-m", "scalesgd", *argv], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, **kw)
 
 
 def load_ckpt(run: Path) -> dict:

@@ -2,7 +2,6 @@
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,14 +18,14 @@ from scalesgd.train.sweep import (
     noise_at_smallest,
     run_name,
 )
+from tests.command import scalesgd
 
 TINY = ["--", "--workers", "2", "--dataset", "synthetic", "--samples", "256", "--image-size", "8",
         "--model", "resnet8", "--base-batch", "16", "--epochs", "2", "--warmup-epochs", "1"]
 
 
 def sweep(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "scalesgd", "sweep", *argv], capture_output=True, text=True,
-                          timeout=600)
+    return scalesgd("sweep", *argv, timeout=600)
 
 
 def test_grid_runs_each_recipe_from_the_smallest_batch_up():

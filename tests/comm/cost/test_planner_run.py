@@ -1,17 +1,12 @@
 """`scalesgd train --planner`: the profile, the plan every rank uses, predicted against measured."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from scalesgd.comm.cost import planner
 from scalesgd.comm.cost.profile import Profile
-
-
-def scalesgd(*argv):
-    return subprocess.run([sys.executable, "-m", "scalesgd", *argv], capture_output=True, text=True, timeout=300)
+from tests.command import scalesgd
 
 
 TINY = ["--workers", "2", "--engine", "scalesgd", "--codec", "topk", "--density", "0.1", "--dataset", "synthetic",
