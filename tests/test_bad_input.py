@@ -20,6 +20,7 @@ from scalesgd.config import TrainConfig
 from scalesgd.errors import UsageError
 from scalesgd.options import build, flat_options, flatten
 from scalesgd.train.sweep import SweepConfig
+from tests.command import scalesgd as run_command
 
 CONFIGS = {"train": TrainConfig, "bench allreduce": AllreduceBenchConfig, "bench train": TrainBenchConfig,
            "sweep": SweepConfig}
@@ -92,9 +93,14 @@ def test_any_numbers_validate_finite_or_raise_a_usage_error(data):
 
 # ---- the command line, as a user runs it ----------------------------------------------------------------
 
-def scalesgd(*argv, cwd, env=None):
+def scalesgd_process(*argv, cwd):
+    """The command in a process of its own, as a shell runs it (the other tests run it in this one)."""
     return subprocess.run([sys.executable, "-m", "scalesgd", *argv], capture_output=True, text=True, timeout=120,
-                          cwd=cwd, env=None if env is None else {**os.environ, **env})
+                          cwd=cwd)
+
+
+def scalesgd(*argv, cwd, env=None):
+    return run_command(*argv, cwd=cwd, env=None if env is None else {**os.environ, **env}, timeout=120)
 
 
 @pytest.fixture
@@ -245,7 +251,7 @@ def test_an_engines_earlier_name_is_one_warning_line_then_runs_under_its_name_no
 @pytest.mark.parametrize("argv,expected", [REFUSED[0], REFUSED[-1]], ids=["run-dir", "profile"])
 def test_the_command_itself_says_one_line_and_exits_2(tmp_path, argv, expected):
     before = _scene(tmp_path)
-    proc = scalesgd(*argv, cwd=tmp_path)
+    proc = scalesgd_process(*argv, cwd=tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
     assert proc.stderr.startswith("scalesgd: error: ") and expected in proc.stderr, proc.stderr
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before

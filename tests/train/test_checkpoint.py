@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -59,13 +60,14 @@ FP8_RANGES = ["--fp8-period", "7", "--fp8-samples", "64"]  # ranges re-estimated
 
 
 # Each case covers what another would repeat: DDP's engine with a hook's state (fp8's ranges) under LARS and the
-# arc-cotangent schedule, ours with top-k's reused thresholds and DGC's momentum (each state a resume must restore).
+# arc-cotangent schedule, ours with top-k's reused thresholds and DGC's momentum (each state a resume must restore),
+# that one killed past a checkpoint in the middle of an epoch (the data's order and position restored too).
 @pytest.mark.parametrize("engine", [["--codec", "fp8", *FP8_RANGES, "--optimizer", "lars", "--weight-decay", "5e-4",
                                      "--schedule", "arccot", "--arccot-epoch", "2", "--label-smoothing", "0.1",
                                      "--bn-momentum", "0.05", "--bn-batch", "8"],
                                     ["--engine", "scalesgd", "--codec", "topk", "--topk-reuse", "3", "--density",
                                      "0.05", "--momentum-correction", "--density-warmup", "2", "--local-clip", "1.0",
-                                     "--weight-decay", "5e-4"],
+                                     "--weight-decay", "5e-4", "--checkpoint-every", "4"],  # killed mid-epoch
                                     ["--engine", "scalesgd", "--codec", "onebit", "--optimizer", "onebit-adam",
                                      "--base-lr", "0.001", "--precision", "fp16", "--accumulate", "2",
                                      "--compress-after", "10", "--samples", "512"],  # errors, frozen
@@ -86,11 +88,13 @@ def test_interrupted_and_resumed_run_ends_with_the_same_parameters(tmp_path, eng
     proc = subprocess.Popen([sys.executable, "-m", "scalesgd", "train", "--run-dir", str(broken), *run],
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     wait_for_checkpoint(broken, proc)
+    while "--checkpoint-every" in run and proc.poll() is None and load_ckpt(broken)["step"] == 0:
+        time.sleep(0.05)  # past a checkpoint within an epoch
     os.killpg(proc.pid, signal.SIGKILL)  # launcher and workers die mid-epoch, as on a lost machine
     proc.wait()
     assert not (broken / "summary.json").exists(), "the run finished before it could be interrupted"
-    interrupted_at = load_ckpt(broken)["epoch"]
-    assert interrupted_at < 3
+    interrupted = load_ckpt(broken)
+    assert interrupted["epoch"] < 3 and (interrupted["step"] > 0) == ("--checkpoint-every" in run)
 
     resumed = scalesgd("train", "--resume", str(broken))
     assert resumed.returncode == 0, resumed.stderr
