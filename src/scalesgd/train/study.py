@@ -3,27 +3,36 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
+from scalesgd.errors import EXIT_USAGE, UsageError, as_flags
+from scalesgd.options import parse
+from scalesgd.train.command import TrainCommand
+from scalesgd.train.command import run as run_train
 from scalesgd.train.rundir import CHECKPOINT_NAME, SUMMARY_NAME
 
 
 def train_once(train_argv: list[str], run_dir: Path, label: str) -> int:
-    """Run `scalesgd train TRAIN_ARGV` into `run_dir` unless its summary exists; resume a run that was cut short."""
+    """Run `scalesgd train TRAIN_ARGV` into `run_dir` unless its summary exists; resume a run that was cut short.
+    The run's workers are started from this process, as `scalesgd train` starts them (no second interpreter to
+    import torch again for every point)."""
     if (run_dir / SUMMARY_NAME).exists():
         return 0
-    base = [sys.executable, "-m", "scalesgd", "train"]
     if (run_dir / CHECKPOINT_NAME).exists():
-        argv = [*base, "--resume", str(run_dir), "--quiet"]
+        argv = ["--resume", str(run_dir), "--quiet"]
     else:
         if run_dir.exists():  # started but never checkpointed: start again
             shutil.rmtree(run_dir)
         run_dir.parent.mkdir(parents=True, exist_ok=True)
-        argv = [*base, *train_argv, "--run-dir", str(run_dir), "--quiet"]
+        argv = [*train_argv, "--run-dir", str(run_dir), "--quiet"]
     print(label, flush=True)
-    return subprocess.run(argv).returncode
+    try:
+        command = TrainCommand.from_options(parse(TrainCommand, argv, "scalesgd train")).validate()
+    except UsageError as err:
+        print(f"scalesgd: error: {as_flags(str(err))}", file=sys.stderr)
+        return EXIT_USAGE
+    return run_train(command, argv)
 
 
 def failed(label: str, code: int, run_dir: Path) -> int:
