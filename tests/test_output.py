@@ -45,3 +45,14 @@ def test_a_terminal_keeps_its_width(monkeypatch):
     console.print(wide_table())
     text = re.sub(r"\x1b\[[0-9;]*m", "", sink.getvalue())  # a terminal gets colours
     assert max(map(len, text.splitlines())) <= 60 and "…" in text  # fits the terminal, cells shortened by rich
+
+
+def test_a_log_axis_is_labelled_in_plain_numbers_not_typeset_math():
+    plt = output.pyplot()
+    fig, ax = plt.subplots()
+    ax.plot([1, 2, 3], [1e-3, 0.1, 10])
+    output.log_scale(ax)
+    fig.canvas.draw()
+    labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    plt.close(fig)
+    assert "1e-01".replace("-", "\N{MINUS SIGN}") in labels and not any("$" in label for label in labels)

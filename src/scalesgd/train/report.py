@@ -143,7 +143,7 @@ def plot_noise_scale(ax, epochs: list[dict], batch: int | None) -> None:
     if batch:
         ax.axhline(batch, color="grey", ls="--", label=f"global batch {batch}")
     ax.set_ylabel("samples")
-    ax.set_yscale("log", nonpositive="mask")
+    output.log_scale(ax, nonpositive="mask")
     ax.legend(fontsize=8)
 
 
@@ -163,12 +163,12 @@ def plot_report(run_dir: Path) -> Path:
     ends = [e["iter"] for e in epochs]
     ax_loss.plot(ends, [e["test_loss"] for e in epochs], "o-", label="test (per epoch)")
     ax_loss.set_ylabel("loss")
-    ax_loss.set_yscale("log")
+    output.log_scale(ax_loss)
     ax_loss.legend()
     if any("test_perplexity" in e for e in epochs):  # a language model: validation perplexity, e^(loss per token)
         ax_acc.plot(ends, [e["test_perplexity"] for e in epochs], "s-", label="validation")
         ax_acc.set_ylabel("perplexity")
-        ax_acc.set_yscale("log")
+        output.log_scale(ax_acc)
     else:
         ax_acc.plot(ends, [100 * e["train_acc"] for e in epochs], "o-", label="train")
         ax_acc.plot(ends, [100 * e["test_acc"] for e in epochs], "s-", label="test")
@@ -176,7 +176,7 @@ def plot_report(run_dir: Path) -> Path:
     ax_acc.legend()
     ax_lr.plot([r["iter"] for r in iters], [r["lr"] for r in iters])
     ax_lr.set_ylabel("learning rate")
-    ax_lr.set_yscale("log", nonpositive="mask")  # decayed rates stay visible; a rate of 0 (cosine, poly) is left out
+    output.log_scale(ax_lr, nonpositive="mask")  # decayed rates stay visible; a rate of 0 (cosine, poly) is left out
     if counters:
         for name in counters:
             axes[3].plot([r["iter"] for r in iters if name in r], [r[name] for r in iters if name in r], lw=0.8,
