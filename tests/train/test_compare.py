@@ -11,7 +11,7 @@ import pytest
 
 from scalesgd.cli import main
 from scalesgd.train import compare
-from tests.train.cli import FAST
+from tests.train.cli import FAST, scalesgd
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -157,8 +157,7 @@ def test_bad_input_is_one_line_naming_the_path_and_exit_2(runs, tmp_path, capsys
 
 def test_the_command_exits_2_with_one_line(tmp_path):
     missing = tmp_path / "no-such-run"
-    proc = subprocess.run([sys.executable, "-m", "scalesgd", "compare", str(missing)], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path)
+    proc = scalesgd("compare", missing, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().splitlines() == [f"scalesgd: error: {missing} does not exist; expected a "
                                                 "`scalesgd train` run directory or a directory of them"]
