@@ -72,16 +72,14 @@ FP8_RANGES = ["--fp8-period", "7", "--fp8-samples", "64"]  # ranges re-estimated
                                      "--base-lr", "0.001", "--precision", "fp16", "--accumulate", "2",
                                      "--compress-after", "10", "--samples", "512"],  # errors, frozen
                                     # variance, loss scale saved
-                                    ["--local-steps", "6", "--fragments", "2", "--overlap-steps", "1", "--mix",
-                                     "0.25", "--codec", "topk", "--density", "0.05"],  # local parameters and inner
-                                    # state per rank, global ones, outer momentum, residuals, an exchange in flight
                                     ["--engine", "scalesgd-fsdp", "--shard", "node", "--procs-per-node", "1",
-                                     "--local-steps", "3", "--codec", "topk", "--density", "0.05", "--accumulate",
-                                     "2"]],  # 2 nodes
-                         # of 1: parameters and momentum through torch.distributed.checkpoint (which keeps one node's),
-                         # each rank's local parameters, inner state, global ones and residuals beside them
+                                     "--local-steps", "6", "--fragments", "2", "--overlap-steps", "1", "--mix", "0.25",
+                                     "--codec", "topk", "--density", "0.05", "--accumulate", "2"]],
+                         # 2 nodes of 1, each a Streaming DiLoCo replica: parameters and momentum through
+                         # torch.distributed.checkpoint (which keeps one node's); each rank's local parameters, inner
+                         # state, global ones, outer momentum and residuals beside them, and an exchange in flight
                          ids=["ddp-fp8-hook-lars-arccot", "scalesgd-topk-dgc", "onebit-adam-fp16-accumulated",
-                              "periodic-streaming-topk", "fsdp-hybrid-periodic-topk"])
+                              "fsdp-hybrid-streaming-topk"])
 def test_interrupted_and_resumed_run_ends_with_the_same_parameters(tmp_path, engine):
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     run = [*RESUME_RUN, *engine]
