@@ -26,7 +26,7 @@ from scalesgd.comm.codecs import CODECS
 from scalesgd.comm.engine.exchange import exchange_names
 from scalesgd.commands import COMMANDS
 from scalesgd.config import TrainConfig, rules
-from scalesgd.errors import EXIT_USAGE, UsageError
+from scalesgd.errors import EXIT_USAGE, UsageError, error_line
 from scalesgd.options import Flat, build, choices_of, flat_options, parse
 from scalesgd.sim.modes import Mode, parse_mode
 
@@ -231,7 +231,7 @@ def validated(name: str, argv: list[str]) -> str | None:
     try:
         command.configure(parse(command.config, argv, f"scalesgd {name}"))
     except UsageError as err:
-        return cli.error_line(err)
+        return error_line(err)
     return None
 
 
@@ -306,7 +306,7 @@ def assert_mode_valid_or_refused_in_one_line(text: str) -> None:
         build(TrainBenchConfig, {"modes": (text,)}).validate()
         refused = None
     except UsageError as err:
-        refused = cli.error_line(err)
+        refused = error_line(err)
         assert one_line(refused), (text, refused)
     if mode is None:
         assert refused is not None, f"bench train takes {text!r}, which parse_mode refuses"

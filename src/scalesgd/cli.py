@@ -8,12 +8,11 @@ name options in backticks, and this is the one place that shows them as --flags.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import warnings
 
 from scalesgd.commands import COMMANDS, GROUPS
-from scalesgd.errors import EXIT_USAGE, Renamed, UsageError, as_flags
+from scalesgd.errors import EXIT_USAGE, Renamed, UsageError, as_flags, error_line
 from scalesgd.options import OptionParser, add_options, given
 from scalesgd.runtime import launcher, process_group
 
@@ -74,16 +73,6 @@ def _show_renamed(message, category, filename, lineno, file=None, line=None) -> 
         print(f"scalesgd: warning: {as_flags(str(message))}", file=sys.stderr)
     else:
         sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
-
-
-def error_line(err: UsageError) -> str:
-    """The one line bad input ends with: options as --flags, and any line break or control character the input
-    brought into the message (a value typed as $'a\\nb') escaped, so it cannot start a line of its own."""
-    return "scalesgd: error: " + _UNPRINTABLE.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"),
-                                                   as_flags(str(err)))
-
-
-_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")  # control characters, and Unicode's line breaks
 
 
 if __name__ == "__main__":

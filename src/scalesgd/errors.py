@@ -40,3 +40,13 @@ def option_name(field_name: str) -> str:
 def as_flags(message: str) -> str:
     """A library message for the command line: every `field` named in backticks becomes its --flag."""
     return _FIELD.sub(lambda m: option_name(m[1]), message)
+
+
+def error_line(err: Exception) -> str:
+    """The one line bad input ends with: options as --flags, and any line break or control character the input
+    brought into the message (a value typed as $'a\\nb') escaped, so it cannot start a line of its own."""
+    return "scalesgd: error: " + _UNPRINTABLE.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"),
+                                                   as_flags(str(err)))
+
+
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")  # control characters, and Unicode's line breaks

@@ -6,7 +6,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from scalesgd.errors import EXIT_USAGE, UsageError, as_flags
+from scalesgd.errors import EXIT_USAGE, UsageError, error_line
 from scalesgd.options import parse
 from scalesgd.train.command import TrainCommand
 from scalesgd.train.command import run as run_train
@@ -30,7 +30,7 @@ def train_once(train_argv: list[str], run_dir: Path, label: str) -> int:
     try:
         command = TrainCommand.from_options(parse(TrainCommand, argv, "scalesgd train")).validate()
     except UsageError as err:
-        print(f"scalesgd: error: {as_flags(str(err))}", file=sys.stderr)
+        print(error_line(err), file=sys.stderr)  # as the command line says it
         return EXIT_USAGE
     return run_train(command, argv)
 
