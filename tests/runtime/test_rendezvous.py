@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from scalesgd.bench.faults import workers_of
 from tests.train.cli import wait_for_checkpoint
 
 LISTEN = "0A"
@@ -53,7 +54,7 @@ def test_no_socket_of_a_local_run_listens_beyond_loopback(tmp_path):
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for_checkpoint(run, proc)
-        pids = [proc.pid, *map(int, Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split())]
+        pids = [proc.pid, *workers_of(proc)]
         addresses = [a for pid in pids for a in listening(pid)]
     finally:
         os.killpg(proc.pid, signal.SIGKILL)

@@ -13,10 +13,11 @@ from collections.abc import Callable
 from contextlib import contextmanager
 
 from scalesgd.errors import EXIT_NON_FINITE, EXIT_PEER_LOST, EXIT_USAGE
+from scalesgd.runtime.forked import Forked, module_of
 from scalesgd.runtime.heartbeat import Heartbeats, beat_in_background
 
 LAUNCHED_MARK = "SCALESGD_LAUNCHED"
-LAUNCHER_PID = "SCALESGD_LAUNCHER_PID"  # the worker's parent: it ends when that process does
+LAUNCHER_PID = "SCALESGD_LAUNCHER_PID"  # the launcher: the worker ends when that process does
 PR_SET_PDEATHSIG = 1
 POLL_S = 0.1
 KILL_GRACE_S = 5.0
@@ -102,12 +103,12 @@ def launch(workers: list[tuple[list[str], dict, object]], timeout_s: float, rest
 
 def _launch_once(workers: list[tuple[list[str], dict, object]], timeout_s: float) -> tuple[int, bool]:
     """One group's exit status, and whether this launcher was told to stop (no restart then)."""
-    procs: list[subprocess.Popen] = []
+    procs: list[subprocess.Popen | Forked] = []
     heartbeats = Heartbeats(len(workers))
     try:
         for rank, (argv, env, stdout) in enumerate(workers):
             env = env | heartbeats.env(rank) | {LAUNCHER_PID: str(os.getpid())}
-            procs.append(subprocess.Popen(argv, env=env, stdout=stdout))
+            procs.append(start(argv, env, stdout))
         return supervise(procs, timeout_s, heartbeats), False
     except KeyboardInterrupt:
         stop(procs)
@@ -126,6 +127,12 @@ def _launch_once(workers: list[tuple[list[str], dict, object]], timeout_s: float
         heartbeats.close()
 
 
+def start(argv: list[str], env: dict, stdout) -> subprocess.Popen | Forked:
+    """`python -m MODULE …` forked from the server that has torch imported; any other command executed."""
+    module = module_of(argv)
+    return Forked(module, argv[3:], env, stdout) if module else subprocess.Popen(argv, env=env, stdout=stdout)
+
+
 def join_launcher() -> None:
     """In a process our launcher started: end with it, and show it signs of life (no-ops anywhere else)."""
     die_with_parent()
@@ -133,9 +140,9 @@ def join_launcher() -> None:
 
 
 def die_with_parent(environ=os.environ) -> None:
-    """In a worker we launched: end when its parent ends, however it ends (Linux's parent-death signal), so no
-    orphan trains on; if the launcher is already gone, end now. The mark is not passed on to the worker's own
-    children."""
+    """In a worker we launched: end when its parent ends, however it ends (Linux's parent-death signal; a forked
+    worker's parent, the fork server, ends with the launcher), so no orphan trains on; if the launcher is already
+    gone, end now. The mark is not passed on to the worker's own children."""
     launcher_pid = environ.pop(LAUNCHER_PID, None)
     if launcher_pid is None or not sys.platform.startswith("linux"):
         return
@@ -146,7 +153,7 @@ def die_with_parent(environ=os.environ) -> None:
         os._exit(128 + signal.SIGTERM)
 
 
-def supervise(procs: list[subprocess.Popen], timeout_s: float, heartbeats: Heartbeats | None = None) -> int:
+def supervise(procs: list[subprocess.Popen | Forked], timeout_s: float, heartbeats: Heartbeats | None = None) -> int:
     """Wait for every worker; after the first failure give the rest `timeout_s` to stop, then kill them.
 
     With `heartbeats`, a worker silent for `timeout_s` (or silent at all once another has failed) is not running:
@@ -226,7 +233,7 @@ def describe_exit(code: int) -> str:
     return f"exited with status {code}"
 
 
-def stop(procs: list[subprocess.Popen]) -> None:
+def stop(procs: list[subprocess.Popen | Forked]) -> None:
     """Terminate the workers that are still running, killing any that ignore SIGTERM."""
     for p in procs:
         if p.poll() is None:

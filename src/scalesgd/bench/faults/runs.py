@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from scalesgd.errors import UsageError
+from scalesgd.runtime.forked import NAME_PREFIX
 from scalesgd.train import checkpoint
 
 # a short run that checkpoints mid-epoch and carries per-rank codec state (top-k residuals)
@@ -60,15 +61,36 @@ def _scalesgd(*argv: str) -> subprocess.Popen:
 
 
 def workers_of(proc: subprocess.Popen) -> list[int]:
-    """The processes a launcher started (its children)."""
+    """The workers a launcher started: its children, or the children of the fork server it started them from."""
+    workers = []
+    for child in children_of(proc.pid):
+        helper = _cmdline(child)
+        if "multiprocessing.forkserver" in helper:
+            workers += children_of(child)
+        elif "multiprocessing.resource_tracker" not in helper:
+            workers.append(child)
+    return workers
+
+
+def children_of(pid: int) -> list[int]:
     try:
-        return [int(c) for c in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except FileNotFoundError:
         return []
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
 def rank_of(pid: int) -> int:
-    """A worker's rank, from the environment its launcher gave it."""
+    """A worker's rank: in a forked worker's name (scalesgd-r<rank>), else in the environment it was started with."""
+    name = Path(f"/proc/{pid}/comm").read_text().strip()
+    if name.startswith(NAME_PREFIX) and name[len(NAME_PREFIX):].isdigit():
+        return int(name[len(NAME_PREFIX):])
     env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return int(next(e for e in env if e.startswith(b"RANK=")).split(b"=", 1)[1])
 
@@ -169,7 +191,7 @@ def _on_images(cfg: Settings, run_dir: Path) -> tuple[Path, Path, subprocess.Pop
 
 def loader_of(pid: int) -> int:
     """A worker's oldest child: the training set's loader process (the test set's starts at the first evaluation)."""
-    children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    children = children_of(pid)
     if not children:
         raise RuntimeError(f"worker {pid} has no data loader process")
     return min(children, key=lambda c: int(Path(f"/proc/{c}/stat").read_text().rsplit(")", 1)[1].split()[19]))
