@@ -24,6 +24,16 @@ NAME_PREFIX = "scalesgd-r"  # a forked worker's process name (`ps -o comm`, `top
 PR_SET_NAME = 15
 
 
+def _exit_at_once() -> None:
+    """The fork server's end, when its launcher has ended: without the interpreter's teardown of torch (1-3 s),
+    during which the server would hold the launcher's output open and keep its workers alive."""
+    os._exit(0)
+
+
+if any("multiprocessing.forkserver import main" in arg for arg in sys.orig_argv):  # this process is the server
+    atexit.register(_exit_at_once)
+
+
 def module_of(argv: list[str]) -> str | None:
     """The module of `python -m MODULE …` run by this interpreter, which a forked worker runs instead; None for
     anything else (another program, `ip netns exec …`) or where there is no fork server (not Linux)."""
@@ -110,6 +120,7 @@ class _Main:
 
     def _bootstrap(self, parent_sentinel: int) -> int:
         os.close(parent_sentinel)
+        atexit.unregister(_exit_at_once)
         _leave_server()
         out, err = forkserver.get_inherited_fds()
         for fd, target in ((out, 1), (err, 2)):

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from scalesgd.bench.faults.runs import (
+    TRAIN_EPOCHS,
     Outcome,
     Settings,
     _end,
@@ -102,11 +103,13 @@ def torn_run_dir(cfg: Settings, run_dir: Path) -> Outcome:
 
 
 def soak(cfg: Settings, run_dir: Path) -> Outcome:
-    """`kills` SIGKILLs of a random rank at random moments of one run with as many restarts; its parameters
-    against an uninterrupted run's."""
+    """`kills` SIGKILLs of a random rank at random moments (1.6 s apart on average) of one run with as many
+    restarts, an epoch a kill so that every kill lands before it ends; its parameters against an uninterrupted
+    run's."""
     chance = random.Random(cfg.seed)
     soaked, whole = run_dir / "soaked", run_dir / "whole"
-    proc = _train(soaked, cfg, "--max-restarts", str(cfg.kills))
+    epochs = ("--epochs", str(max(TRAIN_EPOCHS, cfg.kills)))
+    proc = _train(soaked, cfg, "--max-restarts", str(cfg.kills), *epochs)
     _started(proc, soaked, cfg.workers)
     start, recoveries, kills = time.monotonic(), [], 0
     while kills < cfg.kills and proc.poll() is None:
@@ -122,7 +125,7 @@ def soak(cfg: Settings, run_dir: Path) -> Outcome:
             recoveries.append(time.monotonic() - killed)
     code, lines = _end(proc, 1800)
     took = time.monotonic() - start
-    reference = _train(whole, cfg)
+    reference = _train(whole, cfg, *epochs)
     ref_code, _ = _end(reference, 1800)
     same = code == 0 and ref_code == 0 and _same_parameters(soaked, whole)
     restarts = sum("restarting the workers" in line for line in lines)
@@ -131,7 +134,7 @@ def soak(cfg: Settings, run_dir: Path) -> Outcome:
     return Outcome("soak", f"{kills} SIGKILLs of random ranks, --max-restarts {cfg.kills}", took,
                    f"exit {code}, {restarts} restarts{spread}; parameters "
                    f"{'bit-identical to' if same else 'DIFFER from'} an uninterrupted run's",
-                   same and restarts == kills)
+                   same and restarts == kills == cfg.kills)
 
 
 def _same_parameters(a: Path, b: Path) -> bool:
