@@ -16,9 +16,10 @@ import torch.distributed.checkpoint as dcp
 
 from scalesgd.config import TrainConfig
 from scalesgd.errors import UsageError
+from scalesgd.runtime.process_group import DistEnv
 from scalesgd.train import checkpoint
 from scalesgd.train.checkpoint import NoSpace, finished, load_latest, save_atomic
-from scalesgd.train import shards
+from scalesgd.train import rank_states, shards
 from scalesgd.train.metrics import read
 from tests.train.cli import load_ckpt, scalesgd, wait_for_checkpoint
 
@@ -108,6 +109,9 @@ def test_interrupted_and_resumed_run_ends_with_the_same_parameters(tmp_path, eng
     assert lines(whole) == lines(broken)
     sent = lambda run: json.loads((run / "summary.json").read_text())["bytes_sent"]
     assert sent(whole) == sent(broken)  # the bytes before the checkpoint counted once, those after it too
+    if "--codec" in run and "fp8" not in run:  # residuals, replicas: each rank's own file, none in rank 0's
+        assert "codec_states" not in b and sorted(p.name for p in (broken / b["rank_states"]).iterdir()) == \
+            ["rank0.pt", "rank1.pt"] and len(list(broken.glob("ranks-*"))) == 2  # the latest's and the one before's
 
 
 def test_save_is_atomic_and_leaves_nothing_behind_when_writing_fails(tmp_path):
@@ -275,3 +279,43 @@ def test_a_cut_short_shard_file_resumes_from_the_checkpoint_before_or_is_one_lin
                                          r"short .*\), nor the one before, checkpoint.prev.pt \(its shard folder "
                                          r"shards-1-0 has no readable metadata"):
         load_latest(tmp_path)
+
+
+def test_a_cut_short_rank_file_resumes_from_the_checkpoint_before_or_is_one_line(tmp_path, capsys):
+    for name, epoch in (("checkpoint.prev.pt", 1), ("checkpoint.pt", 2)):
+        folder = tmp_path / rank_states.folder_name(epoch, 0)
+        folder.mkdir()
+        for rank in range(2):
+            save_atomic({"codec": {"residual": torch.full((4096,), float(rank))}, "replica": None},
+                        folder / rank_states.file_name(rank))
+        save_atomic({"model": {}, "optimizer": None, "scheduler": {}, "epoch": epoch, "rng": {}, "config": {},
+                     "rank_states": folder.name, "ranks": 2}, tmp_path / name)
+    assert load_latest(tmp_path)["epoch"] == 2
+    cut = tmp_path / "ranks-2-0" / "rank1.pt"
+    cut.write_bytes(cut.read_bytes()[:1000])  # a disk that filled, a copy cut off
+    assert load_latest(tmp_path, say=True)["epoch"] == 1
+    said = capsys.readouterr().err
+    assert "its rank file ranks-2-0/rank1.pt is cut short (1,000 bytes)" in said and said.count("\n") == 1
+    (tmp_path / "ranks-1-0" / "rank0.pt").unlink()
+    with pytest.raises(UsageError, match=r"checkpoint.pt \(its rank file ranks-2-0/rank1.pt is cut short .*\), nor "
+                                         r"the one before, checkpoint.prev.pt \(its rank file ranks-1-0/rank0.pt is "
+                                         r"missing\)"):
+        load_latest(tmp_path)
+
+
+def test_each_rank_resumes_its_own_state_from_its_file_or_the_old_ranks_mean_or_an_older_checkpoint(tmp_path):
+    folder = tmp_path / rank_states.folder_name(1, 0)
+    folder.mkdir()
+    for rank in range(2):
+        save_atomic({"codec": {"residual": torch.full((3,), float(rank))}, "replica": None},
+                    folder / rank_states.file_name(rank))
+    state = {"rank_states": folder.name, "ranks": 2}
+    env = lambda rank, world: DistEnv(rank, world, rank, world, torch.device("cpu"))
+    mine = checkpoint.own_states(state, tmp_path, env(1, 2))
+    assert torch.equal(mine["codec"]["residual"], torch.full((3,), 1.0)) and mine["replica"] is None
+    mean = checkpoint.own_states(state, tmp_path, env(0, 3))  # a new group: what the old ranks owed, owed alike
+    assert torch.equal(mean["codec"]["residual"], torch.full((3,), 0.5)) and mean["replica"] is None
+    older = {"codec_states": [{"r": 0.0}, {"r": 1.0}], "replica_states": []}  # kept in the checkpoint itself
+    assert checkpoint.own_states(older, tmp_path, env(1, 2)) == {"codec": {"r": 1.0}, "replica": None}
+    periodic = {"codec_states": [{"periodic": 0}, {"periodic": 1}]}  # before replicas had a slot of their own
+    assert checkpoint.own_states(periodic, tmp_path, env(1, 2)) == {"codec": None, "replica": {"periodic": 1}}

@@ -19,7 +19,7 @@ from scalesgd.errors import UsageError, as_flags
 from scalesgd.options import flatten
 from scalesgd.recipe.adascale import AdaScaleFactor
 from scalesgd.runtime.process_group import DistEnv
-from scalesgd.train import shards
+from scalesgd.train import rank_states, shards
 from scalesgd.train.rundir import CHECKPOINT_NAME, PREVIOUS_CHECKPOINT_NAME, disk_full
 
 REQUIRED_KEYS = ("model", "optimizer", "scheduler", "epoch", "rng", "config")
@@ -58,11 +58,15 @@ class Progress:
 
 def save(run_dir: Path, cfg: TrainConfig, model: nn.Module, exchange: GradientExchange, scheduler,
          progress: Progress, env: DistEnv) -> None:
-    """Gather every rank's RNG and codec state; rank 0 writes the checkpoint (collective: every rank calls it)."""
+    """Gather every rank's RNG; each rank writes its own codec and replica state, rank 0 the checkpoint that names
+    them (collective: every rank calls it)."""
     rng_states = env.members.gather(torch.get_rng_state())  # data augmentation draws from it
     state = exchange.state_dict()
-    codec_states = env.members.gather_object(state["codec"]) if state["codec"] is not None else []  # residuals differ
-    replica_states = env.members.gather_object(state["replica"]) if state.get("replica") is not None else []
+    own = {"codec": state["codec"], "replica": state.get("replica")}  # residuals and local replicas differ per rank
+    ranks = None
+    if any(v is not None for v in own.values()):
+        ranks = rank_states.folder_name(progress.epoch, progress.step)
+        rank_states.save(own, Path(run_dir) / ranks, env, save_atomic)
     sharded = exchange.sharded_state(model)  # each rank's shards of the model and optimizer, where it keeps shards
     folder = None
     if sharded is not None:
@@ -76,11 +80,13 @@ def save(run_dir: Path, cfg: TrainConfig, model: nn.Module, exchange: GradientEx
                      "step": progress.step, "totals": list(progress.totals), "epoch_s": progress.epoch_s,
                      "noise": list(progress.noise), "scaler": state["scaler"],
                      "train_s": progress.train_s, "bytes_sent": progress.bytes_sent,
-                     "codec_states": codec_states, "replica_states": replica_states}, Path(run_dir) / CHECKPOINT_NAME,
+                     "rank_states": ranks, "ranks": env.world_size}, Path(run_dir) / CHECKPOINT_NAME,
                     keep_previous=Path(run_dir) / PREVIOUS_CHECKPOINT_NAME)
-        if folder is not None:  # the previous checkpoint's folder stays: it is the fallback where this file is torn
-            previous = Path(run_dir) / PREVIOUS_CHECKPOINT_NAME
-            shards.prune(run_dir, {folder, load(previous).get("shards") if previous.is_file() else None})
+        if folder is not None or ranks is not None:  # the previous checkpoint's folders stay: the fallback where
+            previous = Path(run_dir) / PREVIOUS_CHECKPOINT_NAME  # this file is torn
+            before = load(previous) if previous.is_file() else {}
+            shards.prune(run_dir, {folder, before.get("shards")})
+            rank_states.prune(run_dir, {ranks, before.get("rank_states")})
 
 
 def restore(run_dir: Path, model: nn.Module, exchange: GradientExchange, scheduler, env: DistEnv) -> Progress:
@@ -90,15 +96,27 @@ def restore(run_dir: Path, model: nn.Module, exchange: GradientExchange, schedul
         exchange.load_sharded_state(model, Path(run_dir) / state["shards"])
     else:
         model.load_state_dict(state["model"])
-    codec_states, replica_states = per_rank_states(state)
-    exchange.load_state_dict({"optimizer": state["optimizer"], "scaler": state.get("scaler"),
-                              "codec": _mine(codec_states, env), "replica": _mine(replica_states, env)})
+    own = own_states(state, Path(run_dir), env)
+    exchange.load_state_dict({"optimizer": state["optimizer"], "scaler": state.get("scaler"), **own})
     resume_schedule(scheduler, state["scheduler"])
     rng = state["rng"]["torch"]
     torch.set_rng_state(rng[env.rank % len(rng)])  # a new rank beyond the old ones draws as an old one did
     return Progress(state["epoch"], state["best_test_acc"], state["elapsed_s"], state.get("step", 0),
                     tuple(state.get("totals", (0.0, 0.0, 0.0))), state.get("epoch_s", 0.0),
                     tuple(state.get("noise", ())), state.get("train_s"), state.get("bytes_sent"))
+
+
+def own_states(state: dict, run_dir: Path, env: DistEnv) -> dict:
+    """This rank's codec and replica state: its own file where the world is the one that wrote them, else the old
+    ranks' averaged (`_mine`); from the checkpoint itself where an earlier version kept them there."""
+    if not state.get("rank_states"):
+        codec_states, replica_states = per_rank_states(state)
+        return {"codec": _mine(codec_states, env), "replica": _mine(replica_states, env)}
+    folder = run_dir / state["rank_states"]
+    if state["ranks"] == env.world_size:
+        return rank_states.load(folder, env.rank)
+    everyone = [rank_states.load(folder, r) for r in range(state["ranks"])]
+    return {k: _mine([s[k] for s in everyone] if everyone[0][k] is not None else [], env) for k in everyone[0]}
 
 
 def per_rank_states(state: dict) -> tuple[list, list]:
@@ -285,9 +303,12 @@ def load(path: Path) -> dict:
 
 
 def load_whole(path: Path) -> dict:
-    """`load`, and a sharded checkpoint's shard folder checked readable too (UsageError naming what is damaged)."""
+    """`load`, and the folders it names (a sharded run's shards, each rank's own state) checked readable too
+    (UsageError naming what is damaged)."""
     state = load(path)
     damaged = shards.problem(Path(path).parent / state["shards"]) if state.get("shards") else None
+    if damaged is None and state.get("rank_states"):
+        damaged = rank_states.problem(Path(path).parent / state["rank_states"], state["ranks"])
     if damaged:
         raise UsageError(f"{path} is not a readable scalesgd checkpoint ({damaged})")
     return state

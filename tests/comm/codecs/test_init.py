@@ -112,8 +112,9 @@ def test_a_plugin_codec_with_an_option_of_its_own_trains_on_both_engines(tmp_pat
         steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         gains = [s["toy_gain"] for s in steps if s["kind"] == "iter"]
         assert gains == [0.5] * 4, engine  # 256 samples, global batch 64: every step went through the toy
-        state = torch.load(run / "checkpoint.pt", weights_only=True)
-        assert [s["exchanges"] > 0 for s in state["codec_states"]] == [True, True], engine
+        folder = run / torch.load(run / "checkpoint.pt", weights_only=True)["rank_states"]
+        codec = [torch.load(folder / f"rank{r}.pt", weights_only=True)["codec"] for r in range(2)]
+        assert [s["exchanges"] > 0 for s in codec] == [True, True], engine
     bad = scalesgd(env, "train", *TINY, "--codec", "toy", "--toy-gain", "-1", "--run-dir", str(tmp_path / "bad"))
     assert bad.returncode == 2 and bad.stderr == "scalesgd: error: --toy-gain -1.0: must be a positive number\n"
     assert not (tmp_path / "bad").exists()
