@@ -19,7 +19,7 @@ from scalesgd.errors import UsageError, as_flags
 from scalesgd.options import flatten
 from scalesgd.recipe.adascale import AdaScaleFactor
 from scalesgd.runtime.process_group import DistEnv
-from scalesgd.train import rank_states, shards
+from scalesgd.train import rank_states, rundir, shards
 from scalesgd.train.rundir import CHECKPOINT_NAME, PREVIOUS_CHECKPOINT_NAME, disk_full
 
 REQUIRED_KEYS = ("model", "optimizer", "scheduler", "epoch", "rng", "config")
@@ -85,8 +85,8 @@ def save(run_dir: Path, cfg: TrainConfig, model: nn.Module, exchange: GradientEx
         if folder is not None or ranks is not None:  # the previous checkpoint's folders stay: the fallback where
             previous = Path(run_dir) / PREVIOUS_CHECKPOINT_NAME  # this file is torn
             before = load(previous) if previous.is_file() else {}
-            shards.prune(run_dir, {folder, before.get("shards")})
-            rank_states.prune(run_dir, {ranks, before.get("rank_states")})
+            rundir.prune(run_dir, shards.PREFIX, {folder, before.get("shards")})
+            rundir.prune(run_dir, rank_states.PREFIX, {ranks, before.get("rank_states")})
 
 
 def restore(run_dir: Path, model: nn.Module, exchange: GradientExchange, scheduler, env: DistEnv) -> Progress:

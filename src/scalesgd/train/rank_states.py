@@ -54,9 +54,3 @@ def problem(folder: Path, ranks: int) -> str | None:
             return f"its rank file {folder.name}/{path.name} is cut short ({path.stat().st_size:,} bytes)"
     return None
 
-
-def prune(run_dir: Path, keep: set[str]) -> None:
-    """Remove the rank folders no checkpoint file names any longer (rank 0, after the file is in place)."""
-    for folder in Path(run_dir).glob(f"{PREFIX}*"):
-        if folder.is_dir() and folder.name not in keep:
-            shutil.rmtree(folder, ignore_errors=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -93,3 +94,11 @@ def logged(metrics: Path) -> bool:
 
 def read_config(run_dir: Path) -> TrainConfig:
     return TrainConfig.from_dict(json.loads((Path(run_dir) / CONFIG_NAME).read_text(encoding="utf-8")))
+
+
+def prune(run_dir: Path, prefix: str, keep: set[str | None]) -> None:
+    """Remove the checkpoint folders (`prefix`: shards, rank states) no checkpoint file names any longer (rank 0,
+    after the file is in place)."""
+    for folder in Path(run_dir).glob(f"{prefix}*"):
+        if folder.is_dir() and folder.name not in keep:
+            shutil.rmtree(folder, ignore_errors=True)

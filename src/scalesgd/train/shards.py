@@ -47,9 +47,3 @@ def problem(folder: Path) -> str | None:
             return f"its shard file {folder.name}/{name} is cut short ({held})"
     return None
 
-
-def prune(run_dir: Path, keep: set[str]) -> None:
-    """Remove the shard folders no checkpoint file names any longer (rank 0, after the file is in place)."""
-    for folder in Path(run_dir).glob(f"{PREFIX}*"):
-        if folder.is_dir() and folder.name not in keep:
-            shutil.rmtree(folder, ignore_errors=True)
