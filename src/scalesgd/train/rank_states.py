@@ -53,4 +53,3 @@ def problem(folder: Path, ranks: int) -> str | None:
         except (zipfile.BadZipFile, OSError):
             return f"its rank file {folder.name}/{path.name} is cut short ({path.stat().st_size:,} bytes)"
     return None
-

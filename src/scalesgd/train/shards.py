@@ -46,4 +46,3 @@ def problem(folder: Path) -> str | None:
             held = "missing" if have is None else f"{have:,} of its {size:,} bytes"
             return f"its shard file {folder.name}/{name} is cut short ({held})"
     return None
-
