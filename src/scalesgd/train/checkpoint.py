@@ -83,10 +83,19 @@ def save(run_dir: Path, cfg: TrainConfig, model: nn.Module, exchange: GradientEx
                      "rank_states": ranks, "ranks": env.world_size}, Path(run_dir) / CHECKPOINT_NAME,
                     keep_previous=Path(run_dir) / PREVIOUS_CHECKPOINT_NAME)
         if folder is not None or ranks is not None:  # the previous checkpoint's folders stay: the fallback where
-            previous = Path(run_dir) / PREVIOUS_CHECKPOINT_NAME  # this file is torn
-            before = load(previous) if previous.is_file() else {}
+            before = _folders_named(Path(run_dir) / PREVIOUS_CHECKPOINT_NAME)  # this file is torn
             rundir.prune(run_dir, shards.PREFIX, {folder, before.get("shards")})
             rundir.prune(run_dir, rank_states.PREFIX, {ranks, before.get("rank_states")})
+
+
+def _folders_named(path: Path) -> dict:
+    """The folders a checkpoint file names (none where it is missing or unreadable), its tensors left unread: the
+    file is mapped, not loaded (a periodic run's holds a replica's parameters and the model)."""
+    try:
+        state = torch.load(path, mmap=True, weights_only=True)
+    except Exception:  # noqa: BLE001 (a missing or torn file names nothing worth keeping)
+        return {}
+    return {k: state.get(k) for k in ("shards", "rank_states")} if isinstance(state, dict) else {}
 
 
 def restore(run_dir: Path, model: nn.Module, exchange: GradientExchange, scheduler, env: DistEnv) -> Progress:
