@@ -16,7 +16,7 @@ LAYERS = {
     "options": 1,
     "models": 2, "data": 2, "optim": 2,
     "recipe": 3, "comm.wire": 3.1, "comm.codecs": 3.2, "comm.engine": 3.3, "comm.cost": 3.4, "comm": 3.5,
-    "periodic": 3.6,
+    "elastic": 3.55, "periodic": 3.6,
     "config": 4, "runtime": 4,
     "sim": 5, "peers": 5.5,
     "train": 6, "testbed": 6,

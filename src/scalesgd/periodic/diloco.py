@@ -33,6 +33,7 @@ from scalesgd.comm.engine.agreement import check_ranks_agree, check_settings, co
 from scalesgd.comm.engine.driver import BucketDriver, open_channel
 from scalesgd.comm.wire.groups import own_group
 from scalesgd.comm.wire.membership import Membership
+from scalesgd.periodic.elastic_rounds import ElasticRounds
 from scalesgd.periodic.fragments import split
 from scalesgd.periodic.outer import outer_sgd
 from scalesgd.periodic.rounds import Fragment, Round, Weights
@@ -93,18 +94,31 @@ class DiLoCo:
             first = sum(len(fragment.buckets) for fragment in self.fragments)
             self.fragments.append(Fragment.plan(f, [index[id(p)] for p in part], params, self.driver, buckets_mb,
                                                 first))
-        # collectives from here on: every rank builds it together
-        self.members = group if isinstance(group, Membership) else Membership(group if group is not None
-                                                                              else own_group())
-        check_ranks_agree(f"periodic {self.codec.name} H={local_steps} F={len(parts)} τ={overlap_steps} α={mix} "
-                          f"params={[tuple(p.shape) for p in params]}", self.members.group)
-        self.driver.channel = open_channel(self.codec, self.members.group, topology)
-        self._broadcast_start()
+        described = (f"periodic {self.codec.name} H={local_steps} F={len(parts)} τ={overlap_steps} α={mix} "
+                     f"params={[tuple(p.shape) for p in params]}")
         self.steps = 0  # inner steps taken
         self.rounds = 0  # rounds committed (one fragment's each)
         self.bytes_sent = 0
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="scalesgd-periodic") if overlap_steps > 0 else None
+        elastic = getattr(group, "elastic", None)
+        self._thread = (ThreadPoolExecutor(1, thread_name_prefix="scalesgd-periodic")
+                        if overlap_steps > 0 or elastic is not None else None)
         self._hook = None
+        self.elastic: ElasticRounds | None = None
+        if elastic is not None:  # members come and go: the first quorum, and a peer's state where behind
+            if len(parts) > 1 or overlap_steps:
+                raise ValueError("elastic rounds (an ElasticMembership as group) take one fragment and "
+                                 f"overlap_steps 0: give local_steps alone, not {self.schedule.name}")
+            self.members = group
+            elastic.config = f"{elastic.config} | {described}"
+            self.elastic = ElasticRounds(self)
+            self.elastic.join()
+            return
+        # collectives from here on: every rank builds it together
+        self.members = group if isinstance(group, Membership) else Membership(group if group is not None
+                                                                              else own_group())
+        check_ranks_agree(described, self.members.group)
+        self.driver.channel = open_channel(self.codec, self.members.group, topology)
+        self._broadcast_start()
 
     # ---- what it holds ---------------------------------------------------------------------------------
     @property
@@ -155,6 +169,10 @@ class DiLoCo:
         """Count an inner step; start the exchange of the fragment whose turn it is and land the one that is due."""
         self.steps += 1
         started = self.schedule.starts(self.steps)
+        if self.elastic is not None:
+            if started is not None:
+                self.elastic.round(self.fragments[started], self.schedule.round_of(self.steps))
+            return
         if started is not None:
             self._start(self.fragments[started], self.schedule.round_of(self.steps + self.schedule.overlap_steps))
         landed = self.schedule.lands(self.steps)
@@ -165,6 +183,11 @@ class DiLoCo:
         """Land the exchanges under way, then average every fragment whose last round was cut short by the end of
         training into the global parameters (outer SGD at lr 1 without momentum: the outer momentum, built on whole
         rounds, would carry a few steps' pseudo-gradient too far), so every rank holds them (collective)."""
+        if self.elastic is not None:
+            if self.steps % self.schedule.local_steps:
+                self.elastic.round(self.fragments[0], self.schedule.round_of(self.steps) + 1, average=True)
+            self._copy(self.global_params, self.params)
+            return
         for fragment, number in self.in_flight:
             self._land(self.fragments[fragment].pop(number))
         if self.steps % self.schedule.local_steps or self.schedule.fragments > 1:

@@ -86,15 +86,21 @@ class Fragment:
         return cls(index, members, buckets, params[0].device)
 
     # ---- a round ---------------------------------------------------------------------------------------
-    def start(self, number: int, weights: Weights, driver: BucketDriver, thread: ThreadPoolExecutor | None,
-              undoable: bool) -> Round:
-        """Write round `number`'s Δ = θ_global − θ_local into the buckets and send them (on `thread` where given);
-        `undoable`: keep what `abort` needs."""
+    def deltas(self, weights: Weights) -> list[torch.Tensor]:
+        """This round's Δ = θ_global − θ_local, a flat tensor a bucket."""
         global_params, params = weights.global_params, weights.params
         flats = [torch.empty(bucket.numel, device=self.device) for bucket in self.buckets]
         with torch.no_grad():
             for bucket, flat in zip(self.buckets, flats):
                 torch.cat([(global_params[i] - params[i]).reshape(-1).float() for i in bucket.members], out=flat)
+        return flats
+
+    def start(self, number: int, weights: Weights, driver: BucketDriver, thread: ThreadPoolExecutor | None,
+              undoable: bool, deltas: list[torch.Tensor] | None = None) -> Round:
+        """Write round `number`'s Δ (`deltas` where given, else from the weights now) into the buckets and send
+        them (on `thread` where given); `undoable`: keep what `abort` needs."""
+        global_params = weights.global_params
+        flats = [delta.clone() for delta in deltas] if deltas is not None else self.deltas(weights)
 
         def send() -> tuple[list[torch.Tensor], int, list[Pending]]:
             sent, kept = 0, []

@@ -156,6 +156,11 @@ class BucketDriver:
         skips and for a round that does not commit."""
         pending.codec.restore_bucket(pending.view, pending.saved[0])
 
+    def replace_codec(self, codec: Codec) -> None:
+        """Take `codec` (its state as a round found it) and new scratch: an exchange abandoned mid-way may still
+        write into the ones it holds."""
+        self.codec, self._scratch = codec, {}
+
     def exchange(self, flat: torch.Tensor, view: BucketView) -> int:
         """Replace `flat` by the mean over ranks, prepared and completed on this thread; the bytes sent."""
         return self.complete(self.prepare(flat, view, lane="comm")).bytes_sent

@@ -1,0 +1,229 @@
+"""A membership that changes: each round's members are the quorum torchft's lighthouse issues from the members'
+heartbeats, in a new torch.distributed default group (gloo) built on the run's store for every quorum; a round
+commits where every member of its quorum says its exchange finished, and is decided aborted the moment one says it
+failed or stops heartbeating — whichever the store records first (`compare_set`), so every member takes the same
+decision.
+
+    membership = ElasticMembership.connect(address, "w0", config="gpt fp8 H16")   # heartbeats start
+    quorum = membership.elastic.regroup(step)         # at a round boundary: who is in, a new group if that changed
+    decision = membership.elastic.settle(future, round_number, weight)             # commit or abort, and the work
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from scalesgd.comm.wire.membership import Membership
+from scalesgd.elastic.coordinator import HEARTBEAT_S, Address, lighthouse_module
+
+TIMEOUT_KEY = "scalesgd/heartbeat_timeout_s"
+POLL_S = 0.02  # how often a member that finished its exchange looks for the round's decision
+
+
+class RefusedError(RuntimeError):
+    """The running members' configuration is not this member's: it is left out of their rounds."""
+
+
+@dataclass(frozen=True)
+class Quorum:
+    """A round's members (their ids in rank order, and the rounds each had committed: `steps`), this member's rank,
+    and whether the group was built anew for it (`changed`)."""
+
+    key: str
+    members: tuple[str, ...]
+    steps: tuple[int, ...]
+    rank: int
+    changed: bool
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Whether a round commits, and the work behind it (the members' weights summed)."""
+
+    commit: bool
+    weight: int = 0
+    reason: str = ""
+    digest: str = ""  # the global state every member started the round from
+
+
+class Elastic:
+    """This member's side of the coordinator: a heartbeat every `heartbeat_s` (to the lighthouse, and a counter in
+    the store its peers watch), the quorum it is in and the group built for it, and each round's decision. A peer
+    whose counter has not moved for the coordinator's heartbeat timeout is dead to this member as to the
+    lighthouse."""
+
+    def __init__(self, address: Address | str, name: str, config: str = "", heartbeat_s: float = HEARTBEAT_S,
+                 start_workers: int = 1, quorum_timeout_s: float = 600.0, group_timeout_s: float = 60.0):
+        self.address = Address.parse(address) if isinstance(address, str) else address
+        self.id = f"{name}-{uuid.uuid4().hex[:8]}"
+        self.config, self.heartbeat_s = config, heartbeat_s
+        self.quorum_timeout, self.group_timeout = timedelta(seconds=quorum_timeout_s), timedelta(seconds=group_timeout_s)
+        torchft = lighthouse_module()
+        self._client = torchft.LighthouseClient(self.address.lighthouse, timedelta(seconds=30))
+        self.store = self._store()
+        self.grace_s = float(self.store.get(TIMEOUT_KEY).decode()) if self.store.check([TIMEOUT_KEY]) else 4 * heartbeat_s
+        self.quorum: Quorum | None = None
+        self._attempt = 0  # groups built for this quorum (one more after each round it aborted)
+        self._seen: dict[str, tuple[int, float]] = {}  # a peer's heartbeat count, and when it last moved
+        self._stop = threading.Event()
+        self._beat(self._client, self.store)  # alive before it asks to be in
+        self._thread = threading.Thread(target=self._heartbeats, name="scalesgd-heartbeat", daemon=True)
+        self._thread.start()
+        self._await_start(start_workers)
+
+    def _await_start(self, workers: int) -> None:
+        """Until `workers` members have started (the run's first quorum then holds them all, rather than whoever
+        asked first; one that starts later joins a run under way and passes at once)."""
+        self.store.add("started", 1)
+        deadline = time.monotonic() + self.quorum_timeout.total_seconds()
+        while self.store.add("started", 0) < workers:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{workers} workers did not start within {self.quorum_timeout}")
+            self._stop.wait(POLL_S)
+
+    # ---- heartbeats ------------------------------------------------------------------------------------
+    def _store(self) -> dist.TCPStore:
+        return dist.TCPStore(self.address.store_host, self.address.store_port, is_master=False,
+                             timeout=timedelta(seconds=30), use_libuv=True)
+
+    def _beat(self, client, store) -> None:
+        client.heartbeat(self.id)
+        store.add(f"beat/{self.id}", 1)
+
+    def _heartbeats(self) -> None:
+        """Beat until closed, on clients of its own (a frozen process stops beating; a busy one does not)."""
+        client = lighthouse_module().LighthouseClient(self.address.lighthouse, timedelta(seconds=30))
+        store = self._store()
+        while not self._stop.wait(self.heartbeat_s):
+            try:
+                self._beat(client, store)
+            except Exception:  # noqa: BLE001 - the coordinator unreachable for a beat: the next one tries again
+                continue
+
+    def dead(self) -> list[str]:
+        """The members of this quorum whose heartbeats stopped for the grace window."""
+        now, quiet = time.monotonic(), []
+        for member in self.quorum.members if self.quorum else ():
+            count = self.store.add(f"beat/{member}", 0)
+            seen = self._seen.get(member)
+            if seen is None or seen[0] != count:
+                self._seen[member] = (count, now)
+            elif now - seen[1] > self.grace_s:
+                quiet.append(member)
+        return quiet
+
+    # ---- who is in ------------------------------------------------------------------------------------
+    def regroup(self, step: int, rebuild: bool = False) -> Quorum:
+        """The quorum for the next round (blocking until the lighthouse issues one), asking with the rounds this
+        member has committed (`step`); the default group built anew where its members changed or `rebuild` (after
+        a round that aborted). RefusedError where the most advanced members' configuration is not this one's."""
+        issued = self._client.quorum(replica_id=self.id, timeout=self.quorum_timeout, step=step,
+                                     data={"config": self.config})
+        everyone = sorted(issued.participants, key=lambda member: member.replica_id)
+        configs = [json.loads(m.data)["config"] if isinstance(m.data, str) else m.data["config"] for m in everyone]
+        top = max(m.step for m in everyone)
+        running = next(c for m, c in zip(everyone, configs) if m.step == top)
+        members = [m for m, c in zip(everyone, configs) if c == running]
+        if self.config != running:
+            raise RefusedError(f"the running members' configuration is {running!r}, this worker's {self.config!r}: "
+                               "start it with theirs")
+        key = str(issued.quorum_id)
+        same = self.quorum is not None and key == self.quorum.key
+        self._attempt = (self._attempt + 1 if rebuild else self._attempt) if same else 0
+        changed = not same or rebuild
+        ids = tuple(m.replica_id for m in members)
+        self.quorum = Quorum(key, ids, tuple(m.step for m in members), ids.index(self.id), changed)
+        if changed:
+            self._seen = {}
+            if dist.is_initialized():
+                dist.destroy_process_group()  # returns at once, even with a collective of it stuck on a frozen peer
+            dist.init_process_group("gloo", store=dist.PrefixStore(f"group/{self.round_key('')}", self.store),
+                                    rank=self.quorum.rank, world_size=self.quorum.size, timeout=self.group_timeout)
+        return self.quorum
+
+    def round_key(self, number) -> str:
+        return f"{self.quorum.key}.{self._attempt}/{number}"
+
+    # ---- a round's decision ---------------------------------------------------------------------------
+    def settle(self, exchange: Future, number: int, weight: int, digest: str = "") -> Decision:
+        """Wait for this member's exchange of round `number` and take the round's decision: commit once every
+        member finished its own (`weight`: the work behind this member's part, summed over the members), abort
+        the moment one failed or stopped heartbeating (this member's exchange then abandoned where it is stuck).
+        `digest`: the global state this member started the round from; RuntimeError where the members' differ."""
+        key = f"vote/{self.round_key(number)}"
+        self.store.set(f"{key}/digest/{self.quorum.rank}", digest)
+        decision = f"{key}/decision"
+        while True:
+            try:
+                exchange.result(timeout=self.heartbeat_s)
+            except FutureTimeout:
+                if self.store.check([decision]):
+                    return self._decision(key, "a peer's exchange failed")
+                dead = self.dead()
+                if dead:
+                    self.store.compare_set(decision, "", "abort")
+                    return self._decision(key, f"{', '.join(dead)} stopped heartbeating")
+                continue
+            except Exception as error:  # noqa: BLE001 - a peer gone mid-exchange: the round is retried without it
+                self.store.compare_set(decision, "", "abort")
+                return self._decision(key, f"the exchange failed: {str(error).splitlines()[0][:200]}")
+            break
+        self.store.add(f"{key}/weight", weight)
+        if self.store.add(f"{key}/done", 1) == self.quorum.size:
+            self.store.compare_set(decision, "", "commit")
+        voted = checked = time.monotonic()
+        while not self.store.check([decision]):  # the others' votes (polled: the store's wait logs its timeouts)
+            self._stop.wait(POLL_S)
+            if time.monotonic() - checked > self.heartbeat_s:
+                checked = time.monotonic()
+                if self.dead() or checked - voted > self.group_timeout.total_seconds():
+                    self.store.compare_set(decision, "", "abort")
+        return self._decision(key, "")
+
+    def abort(self, number: int) -> None:
+        """Decide round `number` aborted in this quorum (this member cannot take its part)."""
+        self.store.compare_set(f"vote/{self.round_key(number)}/decision", "", "abort")
+
+    def _decision(self, key: str, reason: str) -> Decision:
+        taken = self.store.get(f"{key}/decision").decode()
+        if taken != "commit":
+            return Decision(False, 0, reason or "a peer's exchange failed")
+        digests = {self.store.get(f"{key}/digest/{rank}").decode() for rank in range(self.quorum.size)}
+        if len(digests) > 1:
+            raise RuntimeError(f"round {key}: the members started it from different global states {sorted(digests)}")
+        return Decision(True, self.store.add(f"{key}/weight", 0), digest=digests.pop())
+
+    def close(self) -> None:
+        self._stop.set()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@dataclass(frozen=True)
+class ElasticMembership(Membership):
+    """The run's collectives in the current quorum's group (the default group, rebuilt per quorum); rounds may
+    abort."""
+
+    elastic: Elastic | None = field(default=None, compare=False)
+
+    @classmethod
+    def connect(cls, address: Address | str, name: str, config: str = "", **options) -> ElasticMembership:
+        """Heartbeats start; the group is built at the first `regroup`."""
+        return cls(elastic=Elastic(address, name, config, **options))
+
+    @property
+    def may_abort(self) -> bool:
+        return True

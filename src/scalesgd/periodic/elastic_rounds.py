@@ -1,0 +1,116 @@
+"""DiLoCo's rounds among whoever is alive (`scalesgd.elastic.ElasticMembership`). At each round boundary the
+lighthouse names the members; those behind (a joiner, a worker back from a stop) heal from one that is up to date;
+each member's pseudo-gradient is weighted by the inner steps behind it (a joiner's by none; Douillard et al. 2026,
+"Decoupled DiLoCo", weigh by the work); and a round that fails part-way — a member killed inside the reduce, or
+one that stops heartbeating — is reduced again among the survivors with the same pseudo-gradients and the codec's
+state as the round found it (as PCCL retries, rather than torchft's discarding the round). Every round checks that
+its members start it from the same global state (a digest through the store) and logs who took part.
+
+A joiner's codec state starts at zero, and a dead worker's error-feedback residual is dropped with it."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import time
+
+import torch
+
+from scalesgd.comm.engine.driver import open_channel
+from scalesgd.elastic.heal import heal
+from scalesgd.periodic.rounds import Fragment
+
+
+class ElasticRounds:
+    """The rounds of `diloco` (one fragment, no overlap) in its membership's quorums; `log`: one entry a committed
+    round (its number, members, retries, the digest it started from, seconds from its boundary to its commit)."""
+
+    def __init__(self, diloco):
+        self.diloco, self.elastic = diloco, diloco.members.elastic
+        self.synced_at: int | None = None  # inner steps at the last round this member took part in (None: never)
+        self.healed_from: str | None = None  # the member this one last healed from
+        self.log: list[dict] = []
+
+    @property
+    def step(self) -> int:
+        """What this member tells the lighthouse: the rounds it committed, plus one (0: it holds no global state)."""
+        return 0 if self.synced_at is None else self.diloco.rounds + 1
+
+    def join(self) -> None:
+        """Into the first quorum: healed where behind, and into the round the others are at (with no work of its
+        own) where the run is under way."""
+        self.round(self.diloco.fragments[0], None)
+
+    def round(self, fragment: Fragment, number: int | None, average: bool = False) -> None:
+        """Round `number` of `fragment` among the members alive, retried among the survivors until one commits
+        (`average`: the mean Δ replaces the outer step, as `DiLoCo.finish` asks)."""
+        d, started = self.diloco, time.monotonic()
+        period = d.schedule.local_steps
+        weight = 0 if self.synced_at is None else d.steps - self.synced_at
+        deltas = fragment.deltas(d.weights)
+        if weight != period:
+            with torch.no_grad():
+                torch._foreach_mul_(deltas, weight / period)
+        retries, rebuild = 0, False
+        while True:
+            quorum = self.elastic.regroup(self.step, rebuild)
+            if quorum.changed:
+                d.driver.channel = open_channel(d.codec, None)
+                try:
+                    source = heal(quorum.steps, quorum.rank, self._state, self._load)
+                except RuntimeError:  # a peer gone while healing: the round is aborted for everyone in it
+                    self.elastic.abort(number if number is not None else -1)
+                    retries, rebuild = retries + 1, True
+                    continue
+                if source is not None:
+                    self.healed_from = quorum.members[source]
+                    weight, deltas = 0, [torch.zeros_like(delta) for delta in deltas]
+                    number = d.schedule.round_of(d.steps)  # the round the others are at
+                if max(quorum.steps) == 0 or number is None:  # the run's start: nobody has work to reduce yet
+                    self.synced_at = d.steps
+                    return
+            saved = copy.deepcopy(d.driver.codec)
+            flight = fragment.start(number, d.weights, d.driver, d._thread, False, deltas)
+            decision = self.elastic.settle(flight.future, number, weight, self.digest())
+            if decision.commit:
+                break
+            d.driver.replace_codec(saved)
+            retries, rebuild = retries + 1, True
+        flight = fragment.pop(number)
+        d.bytes_sent += flight.bytes_sent
+        if decision.weight:
+            total = quorum.size * period
+            if decision.weight != total:
+                with torch.no_grad():
+                    torch._foreach_mul_(flight.means, total / decision.weight)
+            fragment.commit(flight, d.weights, average)
+        d.rounds += 1
+        self.synced_at = d.steps
+        self.log.append({"round": number, "members": list(quorum.members), "retries": retries,
+                         "digest": decision.digest, "seconds": round(time.monotonic() - started, 3)})
+
+    def digest(self) -> str:
+        """A hash of the global parameters and the outer optimizer's state: equal on every member of a round."""
+        d, hasher = self.diloco, hashlib.sha256()
+        for tensor in [*d.global_params, *_tensors(d.outer.state_dict()["state"])]:
+            hasher.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        return hasher.hexdigest()[:16]
+
+    # ---- what a joiner is healed with --------------------------------------------------------------
+    def _state(self) -> dict:
+        d = self.diloco
+        return {"steps": d.steps, "rounds": d.rounds, "global": [p.detach().clone() for p in d.global_params],
+                "outer": d.outer.state_dict()}
+
+    def _load(self, state: dict) -> None:
+        d = self.diloco
+        d.steps, d.rounds = state["steps"], state["rounds"]
+        d._copy(state["global"], d.global_params)
+        d._copy(state["global"], d.params)
+        d.outer.load_state_dict(state["outer"])
+        self.synced_at = d.steps
+
+
+def _tensors(state: dict) -> list[torch.Tensor]:
+    """The tensors of an optimizer's per-parameter state, in order."""
+    return [value for key in sorted(state) for value in state[key].values() if isinstance(value, torch.Tensor)]

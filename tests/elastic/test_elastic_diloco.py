@@ -1,0 +1,175 @@
+"""DiLoCo among whoever is alive, faults real (processes killed, stopped, joining): after each, the survivors' and
+joiners' global state equal by hash, no round discarded, the run ends and nothing hangs."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from scalesgd.elastic import Coordinator
+from tests.elastic import elastic_worker
+
+pytest.importorskip("torchft")
+
+STEPS = 40  # ten rounds of H = 4
+CONTEXT = multiprocessing.get_context("forkserver")
+
+
+def start(name, coordinator, out, faults=None, steps=STEPS, codec="fp32", workers=3):
+    process = CONTEXT.Process(target=elastic_worker.run, name=name,
+                              args=(name, str(coordinator.address), out, steps, faults or {}, codec, workers))
+    process.start()
+    return process
+
+
+def wait_round(coordinator, name: str, number: int) -> None:
+    """Until `name` has committed round `number` (an event in the store, not a sleep)."""
+    coordinator.store.wait([f"progress/{name}/{number}"])
+
+
+def finished(processes, out) -> dict:
+    for process in processes:
+        process.join(timeout=60)
+        assert process.exitcode is not None, f"{process.name} still running"
+    return {p.name: torch.load(Path(out) / f"{p.name}.pt", weights_only=False)
+            for p in processes if p.exitcode == 0}
+
+
+def assert_equal_states(results: dict) -> None:
+    digests = {name: r["digest"] for name, r in results.items()}
+    assert len(set(digests.values())) == 1, digests
+    first = next(iter(results.values()))["global"]
+    for r in results.values():
+        assert all(torch.equal(a, b) for a, b in zip(first, r["global"]))
+
+
+@pytest.fixture
+def coordinator():
+    with Coordinator(min_workers=1, heartbeat_timeout_s=0.5, join_timeout_s=0.3) as served:
+        yield served
+
+
+@pytest.fixture
+def out():
+    with tempfile.TemporaryDirectory() as folder:
+        yield folder
+
+
+def test_three_workers_without_faults_take_every_round_together(coordinator, out):
+    workers = [start(f"w{i}", coordinator, out) for i in range(3)]
+    results = finished(workers, out)
+    assert sorted(results) == ["w0", "w1", "w2"]
+    assert_equal_states(results)
+    log = results["w0"]["log"]
+    assert [entry["round"] for entry in log] == list(range(10))
+    assert all(len(entry["members"]) == 3 and entry["retries"] == 0 for entry in log)
+
+
+def test_a_worker_killed_between_rounds_is_dropped_and_the_others_finish(coordinator, out):
+    workers = [start("w0", coordinator, out), start("w1", coordinator, out),
+               start("w2", coordinator, out, {"kill": 10})]
+    results = finished(workers, out)
+    assert workers[2].exitcode == -signal.SIGKILL and sorted(results) == ["w0", "w1"]
+    assert_equal_states(results)
+    log = results["w0"]["log"]
+    assert [entry["round"] for entry in log] == list(range(10))  # no round discarded
+    assert [len(entry["members"]) for entry in log] == [3, 3] + [2] * 8
+
+
+def test_a_worker_killed_inside_the_reduce_is_retried_among_the_survivors(coordinator, out):
+    """With fp8 on the wire: its state is put back as the round found it before the round is reduced again."""
+    workers = [start("w0", coordinator, out, codec="fp8"), start("w1", coordinator, out, codec="fp8"),
+               start("w2", coordinator, out, {"kill_in_reduce": 4}, codec="fp8")]
+    results = finished(workers, out)
+    assert workers[2].exitcode == -signal.SIGKILL
+    assert_equal_states(results)
+    log = {entry["round"]: entry for entry in results["w0"]["log"]}
+    assert sorted(log) == list(range(10))
+    assert log[4]["retries"] >= 1 and len(log[4]["members"]) == 2 and len(log[3]["members"]) == 3
+
+
+def test_a_stopped_worker_is_dropped_then_heals_and_rejoins(coordinator, out):
+    workers = [start("w0", coordinator, out), start("w1", coordinator, out),
+               start("w2", coordinator, out, {"stop": 10})]
+    wait_round(coordinator, "w0", 5)  # the others went on without it
+    os.kill(workers[2].pid, signal.SIGCONT)
+    results = finished(workers, out)
+    assert sorted(results) == ["w0", "w1", "w2"]
+    assert_equal_states(results)
+    members = [len(entry["members"]) for entry in results["w0"]["log"]]
+    assert 2 in members and members[-1] == 3
+    assert results["w2"]["healed_from"] in {m for e in results["w0"]["log"] for m in e["members"]}
+
+
+def test_a_new_worker_joins_a_running_job_and_heals_from_a_peer(coordinator, out):
+    workers = [start(f"w{i}", coordinator, out, {"await_at": (14, "joiner")}, workers=2) for i in range(2)]
+    workers.append(start("w2", coordinator, out, {"announce": "joiner"}))
+    results = finished(workers, out)
+    assert sorted(results) == ["w0", "w1", "w2"]
+    assert_equal_states(results)
+    assert results["w2"]["steps"] == STEPS and results["w2"]["healed_from"] is not None
+    assert [len(entry["members"]) for entry in results["w0"]["log"]][-1] == 3
+
+
+def _plain(rank, world, steps):
+    """The same workers' training under a fixed group: plain DiLoCo."""
+    from torch import nn
+
+    from scalesgd.periodic import DiLoCo
+
+    name = f"w{rank}"
+    torch.manual_seed(sum(map(ord, name)))
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    inner = torch.optim.SGD(model.parameters(), lr=0.01)
+    with DiLoCo(model, inner, elastic_worker.H) as diloco:
+        for step in range(steps):
+            x, y = elastic_worker.batches(name, step)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            inner.step()
+            inner.zero_grad()
+        diloco.finish()
+    return [p.detach().clone() for p in diloco.global_params]
+
+
+def test_without_faults_the_rounds_are_plain_diloco(coordinator, out):
+    from tests.spawn_util import run_workers
+
+    workers = [start(f"w{i}", coordinator, out, workers=2) for i in range(2)]
+    elastic = finished(workers, out)["w0"]["global"]
+    plain = run_workers(_plain, 2, STEPS)[0]
+    for a, b in zip(elastic, plain):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_a_joiner_of_another_configuration_is_refused_and_the_others_go_on(coordinator, out):
+    workers = [start(f"w{i}", coordinator, out, {"await_at": (14, "joiner")}, workers=2) for i in range(2)]
+    workers.append(start("w2", coordinator, out, {"announce": "joiner"}, codec="fp8"))
+    results = finished(workers, out)
+    assert workers[2].exitcode == 1 and sorted(results) == ["w0", "w1"]
+    assert_equal_states(results)
+    assert all(len(entry["members"]) == 2 for entry in results["w0"]["log"])
+
+
+def test_bad_arguments_are_refused_naming_them():
+    from torch import nn
+
+    from scalesgd.elastic.coordinator import Address
+    from scalesgd.elastic.membership import ElasticMembership
+    from scalesgd.periodic import DiLoCo
+
+    with pytest.raises(ValueError, match="min_workers 0"):
+        Coordinator(min_workers=0)
+    with pytest.raises(ValueError, match="heartbeat_timeout_s -1"):
+        Coordinator(min_workers=1, heartbeat_timeout_s=-1)
+    with pytest.raises(ValueError, match="coordinator address 'nowhere'"):
+        Address.parse("nowhere")
+    model = nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="elastic rounds .* one fragment and overlap_steps 0"):
+        DiLoCo(model, torch.optim.SGD(model.parameters(), lr=0.1), 4, overlap_steps=1,
+               group=ElasticMembership(elastic=object()))
