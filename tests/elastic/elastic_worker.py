@@ -25,7 +25,7 @@ def batches(name: str, step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def run(name: str, address: str, out: str, steps: int, faults: dict, codec: str = "fp32", start: int = 1) -> None:
     """Train `steps` inner steps; `faults` for this worker: {"kill": step, "stop": step, "kill_in_reduce": round,
-    "await_at": (step, key), "announce": key}.
+    "stop_in_reduce": round, "await_at": (step, key), "announce": key}.
     Writes its rounds' log, its digest and its global parameters to `out/name.pt`; each committed round to the
     store as `progress/<name>/<round>` (what the test waits on)."""
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
@@ -39,8 +39,8 @@ def run(name: str, address: str, out: str, steps: int, faults: dict, codec: str 
     if "announce" in faults:  # heartbeating now: the others may go on
         store.set(faults["announce"], "1")
     with DiLoCo(model, inner, H, codec=codec, group=members) as diloco:
-        if "kill_in_reduce" in faults:
-            _kill_inside_round(diloco, faults["kill_in_reduce"])
+        if "kill_in_reduce" in faults or "stop_in_reduce" in faults:
+            _fault_inside_round(diloco, faults)
         while diloco.steps < steps:
             if diloco.steps == faults.get("kill"):
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -65,13 +65,17 @@ def run(name: str, address: str, out: str, steps: int, faults: dict, codec: str 
     os._exit(0)
 
 
-def _kill_inside_round(diloco: DiLoCo, number: int) -> None:
-    """Die on the communication thread as round `number`'s exchange begins: the others are inside the reduce."""
+def _fault_inside_round(diloco: DiLoCo, faults: dict) -> None:
+    """Die (or stop) on the communication thread as round `kill_in_reduce`'s (`stop_in_reduce`'s) exchange
+    begins: the others are inside the reduce."""
     complete = diloco.driver.complete
 
-    def dying(pending):
-        if diloco.rounds == number:
+    def faulty(pending):
+        if diloco.rounds == faults.get("kill_in_reduce"):
             os.kill(os.getpid(), signal.SIGKILL)
+        if diloco.rounds == faults.get("stop_in_reduce") and not faults.get("stopped"):
+            faults["stopped"] = True
+            os.kill(os.getpid(), signal.SIGSTOP)  # the test sends SIGCONT
         return complete(pending)
 
-    diloco.driver.complete = dying
+    diloco.driver.complete = faulty

@@ -107,6 +107,19 @@ def test_a_stopped_worker_is_dropped_then_heals_and_rejoins(coordinator, out):
     assert results["w2"]["healed_from"] in {m for e in results["w0"]["log"] for m in e["members"]}
 
 
+def test_a_worker_stopped_inside_the_reduce_is_dropped_after_the_grace_window_then_rejoins(coordinator, out):
+    workers = [start("w0", coordinator, out), start("w1", coordinator, out),
+               start("w2", coordinator, out, {"stop_in_reduce": 3})]
+    wait_round(coordinator, "w0", 6)  # round 3 retried without it, and more after
+    os.kill(workers[2].pid, signal.SIGCONT)
+    results = finished(workers, out)
+    assert sorted(results) == ["w0", "w1", "w2"]
+    assert_equal_states(results)
+    log = {entry["round"]: entry for entry in results["w0"]["log"]}
+    assert sorted(log) == list(range(10))
+    assert log[3]["retries"] >= 1 and len(log[3]["members"]) == 2 and len(log[9]["members"]) == 3
+
+
 def test_a_new_worker_joins_a_running_job_and_heals_from_a_peer(coordinator, out):
     workers = [start(f"w{i}", coordinator, out, {"await_at": (14, "joiner")}, workers=2) for i in range(2)]
     workers.append(start("w2", coordinator, out, {"announce": "joiner"}))

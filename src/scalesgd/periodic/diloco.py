@@ -33,7 +33,7 @@ from scalesgd.comm.engine.agreement import check_ranks_agree, check_settings, co
 from scalesgd.comm.engine.driver import BucketDriver, open_channel
 from scalesgd.comm.wire.groups import own_group
 from scalesgd.comm.wire.membership import Membership
-from scalesgd.periodic.elastic_rounds import ElasticRounds
+from scalesgd.periodic.elastic_rounds import DaemonThreads, ElasticRounds
 from scalesgd.periodic.fragments import split
 from scalesgd.periodic.outer import outer_sgd
 from scalesgd.periodic.rounds import Fragment, Round, Weights
@@ -100,8 +100,8 @@ class DiLoCo:
         self.rounds = 0  # rounds committed (one fragment's each)
         self.bytes_sent = 0
         elastic = getattr(group, "elastic", None)
-        self._thread = (ThreadPoolExecutor(1, thread_name_prefix="scalesgd-periodic")
-                        if overlap_steps > 0 or elastic is not None else None)
+        self._thread = (DaemonThreads() if elastic is not None else
+                        ThreadPoolExecutor(1, thread_name_prefix="scalesgd-periodic") if overlap_steps > 0 else None)
         self._hook = None
         self.elastic: ElasticRounds | None = None
         if elastic is not None:  # members come and go: the first quorum, and a peer's state where behind

@@ -12,13 +12,37 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import threading
 import time
+from concurrent.futures import Future
 
 import torch
+import torch.distributed as dist
 
 from scalesgd.comm.engine.driver import open_channel
 from scalesgd.elastic.heal import heal
 from scalesgd.periodic.rounds import Fragment
+
+
+class DaemonThreads:
+    """Each exchange on a daemon thread of its own: one abandoned on a frozen peer blocks neither the round's
+    retry nor the interpreter's exit."""
+
+    def submit(self, work) -> Future:
+        future: Future = Future()
+
+        def run() -> None:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(work())
+                except BaseException as error:  # noqa: BLE001 - handed to whoever waits on the round
+                    future.set_exception(error)
+
+        threading.Thread(target=run, name="scalesgd-elastic-round", daemon=True).start()
+        return future
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Nothing to stop: an exchange under way is the round's, and one abandoned is left where it is stuck."""
 
 
 class ElasticRounds:
@@ -55,7 +79,9 @@ class ElasticRounds:
         while True:
             quorum = self.elastic.regroup(self.step, rebuild)
             if quorum.changed:
-                d.driver.channel = open_channel(d.codec, None)
+                # the group itself, not None (the default group at each call): an exchange abandoned in the old
+                # group must not post into the new one when its frozen peer comes back
+                d.driver.channel = open_channel(d.codec, dist.group.WORLD)
                 try:
                     source = heal(quorum.steps, quorum.rank, self._state, self._load)
                 except RuntimeError:  # a peer gone while healing: the round is aborted for everyone in it
