@@ -4,4 +4,5 @@ import sys
 
 from scalesgd.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # not where multiprocessing's fork server imports the main module to start its children
+    sys.exit(main())

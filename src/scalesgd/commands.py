@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from scalesgd import checks
-from scalesgd.bench import accuracy, allreduce, codec, data, faults, fp8_range, link, optimizer, quality
+from scalesgd.bench import accuracy, allreduce, codec, data, elastic, faults, fp8_range, link, optimizer, quality
 from scalesgd.bench import train as bench_train
 from scalesgd.bench.launch import command_line, in_process, on_workers
 from scalesgd.comm.codecs.fp8 import kernels
@@ -146,6 +146,9 @@ for kind, config, run, help_, workers, description in [
      "throughput and round trip between node 0 and node 1 (run it in the testbed)", True, ""),
     ("faults", faults.FaultsBenchConfig, faults.run,
      "faults injected into short training runs: seconds to the end and whether the outcome is the promised one",
+     False, ""),
+    ("elastic", elastic.ElasticBenchConfig, elastic.run,
+     "DiLoCo rounds among whoever is alive under faults: seconds from each fault to the next committed round",
      False, ""),
 ]:
     COMMANDS.add(f"bench {kind}", Command(config, partial(on_workers if workers else in_process, kind, run), help_,

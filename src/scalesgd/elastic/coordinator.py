@@ -1,7 +1,7 @@
 """The service an elastic run's members find each other through: torchft's lighthouse (heartbeats in, a quorum of
 the live members out) and a torch.distributed `TCPStore` (each quorum's group rendezvous, each round's commit
 decision). Both live in one process, the run's single point of failure: the local launcher's, or one started on a
-host of its own (`python -m scalesgd.elastic.coordinator`). Where it dies, the members stop at their next round
+host of its own (`python -m scalesgd.elastic`). Where it dies, the members stop at their next round
 boundary with the last checkpoint to resume from."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class Coordinator:
     waiting `join_timeout_s` for live stragglers, and counts a member dead after `heartbeat_timeout_s` without a
     heartbeat; and the store, on `host` (ports chosen free unless given)."""
 
-    def __init__(self, min_workers: int, host: str = "127.0.0.1", heartbeat_timeout_s: float = 4 * HEARTBEAT_S,
+    def __init__(self, min_workers: int, host: str = "127.0.0.1", heartbeat_timeout_s: float = 3 * HEARTBEAT_S,
                  join_timeout_s: float = 1.0, lighthouse_port: int = 0, store_port: int = 0):
         if isinstance(min_workers, bool) or not isinstance(min_workers, int) or min_workers < 1:
             raise ValueError(f"min_workers {min_workers!r}: give a whole number of workers, at least 1")
@@ -85,16 +85,14 @@ class Coordinator:
 
 def main(argv: list[str] | None = None) -> None:
     """Run a coordinator on this host until interrupted (for members on other hosts)."""
-    parser = argparse.ArgumentParser(prog="python -m scalesgd.elastic.coordinator", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m scalesgd.elastic", description=main.__doc__)
     parser.add_argument("--min-workers", type=int, required=True)
     parser.add_argument("--host", default=socket.gethostbyname(socket.gethostname()))
-    parser.add_argument("--port", type=int, default=29510, help="the lighthouse's; the store's is the next one")
+    parser.add_argument("--port", type=int, default=29510,
+                        help="the lighthouse's; the store's is the next one (0: both chosen free)")
     args = parser.parse_args(argv)
-    with Coordinator(args.min_workers, args.host, lighthouse_port=args.port, store_port=args.port + 1) as served:
+    with Coordinator(args.min_workers, args.host, lighthouse_port=args.port,
+                     store_port=args.port + 1 if args.port else 0) as served:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         print(served.address, flush=True)
         signal.sigwait({signal.SIGINT, signal.SIGTERM})
-
-
-if __name__ == "__main__":
-    main()

@@ -15,8 +15,10 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -31,6 +33,14 @@ POLL_S = 0.02  # how often a member that finished its exchange looks for the rou
 
 class RefusedError(RuntimeError):
     """The running members' configuration is not this member's: it is left out of their rounds."""
+
+
+class CoordinatorLost(RuntimeError):
+    """The coordinator (the lighthouse and the store) cannot be reached: the run stops at this round boundary."""
+
+
+class DivergedError(RuntimeError):
+    """A round's members started it from different global states."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +84,7 @@ class Elastic:
         torchft = lighthouse_module()
         self._client = torchft.LighthouseClient(self.address.lighthouse, timedelta(seconds=30))
         self.store = self._store()
-        self.grace_s = float(self.store.get(TIMEOUT_KEY).decode()) if self.store.check([TIMEOUT_KEY]) else 4 * heartbeat_s
+        self.grace_s = float(self.store.get(TIMEOUT_KEY).decode()) if self.store.check([TIMEOUT_KEY]) else 3 * heartbeat_s
         self.quorum: Quorum | None = None
         self._attempt = 0  # groups built for this quorum (one more after each round it aborted)
         self._seen: dict[str, tuple[int, float]] = {}  # a peer's heartbeat count, and when it last moved
@@ -130,8 +140,9 @@ class Elastic:
         """The quorum for the next round (blocking until the lighthouse issues one), asking with the rounds this
         member has committed (`step`); the default group built anew where its members changed or `rebuild` (after
         a round that aborted). RefusedError where the most advanced members' configuration is not this one's."""
-        issued = self._client.quorum(replica_id=self.id, timeout=self.quorum_timeout, step=step,
-                                     data={"config": self.config})
+        with self._coordinator("issue the next round's members"):
+            issued = self._client.quorum(replica_id=self.id, timeout=self.quorum_timeout, step=step,
+                                         data={"config": self.config})
         everyone = sorted(issued.participants, key=lambda member: member.replica_id)
         configs = [json.loads(m.data)["config"] if isinstance(m.data, str) else m.data["config"] for m in everyone]
         top = max(m.step for m in everyone)
@@ -158,11 +169,27 @@ class Elastic:
         return f"{self.quorum.key}.{self._attempt}/{number}"
 
     # ---- a round's decision ---------------------------------------------------------------------------
+    @contextmanager
+    def _coordinator(self, what: str) -> Iterator[None]:
+        """CoordinatorLost, naming it and what it could not do, for any failure to reach it."""
+        try:
+            yield
+        except (RefusedError, DivergedError):
+            raise
+        except Exception as error:  # noqa: BLE001 - torchft's RPCs and the store raise their own kinds
+            raise CoordinatorLost(f"the coordinator at {self.address} could not {what} "
+                                  f"({str(error).strip().splitlines()[0][:200]}): the run stops here; resume from "
+                                  "the last checkpoint") from error
+
     def settle(self, exchange: Future, number: int, weight: int, digest: str = "") -> Decision:
         """Wait for this member's exchange of round `number` and take the round's decision: commit once every
         member finished its own (`weight`: the work behind this member's part, summed over the members), abort
         the moment one failed or stopped heartbeating (this member's exchange then abandoned where it is stuck).
-        `digest`: the global state this member started the round from; RuntimeError where the members' differ."""
+        `digest`: the global state this member started the round from; DivergedError where the members' differ."""
+        with self._coordinator(f"decide round {number}"):
+            return self._settle(exchange, number, weight, digest)
+
+    def _settle(self, exchange: Future, number: int, weight: int, digest: str) -> Decision:
         key = f"vote/{self.round_key(number)}"
         self.store.set(f"{key}/digest/{self.quorum.rank}", digest)
         decision = f"{key}/decision"
@@ -195,7 +222,8 @@ class Elastic:
 
     def abort(self, number: int) -> None:
         """Decide round `number` aborted in this quorum (this member cannot take its part)."""
-        self.store.compare_set(f"vote/{self.round_key(number)}/decision", "", "abort")
+        with self._coordinator(f"abort round {number}"):
+            self.store.compare_set(f"vote/{self.round_key(number)}/decision", "", "abort")
 
     def _decision(self, key: str, reason: str) -> Decision:
         taken = self.store.get(f"{key}/decision").decode()
@@ -203,7 +231,8 @@ class Elastic:
             return Decision(False, 0, reason or "a peer's exchange failed")
         digests = {self.store.get(f"{key}/digest/{rank}").decode() for rank in range(self.quorum.size)}
         if len(digests) > 1:
-            raise RuntimeError(f"round {key}: the members started it from different global states {sorted(digests)}")
+            raise DivergedError(f"round {key}: the members started it from different global states "
+                                f"{sorted(digests)}")
         return Decision(True, self.store.add(f"{key}/weight", 0), digest=digests.pop())
 
     def close(self) -> None:

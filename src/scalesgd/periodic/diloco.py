@@ -108,6 +108,10 @@ class DiLoCo:
             if len(parts) > 1 or overlap_steps:
                 raise ValueError("elastic rounds (an ElasticMembership as group) take one fragment and "
                                  f"overlap_steps 0: give local_steps alone, not {self.schedule.name}")
+            if self.codec.keeps_gradients:
+                raise ValueError(f"codec {self.codec.name}: elastic rounds take a codec whose state every member "
+                                 "shares (fp32, fp16, bf16, fp8); this one carries each member's residual across "
+                                 "rounds")
             self.members = group
             elastic.config = f"{elastic.config} | {described}"
             self.elastic = ElasticRounds(self)

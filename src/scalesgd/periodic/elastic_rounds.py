@@ -6,7 +6,10 @@ one that stops heartbeating — is reduced again among the survivors with the sa
 state as the round found it (as PCCL retries, rather than torchft's discarding the round). Every round checks that
 its members start it from the same global state (a digest through the store) and logs who took part.
 
-A joiner's codec state starts at zero, and a dead worker's error-feedback residual is dropped with it."""
+The codec's state is what every member shares (fp8's agreed ranges and the steps they are measured at): a joiner
+takes it from the peer it heals from. Codecs that carry gradients across rounds (error-feedback residuals: top-k,
+PowerSGD, 1-bit) are refused here: a member's residual would die with it and a joiner's copy would send the
+source's twice."""
 
 from __future__ import annotations
 
@@ -113,7 +116,8 @@ class ElasticRounds:
         d.rounds += 1
         self.synced_at = d.steps
         self.log.append({"round": number, "members": list(quorum.members), "retries": retries,
-                         "digest": decision.digest, "seconds": round(time.monotonic() - started, 3)})
+                         "digest": decision.digest, "seconds": round(time.monotonic() - started, 4),
+                         "at": time.time()})
 
     def digest(self) -> str:
         """A hash of the global parameters and the outer optimizer's state: equal on every member of a round."""
@@ -126,7 +130,7 @@ class ElasticRounds:
     def _state(self) -> dict:
         d = self.diloco
         return {"steps": d.steps, "rounds": d.rounds, "global": [p.detach().clone() for p in d.global_params],
-                "outer": d.outer.state_dict()}
+                "outer": d.outer.state_dict(), "codec": d.driver.state_dict()}
 
     def _load(self, state: dict) -> None:
         d = self.diloco
@@ -134,6 +138,7 @@ class ElasticRounds:
         d._copy(state["global"], d.global_params)
         d._copy(state["global"], d.params)
         d.outer.load_state_dict(state["outer"])
+        d.driver.load_state_dict(state["codec"])  # what every member shares (fp8's ranges and when they are measured)
         self.synced_at = d.steps
 
 

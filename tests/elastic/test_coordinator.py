@@ -1,0 +1,67 @@
+"""The coordinator's and the heal's pieces: bad input refused naming it, an address read back as printed, who heals
+from whom."""
+
+import pytest
+
+from scalesgd.elastic.coordinator import Address
+from scalesgd.elastic.heal import behind
+
+pytest.importorskip("torchft")
+
+
+def test_bad_arguments_are_refused_naming_them():
+    from scalesgd.elastic import Coordinator
+
+    with pytest.raises(ValueError, match="min_workers 0"):
+        Coordinator(min_workers=0)
+    with pytest.raises(ValueError, match="heartbeat_timeout_s -1"):
+        Coordinator(min_workers=1, heartbeat_timeout_s=-1)
+    with pytest.raises(ValueError, match="coordinator address 'nowhere'"):
+        Address.parse("nowhere")
+
+
+def test_the_address_reads_back_as_the_coordinator_prints_it():
+    from scalesgd.elastic import Coordinator
+
+    with Coordinator(min_workers=2) as served:
+        assert Address.parse(str(served.address)) == served.address
+        assert served.store.get("scalesgd/heartbeat_timeout_s").decode() == "1.5"
+
+
+def test_those_behind_heal_from_the_most_advanced_in_turn():
+    assert behind((5, 3, 5, 0)) == [(1, 0), (3, 2)]
+    assert behind((4, 4)) == []
+    assert behind((0, 0, 0)) == [(1, 0), (2, 0)]  # the run's start: everyone from the first
+
+
+def test_when_the_coordinator_dies_the_members_stop_at_the_next_round_naming_it(tmp_path):
+    import multiprocessing
+    import subprocess
+    import sys
+
+    import torch
+    import torch.distributed as dist
+
+    from scalesgd.bench.elastic import worker
+
+    served = subprocess.Popen([sys.executable, "-m", "scalesgd.elastic", "--min-workers", "1",
+                               "--host", "127.0.0.1", "--port", "0"], stdout=subprocess.PIPE, text=True)
+    try:
+        address = Address.parse(served.stdout.readline().strip())
+        store = dist.TCPStore(address.store_host, address.store_port, is_master=False)
+        context = multiprocessing.get_context("forkserver")
+        workers = [context.Process(target=worker.run, args=(f"w{i}", str(address), str(tmp_path), 100000, {},
+                                                             "fp32", 2)) for i in range(2)]
+        for process in workers:
+            process.start()
+        store.wait(["progress/w0/3"])
+        served.kill()
+        for process in workers:
+            process.join(timeout=60)
+        assert [process.exitcode for process in workers] == [3, 3]
+        for i in range(2):
+            error = torch.load(tmp_path / f"w{i}.pt", weights_only=False)["error"]
+            assert error.startswith(f"the coordinator at {address} could not ") and "resume from" in error
+    finally:
+        served.kill()
+        served.wait()
