@@ -61,16 +61,6 @@ def out():
         yield folder
 
 
-def test_three_workers_without_faults_take_every_round_together(coordinator, out):
-    workers = [start(f"w{i}", coordinator, out) for i in range(3)]
-    results = finished(workers, out)
-    assert sorted(results) == ["w0", "w1", "w2"]
-    assert_equal_states(results)
-    log = results["w0"]["log"]
-    assert [entry["round"] for entry in log] == list(range(10))
-    assert all(len(entry["members"]) == 3 and entry["retries"] == 0 for entry in log)
-
-
 def test_a_worker_killed_between_rounds_is_dropped_and_the_others_finish(coordinator, out):
     workers = [start("w0", coordinator, out), start("w1", coordinator, out),
                start("w2", coordinator, out, {"kill": 10})]

@@ -103,6 +103,8 @@ class ElasticRounds:
             decision = self.elastic.settle(flight.future, number, weight, self.digest())
             if decision.commit:
                 break
+            if flight.future.done() and flight.future.exception() is None:  # it crossed the link all the same
+                d.bytes_sent += flight.future.result()[1]
             d.driver.replace_codec(saved)
             retries, rebuild = retries + 1, True
         flight = fragment.pop(number)
