@@ -51,7 +51,7 @@ def assert_equal_states(results: dict) -> None:
 
 @pytest.fixture
 def coordinator():
-    with Coordinator(min_workers=1, heartbeat_timeout_s=0.5, join_timeout_s=0.3) as served:
+    with Coordinator(min_workers=1, heartbeat_timeout_s=1.5, join_timeout_s=0.5) as served:
         yield served
 
 

@@ -36,7 +36,7 @@ def model_of(name: str, width: int = 16) -> nn.Module:
 
 
 def run(name: str, address: str, out: str, steps: int, faults: dict, codec: str = "fp32", start: int = 1,
-        width: int = 16, heartbeat_s: float = 0.1) -> None:
+        width: int = 16, heartbeat_s: float = 0.25) -> None:
     """Train `steps` inner steps; `faults` for this worker: {"kill": step, "stop": step, "kill_in_reduce": round,
     "stop_in_reduce": round, "await_at": (step, key), "announce": key}; `start`: the workers the run starts with.
     Writes its rounds' log, its digest and its global parameters to `out/name.pt`, each committed round to the
