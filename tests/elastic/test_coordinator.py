@@ -20,6 +20,22 @@ def test_bad_arguments_are_refused_naming_them():
         Address.parse("nowhere")
 
 
+def test_a_member_of_no_coordinator_is_told_so_in_one_line_within_its_timeout():
+    import socket
+    import time
+
+    from scalesgd.elastic.membership import CoordinatorLost, ElasticMembership
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    begun = time.monotonic()
+    with pytest.raises(CoordinatorLost, match=f"the coordinator at http://127.0.0.1:{port},127.0.0.1:{port} "
+                                              "cannot be reached within 1 s .*: start it first"):
+        ElasticMembership.connect(f"http://127.0.0.1:{port},127.0.0.1:{port}", "w0", connect_timeout_s=1)
+    assert time.monotonic() - begun < 10
+
+
 def test_the_address_reads_back_as_the_coordinator_prints_it():
     from scalesgd.elastic import Coordinator
 

@@ -76,20 +76,27 @@ class Elastic:
     lighthouse."""
 
     def __init__(self, address: Address | str, name: str, config: str = "", heartbeat_s: float = HEARTBEAT_S,
-                 start_workers: int = 1, quorum_timeout_s: float = 600.0, group_timeout_s: float = 60.0):
+                 start_workers: int = 1, quorum_timeout_s: float = 600.0, group_timeout_s: float = 60.0,
+                 connect_timeout_s: float = 30.0):
         self.address = Address.parse(address) if isinstance(address, str) else address
         self.id = f"{name}-{uuid.uuid4().hex[:8]}"
         self.config, self.heartbeat_s = config, heartbeat_s
         self.quorum_timeout, self.group_timeout = timedelta(seconds=quorum_timeout_s), timedelta(seconds=group_timeout_s)
+        self.connect_timeout = timedelta(seconds=connect_timeout_s)
         torchft = lighthouse_module()
-        self._client = torchft.LighthouseClient(self.address.lighthouse, timedelta(seconds=30))
-        self.store = self._store()
+        try:
+            self._client = torchft.LighthouseClient(self.address.lighthouse, self.connect_timeout)
+            self.store = self._store()
+            self._beat(self._client, self.store)  # alive before it asks to be in
+        except Exception as error:  # noqa: BLE001 - torchft's client and the store raise their own kinds
+            raise CoordinatorLost(f"the coordinator at {self.address} cannot be reached within {connect_timeout_s:g} s "
+                                  f"({str(error).strip().splitlines()[0][:200]}): start it first (python -m "
+                                  "scalesgd.elastic) and give its address as it printed it") from error
         self.grace_s = float(self.store.get(TIMEOUT_KEY).decode()) if self.store.check([TIMEOUT_KEY]) else 3 * heartbeat_s
         self.quorum: Quorum | None = None
         self._attempt = 0  # groups built for this quorum (one more after each round it aborted)
         self._seen: dict[str, tuple[int, float]] = {}  # a peer's heartbeat count, and when it last moved
         self._stop = threading.Event()
-        self._beat(self._client, self.store)  # alive before it asks to be in
         self._thread = threading.Thread(target=self._heartbeats, name="scalesgd-heartbeat", daemon=True)
         self._thread.start()
         self._await_start(start_workers)
@@ -107,7 +114,7 @@ class Elastic:
     # ---- heartbeats ------------------------------------------------------------------------------------
     def _store(self) -> dist.TCPStore:
         return dist.TCPStore(self.address.store_host, self.address.store_port, is_master=False,
-                             timeout=timedelta(seconds=30), use_libuv=True)
+                             timeout=self.connect_timeout, use_libuv=True)
 
     def _beat(self, client, store) -> None:
         client.heartbeat(self.id)
@@ -115,7 +122,7 @@ class Elastic:
 
     def _heartbeats(self) -> None:
         """Beat until closed, on clients of its own (a frozen process stops beating; a busy one does not)."""
-        client = lighthouse_module().LighthouseClient(self.address.lighthouse, timedelta(seconds=30))
+        client = lighthouse_module().LighthouseClient(self.address.lighthouse, self.connect_timeout)
         store = self._store()
         while not self._stop.wait(self.heartbeat_s):
             try:
