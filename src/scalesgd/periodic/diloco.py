@@ -58,7 +58,9 @@ class DiLoCo:
     parameter in one); `overlap_steps` (τ): inner steps a fragment's exchange runs behind on the communication thread
     before it lands; `mix` (α): the share of the local parameters kept where a fragment lands (0: the global ones
     alone, as DiLoCo). `group`: the replicas, a process group or a `Membership` (default: a new group of every rank);
-    a round commits where the membership says so. Every rank builds it together and starts from rank 0's parameters."""
+    a round commits where the membership says so. Every rank builds it together and starts from rank 0's parameters.
+    An `ElasticMembership` (`scalesgd.elastic`) takes each round among whoever is alive (one fragment, no overlap, a
+    codec without per-rank residuals): a worker joining later heals from a peer as it is built."""
 
     def __init__(self, model: nn.Module, inner_optimizer: torch.optim.Optimizer, local_steps: int | Schedule, *,
                  outer_optimizer: torch.optim.Optimizer | Callable | None = None, codec: str | Codec = "fp32",
