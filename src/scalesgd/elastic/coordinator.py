@@ -16,6 +16,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 HEARTBEAT_S = 0.5  # how often a member says it is alive
+TIMEOUT_KEY = "scalesgd/heartbeat_timeout_s"  # in the store: the members' grace window is the lighthouse's timeout
 PEERS_EXTRA = "pip install 'scalesgd[peers]' (torchft's lighthouse decides elastic rounds' members)"
 
 
@@ -63,14 +64,13 @@ class Coordinator:
         for name, value in (("heartbeat_timeout_s", heartbeat_timeout_s), ("join_timeout_s", join_timeout_s)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name} {value!r}: give seconds above 0")
-        self.heartbeat_timeout_s = heartbeat_timeout_s
         self.lighthouse = lighthouse_module().LighthouseServer(
             bind=f"{host}:{lighthouse_port}", min_replicas=min_workers, join_timeout_ms=int(join_timeout_s * 1000),
             heartbeat_timeout_ms=int(heartbeat_timeout_s * 1000))
         port = int(self.lighthouse.address().rsplit(":", 1)[1])
         self.store = dist.TCPStore(host, store_port, is_master=True, wait_for_workers=False,
                                    timeout=timedelta(seconds=60), use_libuv=True)
-        self.store.set("scalesgd/heartbeat_timeout_s", str(heartbeat_timeout_s))  # the members' grace window
+        self.store.set(TIMEOUT_KEY, str(heartbeat_timeout_s))
         self.address = Address(f"http://{host}:{port}", host, self.store.port)
 
     def close(self) -> None:

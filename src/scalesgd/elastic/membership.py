@@ -11,7 +11,6 @@ decision.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import uuid
@@ -25,9 +24,13 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from scalesgd.comm.wire.membership import Membership
-from scalesgd.elastic.coordinator import HEARTBEAT_S, Address, lighthouse_module
+from scalesgd.elastic.coordinator import (
+    HEARTBEAT_S,
+    TIMEOUT_KEY,
+    Address,
+    lighthouse_module,
+)
 
-TIMEOUT_KEY = "scalesgd/heartbeat_timeout_s"
 POLL_S = 0.02  # how often a member that finished its exchange looks for the round's decision
 
 
@@ -65,7 +68,6 @@ class Decision:
 
     commit: bool
     weight: int = 0
-    reason: str = ""
     digest: str = ""  # the global state every member started the round from
 
 
@@ -90,7 +92,7 @@ class Elastic:
             self._beat(self._client, self.store)  # alive before it asks to be in
         except Exception as error:  # noqa: BLE001 - torchft's client and the store raise their own kinds
             raise CoordinatorLost(f"the coordinator at {self.address} cannot be reached within {connect_timeout_s:g} s "
-                                  f"({str(error).strip().splitlines()[0][:200]}): start it first (python -m "
+                                  f"({_first_line(error)}): start it first (python -m "
                                   "scalesgd.elastic) and give its address as it printed it") from error
         self.grace_s = float(self.store.get(TIMEOUT_KEY).decode()) if self.store.check([TIMEOUT_KEY]) else 3 * heartbeat_s
         self.quorum: Quorum | None = None
@@ -151,7 +153,7 @@ class Elastic:
             issued = self._client.quorum(replica_id=self.id, timeout=self.quorum_timeout, step=step,
                                          data={"config": self.config})
         everyone = sorted(issued.participants, key=lambda member: member.replica_id)
-        configs = [json.loads(m.data)["config"] if isinstance(m.data, str) else m.data["config"] for m in everyone]
+        configs = [m.data["config"] for m in everyone]
         top = max(m.step for m in everyone)
         running = next(c for m, c in zip(everyone, configs) if m.step == top)
         members = [m for m, c in zip(everyone, configs) if c == running]
@@ -185,7 +187,7 @@ class Elastic:
             raise
         except Exception as error:  # noqa: BLE001 - torchft's RPCs and the store raise their own kinds
             raise CoordinatorLost(f"the coordinator at {self.address} could not {what} "
-                                  f"({str(error).strip().splitlines()[0][:200]}): the run stops here; resume from "
+                                  f"({_first_line(error)}): the run stops here; resume from "
                                   "the last checkpoint") from error
 
     def settle(self, exchange: Future, number: int, weight: int, digest: str = "") -> Decision:
@@ -203,18 +205,16 @@ class Elastic:
         while True:
             try:
                 exchange.result(timeout=self.heartbeat_s)
+                break
             except FutureTimeout:
-                if self.store.check([decision]):
-                    return self._decision(key, "a peer's exchange failed")
-                dead = self.dead()
-                if dead:
+                if self.store.check([decision]):  # decided without this member's vote: aborted by a peer
+                    return self._decision(key)
+                if self.dead():
                     self.store.compare_set(decision, "", "abort")
-                    return self._decision(key, f"{', '.join(dead)} stopped heartbeating")
-                continue
-            except Exception as error:  # noqa: BLE001 - a peer gone mid-exchange: the round is retried without it
+                    return self._decision(key)
+            except Exception:  # noqa: BLE001 - a peer gone mid-exchange: the round is retried without it
                 self.store.compare_set(decision, "", "abort")
-                return self._decision(key, f"the exchange failed: {str(error).splitlines()[0][:200]}")
-            break
+                return self._decision(key)
         self.store.add(f"{key}/weight", weight)
         if self.store.add(f"{key}/done", 1) == self.quorum.size:
             self.store.compare_set(decision, "", "commit")
@@ -225,17 +225,17 @@ class Elastic:
                 checked = time.monotonic()
                 if self.dead() or checked - voted > self.group_timeout.total_seconds():
                     self.store.compare_set(decision, "", "abort")
-        return self._decision(key, "")
+        return self._decision(key)
 
     def abort(self, number: int) -> None:
         """Decide round `number` aborted in this quorum (this member cannot take its part)."""
         with self._coordinator(f"abort round {number}"):
             self.store.compare_set(f"vote/{self.round_key(number)}/decision", "", "abort")
 
-    def _decision(self, key: str, reason: str) -> Decision:
+    def _decision(self, key: str) -> Decision:
         taken = self.store.get(f"{key}/decision").decode()
         if taken != "commit":
-            return Decision(False, 0, reason or "a peer's exchange failed")
+            return Decision(False)
         digests = {self.store.get(f"{key}/digest/{rank}").decode() for rank in range(self.quorum.size)}
         if len(digests) > 1:
             raise DivergedError(f"round {key}: the members started it from different global states "
@@ -263,3 +263,8 @@ class ElasticMembership(Membership):
     @property
     def may_abort(self) -> bool:
         return True
+
+
+def _first_line(error: Exception) -> str:
+    """What a failure says, in one line short enough for ours."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]

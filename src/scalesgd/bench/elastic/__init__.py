@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from scalesgd import checks, output
+from scalesgd.bench import quality_report
 from scalesgd.bench.elastic import worker
 from scalesgd.elastic import Coordinator
 from scalesgd.elastic.coordinator import HEARTBEAT_S
@@ -78,12 +79,8 @@ def row(scenario: str, runs: list[Outcome]) -> list:
 
 
 def spread(values: list, form: str = "{:.2f}") -> str:
-    """The median (min–max), or — where nothing was measured."""
-    values = [v for v in values if v is not None]
-    if not values:
-        return "—"
-    median = form.format(statistics.median(values))
-    return median if len(values) == 1 else f"{median} ({form.format(min(values))}–{form.format(max(values))})"
+    """The median (min–max) of what was measured (None: not in that run), or — where nothing was."""
+    return quality_report.spread([v for v in values if v is not None], form)
 
 
 def one_run(cfg: ElasticBenchConfig, scenario: str, number: int) -> Outcome:
