@@ -9,12 +9,20 @@ import re
 
 import torch
 
-from scalesgd.comm.codecs import CODECS
+from scalesgd import checks
+from scalesgd.comm.codecs import CODECS, make_codec
 from scalesgd.comm.codecs.cast import DENSE
 from scalesgd.comm.cost.planner import NO_PLANNER
+from scalesgd.elastic.coordinator import Address
 from scalesgd.errors import UsageError
 from scalesgd.models import build_model
-from scalesgd.options import field_default, flat_options, flatten, own_and_set, require_choice
+from scalesgd.options import (
+    field_default,
+    flat_options,
+    flatten,
+    own_and_set,
+    require_choice,
+)
 from scalesgd.periodic.fragments import layers
 
 SCHEDULE_OPTIONS = ("local_steps", "fragments", "overlap_steps")
@@ -46,6 +54,8 @@ def periodic(cfg) -> None:
                          f"`{entry.beta1_option}` 0 (the outer optimizer keeps the momentum)")
     if p.peer == "torchft":
         torchft_peer(cfg)
+    if p.elastic or p.join:
+        elastic(cfg)
     try:
         schedule = p.schedule
     except (TypeError, ValueError) as err:
@@ -82,3 +92,42 @@ def torchft_peer(cfg) -> None:
                          f"GPU): give `codec` {DENSE.name}, not {cfg.exchange.codec}")
     if cfg.runtime.max_restarts:
         raise UsageError("`peer` torchft recovers through its own Manager, not our restarts: give `max_restarts` 0")
+
+
+ELASTIC_DATASETS_REFUSED = ("imagefolder",)  # streamed by loader processes in a fixed order per epoch
+
+
+def elastic(cfg) -> None:
+    """Rounds among whoever is alive: one fragment without overlap, a codec whose state every member shares, data
+    held in memory, and the options a member can decide alone (nothing the loop would share between rounds)."""
+
+    p, x = cfg.periodic, cfg.exchange
+    if checks.launched():
+        raise UsageError("`elastic` runs start their own workers and restart them one by one: start each host's "
+                         "with `scalesgd train … --join ADDRESS`, not under torchrun")
+    if p.join:
+        try:
+            Address.parse(p.join)
+        except ValueError as err:
+            raise UsageError(f"`join` {err}") from None
+    elif p.min_workers > cfg.runtime.workers:
+        raise UsageError(f"`min_workers` {p.min_workers} is above `workers` {cfg.runtime.workers}: a round could never "
+                         "have that many; give at most the workers started")
+    if importlib.util.find_spec("torchft") is None:
+        raise UsageError("`elastic` needs torchft's lighthouse for its members: pip install 'scalesgd[peers]'")
+    for name, given in (("fragments", p.fragments > 1), ("overlap_steps", p.overlap_steps)):
+        if given:
+            raise UsageError(f"`elastic` takes one fragment and no overlap: drop `{name}` {getattr(p, name)}")
+    if make_codec(x.codec, cfg.codec_settings(1)).keeps_gradients:
+        raise UsageError(f"`codec` {x.codec} carries each worker's residual across rounds, which dies with the worker: "
+                         "with `elastic` give fp32, fp16, bf16 or fp8")
+    if p.peer or cfg.replica_scope == "node":
+        raise UsageError("`elastic` runs our DiLoCo with one process a worker: drop `peer` and `replica` node")
+    if cfg.data.dataset in ELASTIC_DATASETS_REFUSED:
+        raise UsageError(f"`dataset` {cfg.data.dataset} is streamed from files in a fixed order per epoch; `elastic` "
+                         "deals samples to whoever is alive each round from data held in memory: give another dataset")
+    o = cfg.output
+    for name, given in (("time_budget", o.time_budget), ("trace", o.trace)):
+        if given:
+            raise UsageError(f"`{name}` {given} is decided across the workers every step; with `elastic` each worker "
+                             "steps alone between rounds: drop it")

@@ -133,14 +133,18 @@ class MemoryPipeline:
     def steps(self, start: int = 0) -> Iterator[MicroBatches]:
         """Each step's micro-batches from step `start` of the sampler's epoch."""
         for indices in islice(self.sampler, start, None):
-            parts = []
-            for part in torch.tensor(indices).chunk(self.accumulate):
-                x = self.data.train.x[part]
-                if self.data.augment:
-                    x = random_crop_flip(x)
-                parts.append((x.to(self.device, non_blocking=True),
-                              self.data.train.y[part].to(self.device, non_blocking=True)))
-            yield parts
+            yield self.batch(indices)
+
+    def batch(self, indices: list[int]) -> MicroBatches:
+        """These training samples, in the step's micro-batches (augmented where the data is)."""
+        parts = []
+        for part in torch.tensor(indices).chunk(self.accumulate):
+            x = self.data.train.x[part]
+            if self.data.augment:
+                x = random_crop_flip(x)
+            parts.append((x.to(self.device, non_blocking=True),
+                          self.data.train.y[part].to(self.device, non_blocking=True)))
+        return parts
 
     def test_batches(self, rank: int, world: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This rank's strided shard of the test set, in batches of `eval_batch`."""

@@ -69,6 +69,7 @@ class GlobalBatchSampler(Sampler[list[int]]):
         self.seed = int(seed)
         self.min_per_rank = int(min_per_rank)
         self.epoch = 0
+        self._held: tuple[int, torch.Tensor] | None = None  # `share`'s permutation, by epoch
         self._bounds = _global_batch_bounds(self.num_samples, self.global_batch, self.world_size, self.min_per_rank)
 
     def set_epoch(self, epoch: int) -> None:
@@ -92,6 +93,14 @@ class GlobalBatchSampler(Sampler[list[int]]):
             raise IndexError(f"step_in_epoch must be in [0, {len(self._bounds) - 1}], got {step_in_epoch}")
         start, stop = self._bounds[step_in_epoch]
         return stop - start
+
+    def share(self, step_in_epoch: int, rank: int) -> list[int]:
+        """Rank `rank`'s share of the global batch `step_in_epoch` of the epoch set last (whoever asks for it)."""
+        start, stop = self._bounds[step_in_epoch]
+        lo, hi = _rank_share(stop - start, self.world_size, rank)
+        if self._held is None or self._held[0] != self.epoch:
+            self._held = (self.epoch, self._permutation())
+        return self._held[1][start + lo : start + hi].tolist()
 
     def _permutation(self) -> torch.Tensor:
         """The epoch's permutation of the whole training set, identical on every rank."""

@@ -31,6 +31,8 @@ from scalesgd.elastic.coordinator import (
     lighthouse_module,
 )
 
+FINISHED_KEY = "run/finished"  # in the store: the run's last round committed
+DONE_PREFIX = "done/"  # + a worker's name: it took the last round
 POLL_S = 0.02  # how often a member that finished its exchange looks for the round's decision
 
 
@@ -92,7 +94,7 @@ class Elastic:
             self._beat(self._client, self.store)  # alive before it asks to be in
         except Exception as error:  # noqa: BLE001 - torchft's client and the store raise their own kinds
             raise CoordinatorLost(f"the coordinator at {self.address} cannot be reached within {connect_timeout_s:g} s "
-                                  f"({_first_line(error)}): start it first (python -m "
+                                  f"({first_line(error)}): start it first (python -m "
                                   "scalesgd.elastic) and give its address as it printed it") from error
         self.grace_s = float(self.store.get(TIMEOUT_KEY).decode()) if self.store.check([TIMEOUT_KEY]) else 3 * heartbeat_s
         self.quorum: Quorum | None = None
@@ -187,7 +189,7 @@ class Elastic:
             raise
         except Exception as error:  # noqa: BLE001 - torchft's RPCs and the store raise their own kinds
             raise CoordinatorLost(f"the coordinator at {self.address} could not {what} "
-                                  f"({_first_line(error)}): the run stops here; resume from "
+                                  f"({first_line(error)}): the run stops here; resume from "
                                   "the last checkpoint") from error
 
     def settle(self, exchange: Future, number: int, weight: int, digest: str = "") -> Decision:
@@ -242,6 +244,13 @@ class Elastic:
                                 f"{sorted(digests)}")
         return Decision(True, self.store.add(f"{key}/weight", 0), digest=digests.pop())
 
+    def finished(self, name: str) -> None:
+        """Say in the store that the run's last round committed, and that `name` took it (it ends by itself; a
+        launcher ends a worker of its own that did not: one still waiting to join)."""
+        with self._coordinator("hear that the run finished"):
+            self.store.set(f"{DONE_PREFIX}{name}", "1")
+            self.store.set(FINISHED_KEY, "1")
+
     def close(self) -> None:
         self._stop.set()
         if dist.is_initialized():
@@ -265,6 +274,6 @@ class ElasticMembership(Membership):
         return True
 
 
-def _first_line(error: Exception) -> str:
+def first_line(error: Exception) -> str:
     """What a failure says, in one line short enough for ours."""
     return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]

@@ -42,6 +42,14 @@ class PeriodicConfig:
                           "sharded engines' shards: with --shard node it is always the node) and synchronise with "
                           "the other nodes every --local-steps through --codec; needs 2 nodes or more "
                           "(--procs-per-node)", choices=REPLICAS)
+    elastic: bool = option(False, "with --local-steps: rounds among whoever is alive: a worker that dies or stops "
+                           "is dropped and the others finish the round, a worker may join a running run "
+                           "(--join) and heals from a peer; this launch hosts the coordinator (torchft's "
+                           "lighthouse and a store) on --master-addr and prints its address")
+    min_workers: int = option(1, "with --elastic: the fewest workers a round may take (a quorum waits for them)",
+                              runtime=True, check=checks.at_least(1))
+    join: str = option("", "with --local-steps: join the elastic run whose coordinator printed this address "
+                       "(http://HOST:PORT,HOST:PORT) with this launch's --workers", runtime=True)
     peer: str = option("", "with --local-steps: synchronise with another library's implementation in this loop, "
                        "for comparison: torchft (torchft.local_sgd.DiLoCo over its Manager and gloo, fp32 "
                        "pseudo-gradients; pip install 'scalesgd[peers]'); '': ours", choices=PEERS)

@@ -60,13 +60,15 @@ class DiLoCo:
     alone, as DiLoCo). `group`: the replicas, a process group or a `Membership` (default: a new group of every rank);
     a round commits where the membership says so. Every rank builds it together and starts from rank 0's parameters.
     An `ElasticMembership` (`scalesgd.elastic`) takes each round among whoever is alive (one fragment, no overlap, a
-    codec without per-rank residuals): a worker joining later heals from a peer as it is built."""
+    codec without per-rank residuals): a worker joining later heals from a peer as it is built. `resume`: a
+    `state_dict()` to start from (an elastic member's before it joins, with the caller's `shared` counters)."""
 
     def __init__(self, model: nn.Module, inner_optimizer: torch.optim.Optimizer, local_steps: int | Schedule, *,
                  outer_optimizer: torch.optim.Optimizer | Callable | None = None, codec: str | Codec = "fp32",
                  settings: CodecSettings | None = None, fragments: int | list[list[nn.Parameter]] = 1,
                  overlap_steps: int = 0, mix: float = 0.0, group=None, topology=None,
-                 scaler: torch.amp.GradScaler | None = None, buckets_mb: float = BUCKET_MB, delay: int | None = None):
+                 scaler: torch.amp.GradScaler | None = None, buckets_mb: float = BUCKET_MB, delay: int | None = None,
+                 resume: dict | None = None):
         if delay is not None:
             warnings.warn("DiLoCo(delay=…) is now overlap_steps=… (the --overlap-steps option's name)",
                           DeprecationWarning, stacklevel=2)
@@ -117,6 +119,8 @@ class DiLoCo:
             self.members = group
             elastic.config = f"{elastic.config} | {described}"
             self.elastic = ElasticRounds(self)
+            if resume is not None:
+                self.elastic.restore(resume)
             self.elastic.join()
             return
         # collectives from here on: every rank builds it together
@@ -125,6 +129,8 @@ class DiLoCo:
         check_ranks_agree(described, self.members.group)
         self.driver.channel = open_channel(self.codec, self.members.group, topology)
         self._broadcast_start()
+        if resume is not None:
+            self.load_state_dict(resume)
 
     # ---- what it holds ---------------------------------------------------------------------------------
     @property

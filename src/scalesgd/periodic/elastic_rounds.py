@@ -57,6 +57,7 @@ class ElasticRounds:
         self.synced_at: int | None = None  # inner steps at the last round this member took part in (None: never)
         self.healed_from: str | None = None  # the member this one last healed from
         self.log: list[dict] = []
+        self.shared: dict = {}  # the caller's counters that travel with the global state (a loop's data position)
 
     @property
     def step(self) -> int:
@@ -132,10 +133,20 @@ class ElasticRounds:
     def _state(self) -> dict:
         d = self.diloco
         return {"steps": d.steps, "rounds": d.rounds, "global": [p.detach().clone() for p in d.global_params],
-                "outer": d.outer.state_dict(), "codec": d.driver.state_dict()}
+                "outer": d.outer.state_dict(), "codec": d.driver.state_dict(), "shared": dict(self.shared)}
+
+    def restore(self, state: dict) -> None:
+        """Start from a state `DiLoCo.state_dict()` wrote (a checkpoint) with `shared` beside it, as if healed from
+        it: before joining, so the lighthouse hears how far this member is."""
+        self._load({**state, "shared": state.get("shared", {})})
+        d = self.diloco
+        d.bytes_sent = state["bytes_sent"]
+        period = d.schedule.local_steps
+        d.steps = self.synced_at = -(-d.steps // period) * period  # after a last round cut short: the next whole
 
     def _load(self, state: dict) -> None:
         d = self.diloco
+        self.shared = dict(state["shared"])
         d.steps, d.rounds = state["steps"], state["rounds"]
         d._copy(state["global"], d.global_params)
         d._copy(state["global"], d.params)

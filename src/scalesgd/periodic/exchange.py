@@ -28,12 +28,13 @@ class PeriodicExchange(GradientExchange):
     every step whether or not fp16's scaler skipped it. Checkpoints keep the engine's state, and each rank's own
     (`replica`: the round's, its local parameters and its inner optimizer's; replicas differ between rounds)."""
 
-    def __init__(self, within: GradientExchange, setup: ExchangeSetup, periodic: PeriodicConfig):
+    def __init__(self, within: GradientExchange, setup: ExchangeSetup, periodic: PeriodicConfig,
+                 resume: dict | None = None):
         self.within = within
         self.diloco = DiLoCo(within.bare, inner_of(within.optimizer), periodic.schedule,
                              outer_optimizer=lambda own: outer_sgd(own, periodic.outer_lr, periodic.outer_momentum),
                              codec=make_codec(setup.codec, setup.settings), mix=periodic.mix, group=setup.group,
-                             topology=setup.topology)
+                             topology=setup.topology, resume=resume)
         self._bytes, self._landed = self.diloco.bytes_sent, 0.0
         super().__init__(within.model, within.optimizer, self.diloco.driver, within.plan, bare=within.bare,
                          precision=within.precision, clip_norm=within.clip_norm, scaler=within.scaler)

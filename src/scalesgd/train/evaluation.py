@@ -101,9 +101,11 @@ def end_epoch(run, epoch: int, totals: torch.Tensor, images_per_s: float) -> dic
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, batches, objective: Objective, members: Membership, autocast=nullcontext) -> dict:
+def evaluate(model: nn.Module, batches, objective: Objective, members: Membership | None,
+             autocast=nullcontext) -> dict:
     """Test loss (per prediction, without label smoothing) and accuracy (and a language model's perplexity) over
-    this rank's shard of the test set (`batches`), in the run's precision, summed across the members."""
+    this rank's shard of the test set (`batches`), in the run's precision, summed across the members (None: this
+    process evaluated all of it)."""
     model.eval()
     plain = Objective(objective.text, 0.0, objective.predictions_per_sample)
     sums = torch.zeros(3, dtype=torch.float64)
@@ -113,7 +115,8 @@ def evaluate(model: nn.Module, batches, objective: Objective, members: Membershi
         sums[0] += loss_sum.item()
         sums[1] += correct.item()
         sums[2] += y.numel()
-    members.all_reduce(sums)
+    if members is not None:
+        members.all_reduce(sums)
     return objective.evaluated((sums[0] / sums[2]).item(), (sums[1] / sums[2]).item())
 
 

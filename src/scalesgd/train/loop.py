@@ -153,12 +153,7 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
 def setup(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool) -> Run:
     """Data, model, optimizer, schedule and exchange, identical on every rank (`seed` fixes the weights)."""
     before = memory.resident_bytes()
-    torch.manual_seed(cfg.recipe.seed)
-    data = load_bundle(cfg.data.dataset, **vars(cfg.data_request()))
-    model = build_model(cfg.model.name, data.num_classes, data.in_channels, cfg.model.options)
-    if not data.is_text:  # Goyal et al.'s initialisation is a CNN's; the GPT initialises itself as GPT-2 does
-        initialize(model, cfg.recipe.zero_gamma, cfg.recipe.bn_momentum)
-    use_ghost_batch(model, cfg.recipe.bn_batch)
+    data, model = data_and_model(cfg)
     env = env.result() if isinstance(env, Future) else env
     model.to(env.device)
     sampler = GlobalBatchSampler(len(data.train), cfg.recipe.batch_size, env.world_size, env.rank, seed=cfg.recipe.seed)
@@ -191,6 +186,17 @@ def setup(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool) 
         write_json(run_dir / BUCKETS_NAME, exchange.plan.to_dict())
     return Run(cfg, run_dir, env, data, pipeline, model, exchange, scheduler, sampler, objective, tracer, planned,
                chosen, before_bytes=before)
+
+
+def data_and_model(cfg: TrainConfig) -> tuple[DataBundle | FolderData, nn.Module]:
+    """The data and the model as every rank builds them (`seed` fixes the weights)."""
+    torch.manual_seed(cfg.recipe.seed)
+    data = load_bundle(cfg.data.dataset, **vars(cfg.data_request()))
+    model = build_model(cfg.model.name, data.num_classes, data.in_channels, cfg.model.options)
+    if not data.is_text:  # Goyal et al.'s initialisation is a CNN's; the GPT initialises itself as GPT-2 does
+        initialize(model, cfg.recipe.zero_gamma, cfg.recipe.bn_momentum)
+    use_ghost_batch(model, cfg.recipe.bn_batch)
+    return data, model
 
 
 def loader_settings(cfg: TrainConfig, env: DistEnv, data: DataBundle | FolderData) -> LoaderSettings:

@@ -21,7 +21,7 @@ from scalesgd.errors import (
     as_flags,
 )
 from scalesgd.runtime import heartbeat, launcher, process_group
-from scalesgd.train import rundir
+from scalesgd.train import elastic_launch, rundir
 from scalesgd.train.checkpoint import NoSpace
 from scalesgd.train.loop import train
 from scalesgd.train.rundir import CHECKPOINT_NAME, disk_full
@@ -39,6 +39,8 @@ def spawn(cfg: TrainConfig, run_dir: Path, resume: bool) -> int:
               f"(restart {attempt} of {cfg.runtime.max_restarts})", file=sys.stderr)
         return args(resume)
 
+    if cfg.periodic.elastic or cfg.periodic.join:
+        return elastic_launch.spawn(cfg, run_dir)
     rt = cfg.runtime
     return launcher.spawn(args(resume), rt.workers, rt.master_addr, rt.master_port, rt.timeout, rt.max_restarts,
                           restart)

@@ -1,0 +1,104 @@
+"""`scalesgd train --local-steps H --elastic`: rounds among whoever is alive on the command line — a worker killed
+mid-run is restarted alone by the launcher and rejoins while the others go on, and bad input on the new options ends
+in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.train.cli import scalesgd
+
+pytest.importorskip("torchft")
+
+ELASTIC = ["train", "--quiet", "--dataset", "digits", "--model", "resnet8", "--batch-size", "96", "--warmup", "none",
+           "--local-steps", "4", "--codec", "fp8", "--elastic"]
+
+
+def rounds(run: Path) -> list[dict]:
+    path = run / "metrics.jsonl"
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    return [r for line in lines if line.endswith("}") and (r := json.loads(line))["kind"] == "round"]
+
+
+def member_pid(rank: int, launcher: int) -> int | None:
+    """The process of the launcher's worker `rank` (named scalesgd-r<rank>, forked by the launcher's server)."""
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "comm").read_text().strip() == f"scalesgd-r{rank}":
+                server = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                if int(Path(f"/proc/{server}/stat").read_text().rsplit(")", 1)[1].split()[1]) == launcher:
+                    return int(entry.name)
+        except OSError:
+            continue
+    return None
+
+
+def test_a_killed_worker_is_restarted_alone_and_rejoins_while_the_others_go_on(tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "scalesgd", *ELASTIC, "--workers", "3", "--epochs", "10",
+                             "--max-restarts", "1", "--run-dir", str(run)], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(rounds(run)) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        victim = member_pid(1, proc.pid)
+        assert victim is not None, "worker host-w1 not found"
+        os.kill(victim, signal.SIGKILL)
+        killed_at = time.time()
+        _, err = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "worker host-w1 was killed by SIGKILL; restarting it alone (restart 1 of 1)" in err
+    log = rounds(run)
+    assert [r["round"] for r in log] == list(range(len(log)))  # no round discarded or repeated
+    survivors = [m for m in log[0]["members"] if not m.startswith("host-w1-")]
+    assert len(survivors) == 2 and all(set(survivors) <= set(r["members"]) for r in log)  # never restarted
+    new = [r for r in log if r["at"] > killed_at and not set(r["members"]) & set(log[0]["members"]) - set(survivors)]
+    assert new and all(len(r["members"]) in (2, 3) for r in log), log  # a new host-w1 took part after the kill
+    assert any(m.startswith("host-w1-") for m in new[-1]["members"]) and len(log[-1]["members"]) == 3
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["elastic"]["rounds"] == len(log)
+    assert summary["final_test_acc"] > 0.5  # trained through it (digits: 10 classes)
+
+
+@pytest.mark.parametrize(("options", "said"), [
+    (["--workers", "2", "--min-workers", "3"], "--min-workers 3 is above --workers 2"),
+    (["--join", "http://127.0.0.1:1"], "--join coordinator address 'http://127.0.0.1:1'"),
+    (["--codec", "topk"], "--codec topk carries each worker's residual across rounds"),
+])
+def test_bad_elastic_options_end_in_one_line(options, said, tmp_path):
+    done = scalesgd(*ELASTIC, "--epochs", "1", *options, "--run-dir", tmp_path / "run")
+    assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_joining_a_coordinator_that_is_not_there_ends_in_one_line_within_its_timeout(tmp_path):
+    start = time.monotonic()
+    done = scalesgd(*ELASTIC, "--epochs", "1", "--join", "http://127.0.0.1:9,127.0.0.1:9", "--timeout", "2",
+                    "--run-dir", tmp_path / "run")
+    assert done.returncode == 2 and "no coordinator answers at http://127.0.0.1:9,127.0.0.1:9" in done.stderr
+    assert "Traceback" not in done.stderr and time.monotonic() - start < 20
+
+
+def test_a_resumed_elastic_run_continues_its_rounds_clock_and_bytes(tmp_path):
+    run = tmp_path / "run"
+    first = scalesgd(*ELASTIC, "--workers", "2", "--epochs", "1", "--run-dir", run)
+    assert first.returncode == 0, first.stderr
+    before = rounds(run)
+    again = scalesgd("train", "--resume", run, "--epochs", "2", "--quiet")
+    assert again.returncode == 0, again.stderr
+    after = rounds(run)[len(before):]
+    assert [r["round"] for r in before + after] == list(range(len(before) + len(after)))
+    assert after[0]["train_s"] > before[-1]["train_s"] and after[0]["bytes_sent"] > before[-1]["bytes_sent"]
+    assert not set(after[0]["members"]) & set(before[-1]["members"])  # new processes, from the global state alone
