@@ -8,7 +8,8 @@ import ast
 from pathlib import Path
 
 import scalesgd
-from scalesgd.comm.codecs import CODECS
+from scalesgd.comm.codecs import CODECS, CodecSettings, make_codec
+from scalesgd.comm.codecs.fp8.codec import Fp8Codec
 
 PACKAGE = Path(scalesgd.__file__).parent
 CODECS_DIR = PACKAGE / "comm" / "codecs"
@@ -73,3 +74,10 @@ def test_whether_a_codec_needs_the_node_groups_is_declared_once_in_its_registrat
     declaring = [cls.__name__ for cls in subclasses(Codec) if "needs_topology" in vars(cls)]
     assert declaring == [], "needs_topology belongs to the registration (CodecEntry), not the codec class"
     assert {name for name, entry in CODECS.items() if entry.needs_topology} == {"fp8", "fp8-direct", "topk-nodes"}
+
+
+def test_a_registration_says_whether_its_codec_carries_gradients_across_steps():
+    built = {name: make_codec(name, CodecSettings()).keeps_gradients for name, entry in CODECS.items()
+             if entry.build is not None and name != "fp8"}  # fp8 builds its kernels (seconds): it carries none
+    assert built == {name: CODECS[name].keeps_gradients for name in built}
+    assert CODECS["fp8"].keeps_gradients == Fp8Codec.keeps_gradients

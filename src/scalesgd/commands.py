@@ -12,13 +12,32 @@ from pathlib import Path
 from typing import Any
 
 from scalesgd import checks
-from scalesgd.bench import accuracy, allreduce, codec, data, elastic, faults, fp8_range, link, optimizer, quality
+from scalesgd.bench import (
+    accuracy,
+    allreduce,
+    codec,
+    data,
+    elastic,
+    faults,
+    fp8_range,
+    link,
+    optimizer,
+    quality,
+)
 from scalesgd.bench import train as bench_train
+from scalesgd.bench.elastic import train as elastic_train
 from scalesgd.bench.launch import command_line, in_process, on_workers
 from scalesgd.comm.codecs.fp8 import kernels
 from scalesgd.data import command as data_trees
 from scalesgd.errors import UsageError
-from scalesgd.options import Options, build, default_text, describe, flat_options, option
+from scalesgd.options import (
+    Options,
+    build,
+    default_text,
+    describe,
+    flat_options,
+    option,
+)
 from scalesgd.registry import Registry
 from scalesgd.sim import command as simulate
 from scalesgd.sim.plans import PlanCommand, ProfileCommand, show_plan, show_profile
@@ -150,6 +169,9 @@ for kind, config, run, help_, workers, description in [
     ("elastic", elastic.ElasticBenchConfig, elastic.run,
      "DiLoCo rounds among whoever is alive under faults: seconds from each fault to the next committed round",
      False, ""),
+    ("elastic-train", elastic_train.ElasticTrainBenchConfig, elastic_train.run,
+     "a worker killed in `scalesgd train --local-steps`: elastic (restarted alone) against the restart of every "
+     "worker, in wall time, the time the fault cost and final accuracy", False, ""),
 ]:
     COMMANDS.add(f"bench {kind}", Command(config, partial(on_workers if workers else in_process, kind, run), help_,
                                           description))

@@ -10,7 +10,7 @@ pytest.importorskip("torchft")
 
 
 def test_bad_arguments_are_refused_naming_them():
-    from scalesgd.elastic import Coordinator
+    from scalesgd.elastic import Coordinator, ElasticMembership
 
     with pytest.raises(ValueError, match="min_workers 0"):
         Coordinator(min_workers=0)
@@ -18,6 +18,8 @@ def test_bad_arguments_are_refused_naming_them():
         Coordinator(min_workers=1, heartbeat_timeout_s=-1)
     with pytest.raises(ValueError, match="coordinator address 'nowhere'"):
         Address.parse("nowhere")
+    with pytest.raises(ValueError, match="slow_tolerance 0.5"):  # before it reaches for any coordinator
+        ElasticMembership.connect("http://127.0.0.1:9,127.0.0.1:9", "w0", slow_tolerance=0.5)
 
 
 def test_a_member_of_no_coordinator_is_told_so_in_one_line_within_its_timeout():

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from scalesgd.elastic import Coordinator
+from scalesgd.periodic.elastic_rounds import planned_steps
 from scalesgd.bench.elastic import worker as elastic_worker
 
 pytest.importorskip("torchft")
@@ -172,3 +173,9 @@ def test_diloco_refuses_what_elastic_rounds_cannot_take_naming_it():
     with pytest.raises(ValueError, match="codec topk: elastic rounds take a codec whose state every member shares"):
         DiLoCo(model, torch.optim.SGD(model.parameters(), lr=0.1), 4, codec="topk",
                group=ElasticMembership(elastic=object()))
+
+
+def test_a_slower_member_is_planned_the_steps_it_takes_in_the_fastest_ones_time():
+    assert planned_steps((0.10, 0.20, 0.11, 0.0), 16, 1.25) == (16, 8, 16, 16)  # jitter, the unmeasured: H
+    assert planned_steps((0.1, 5.0), 4, 1.25) == (4, 1)  # at least one step
+    assert planned_steps((0.1, 5.0), 4, None) == (4, 4)  # lockstep

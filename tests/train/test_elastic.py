@@ -9,11 +9,15 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
+import torch
 
+from scalesgd.bench.elastic.train import half_speed
+from scalesgd.runtime.forked import worker_pid
 from tests.train.cli import scalesgd
 
 pytest.importorskip("torchft")
@@ -30,19 +34,6 @@ def rounds(run: Path) -> list[dict]:
     return [r for line in lines if line.endswith("}") and (r := json.loads(line))["kind"] == "round"]
 
 
-def member_pid(rank: int, launcher: int) -> int | None:
-    """The process of the launcher's worker `rank` (named scalesgd-r<rank>, forked by the launcher's server)."""
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and (entry / "comm").read_text().strip() == f"scalesgd-r{rank}":
-                server = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                if int(Path(f"/proc/{server}/stat").read_text().rsplit(")", 1)[1].split()[1]) == launcher:
-                    return int(entry.name)
-        except OSError:
-            continue
-    return None
-
-
 def test_a_killed_worker_is_restarted_alone_and_rejoins_while_the_others_go_on(tmp_path):
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "scalesgd", *ELASTIC, "--workers", "3", "--epochs", "10",
@@ -51,7 +42,7 @@ def test_a_killed_worker_is_restarted_alone_and_rejoins_while_the_others_go_on(t
         deadline = time.monotonic() + 120
         while len(rounds(run)) < 2 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.05)
-        victim = member_pid(1, proc.pid)
+        victim = worker_pid(1, proc.pid)
         assert victim is not None, "worker host-w1 not found"
         os.kill(victim, signal.SIGKILL)
         killed_at = time.time()
@@ -102,3 +93,20 @@ def test_a_resumed_elastic_run_continues_its_rounds_clock_and_bytes(tmp_path):
     assert [r["round"] for r in before + after] == list(range(len(before) + len(after)))
     assert after[0]["train_s"] > before[-1]["train_s"] and after[0]["bytes_sent"] > before[-1]["bytes_sent"]
     assert not set(after[0]["members"]) & set(before[-1]["members"])  # new processes, from the global state alone
+
+
+def test_a_worker_at_half_speed_is_planned_fewer_steps_and_every_share_is_dealt(tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "scalesgd", *ELASTIC, "--workers", "2", "--epochs", "4",
+                             "--run-dir", str(run)], stderr=subprocess.PIPE, text=True)
+    slowed = threading.Thread(target=half_speed, args=(proc,), daemon=True)
+    slowed.start()
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err
+    log = rounds(run)
+    slow = [r for r in log if r["planned"][1] < r["planned"][0] == 4]
+    assert len(slow) > len(log) // 2, log  # the slow member (rank 1: host-w1) planned fewer steps most rounds
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["elastic"]["fewest_members"] == 2  # never dropped: it arrives in time
+    dealt = torch.load(run / "checkpoint.pt", weights_only=True)["elastic"]["shared"]["cursor"]
+    assert 4 * summary["steps_per_epoch"] * 2 - dealt < 2  # every share but fewer than one a member at the end

@@ -10,7 +10,7 @@ import re
 import torch
 
 from scalesgd import checks
-from scalesgd.comm.codecs import CODECS, make_codec
+from scalesgd.comm.codecs import CODECS
 from scalesgd.comm.codecs.cast import DENSE
 from scalesgd.comm.cost.planner import NO_PLANNER
 from scalesgd.elastic.coordinator import Address
@@ -118,7 +118,7 @@ def elastic(cfg) -> None:
     for name, given in (("fragments", p.fragments > 1), ("overlap_steps", p.overlap_steps)):
         if given:
             raise UsageError(f"`elastic` takes one fragment and no overlap: drop `{name}` {getattr(p, name)}")
-    if make_codec(x.codec, cfg.codec_settings(1)).keeps_gradients:
+    if x.codec_entry.keeps_gradients:
         raise UsageError(f"`codec` {x.codec} carries each worker's residual across rounds, which dies with the worker: "
                          "with `elastic` give fp32, fp16, bf16 or fp8")
     if p.peer or cfg.replica_scope == "node":

@@ -1,6 +1,8 @@
 """Samples dealt to whoever is alive: the run's epochs cut into shares as if its configured workers all trained
 (`GlobalBatchSampler`'s global batches, each in one share a worker), numbered across epochs; each round hands the
-next members × H shares out, member r of W taking shares start + r, start + r + W, … So the data position is one
+next shares out, one an inner step of each member (H each; fewer for a member that is slower than the others, as
+`ElasticRounds.plan` says), step by step — with H for all, member r of W takes start + r, start + r + W, … — so
+whoever is slow, every share is dealt once. The data position is one
 counter the members share (and a joiner heals with), the learning-rate schedule reads the global step a share
 belongs to, and every sample of an epoch is trained on once whatever the membership — except the shares of a member
 that dies before its round commits (skipped in that epoch: at most one round's) and, at the run's very end, the
@@ -47,11 +49,23 @@ class Dealer:
         """The epoch (from 1) `share` is part of."""
         return share // self.per_epoch + 1
 
-    def round_steps(self, start: int, members: int, local_steps: int) -> int:
-        """The inner steps every member takes in the round starting at share `start`: H, fewer at the run's end."""
-        return max(0, min(local_steps, (self.total - start) // members))
+    def round_plan(self, start: int, plan: tuple[int, ...]) -> tuple[int, ...]:
+        """The inner steps each member takes in the round starting at share `start`: `plan`'s, or at the run's end
+        the same number for all that the shares left allow (none: the run is over)."""
+        if self.total - start >= sum(plan):
+            return plan
+        return (max(0, (self.total - start) // len(plan)),) * len(plan)
 
 
-def round_shares(start: int, members: int, rank: int, steps: int) -> range:
-    """Member `rank`'s shares of a round of `members` starting at share `start`, one an inner step."""
-    return range(start + rank, start + steps * members, members)
+def round_shares(start: int, plan: tuple[int, ...], rank: int) -> list[int]:
+    """Member `rank`'s shares of a round starting at share `start` whose members take `plan`'s inner steps each (in
+    rank order), one share a step: dealt step by step, member by member, to those still stepping — so with the same
+    steps for all, member r of W takes start + r, start + r + W, …, and the round deals sum(plan) shares."""
+    mine, share = [], start
+    for step in range(max(plan)):
+        for member, steps in enumerate(plan):
+            if step < steps:
+                if member == rank:
+                    mine.append(share)
+                share += 1
+    return mine

@@ -33,6 +33,7 @@ from scalesgd.elastic.coordinator import (
 
 FINISHED_KEY = "run/finished"  # in the store: the run's last round committed
 DONE_PREFIX = "done/"  # + a worker's name: it took the last round
+SLOW_TOLERANCE = 1.25  # a member this much slower than the fastest still takes every inner step of a round
 POLL_S = 0.02  # how often a member that finished its exchange looks for the round's decision
 
 
@@ -71,17 +72,24 @@ class Decision:
     commit: bool
     weight: int = 0
     digest: str = ""  # the global state every member started the round from
+    paces: tuple[float, ...] = ()  # each member's seconds an inner step in the round, in rank order (0: unmeasured)
 
 
 class Elastic:
     """This member's side of the coordinator: a heartbeat every `heartbeat_s` (to the lighthouse, and a counter in
     the store its peers watch), the quorum it is in and the group built for it, and each round's decision. A peer
     whose counter has not moved for the coordinator's heartbeat timeout is dead to this member as to the
-    lighthouse."""
+    lighthouse. A member more than `slow_tolerance` times slower a step than the fastest is planned fewer steps a
+    round, so it arrives with the others (None: every member takes every step, the slowest setting the pace)."""
 
     def __init__(self, address: Address | str, name: str, config: str = "", heartbeat_s: float = HEARTBEAT_S,
                  start_workers: int = 1, quorum_timeout_s: float = 600.0, group_timeout_s: float = 60.0,
-                 connect_timeout_s: float = 30.0):
+                 connect_timeout_s: float = 30.0, slow_tolerance: float | None = SLOW_TOLERANCE):
+        if slow_tolerance is not None and (isinstance(slow_tolerance, bool) or
+                                           not isinstance(slow_tolerance, (int, float)) or slow_tolerance < 1):
+            raise ValueError(f"slow_tolerance {slow_tolerance!r}: give a ratio of at least 1 (a member that much "
+                             "slower than the fastest still takes every step), or None (every member every step)")
+        self.slow_tolerance = slow_tolerance
         self.address = Address.parse(address) if isinstance(address, str) else address
         self.id = f"{name}-{uuid.uuid4().hex[:8]}"
         self.config, self.heartbeat_s = config, heartbeat_s
@@ -192,17 +200,18 @@ class Elastic:
                                   f"({first_line(error)}): the run stops here; resume from "
                                   "the last checkpoint") from error
 
-    def settle(self, exchange: Future, number: int, weight: int, digest: str = "") -> Decision:
+    def settle(self, exchange: Future, number: int, weight: int, digest: str = "", pace: float = 0.0) -> Decision:
         """Wait for this member's exchange of round `number` and take the round's decision: commit once every
         member finished its own (`weight`: the work behind this member's part, summed over the members), abort
         the moment one failed or stopped heartbeating (this member's exchange then abandoned where it is stuck).
-        `digest`: the global state this member started the round from; DivergedError where the members' differ."""
+        `digest`: the global state this member started the round from; DivergedError where the members' differ.
+        `pace`: this member's seconds an inner step, which every member reads in the decision."""
         with self._coordinator(f"decide round {number}"):
-            return self._settle(exchange, number, weight, digest)
+            return self._settle(exchange, number, weight, digest, pace)
 
-    def _settle(self, exchange: Future, number: int, weight: int, digest: str) -> Decision:
+    def _settle(self, exchange: Future, number: int, weight: int, digest: str, pace: float) -> Decision:
         key = f"vote/{self.round_key(number)}"
-        self.store.set(f"{key}/digest/{self.quorum.rank}", digest)
+        self.store.set(f"{key}/digest/{self.quorum.rank}", f"{digest} {pace:.6f}")  # one write, read with the rest
         decision = f"{key}/decision"
         while True:
             try:
@@ -238,11 +247,13 @@ class Elastic:
         taken = self.store.get(f"{key}/decision").decode()
         if taken != "commit":
             return Decision(False)
-        digests = {self.store.get(f"{key}/digest/{rank}").decode() for rank in range(self.quorum.size)}
+        said = [self.store.get(f"{key}/digest/{rank}").decode().split() for rank in range(self.quorum.size)]
+        digests = {digest for digest, _ in said}
         if len(digests) > 1:
             raise DivergedError(f"round {key}: the members started it from different global states "
                                 f"{sorted(digests)}")
-        return Decision(True, self.store.add(f"{key}/weight", 0), digest=digests.pop())
+        return Decision(True, self.store.add(f"{key}/weight", 0), digest=digests.pop(),
+                        paces=tuple(float(pace) for _, pace in said))
 
     def finished(self, name: str) -> None:
         """Say in the store that the run's last round committed, and that `name` took it (it ends by itself; a

@@ -181,9 +181,10 @@ class DiLoCo:
         """Count an inner step; start the exchange of the fragment whose turn it is and land the one that is due."""
         self.steps += 1
         started = self.schedule.starts(self.steps)
-        if self.elastic is not None:
-            if started is not None:
-                self.elastic.round(self.fragments[started], self.schedule.round_of(self.steps))
+        if self.elastic is not None:  # a slower member's round ends after the fewer steps planned for it
+            if self.elastic.stepped():
+                boundary = self.elastic.synced_at + self.schedule.local_steps
+                self.elastic.round(self.fragments[0], self.schedule.round_of(boundary))
             return
         if started is not None:
             self._start(self.fragments[started], self.schedule.round_of(self.steps + self.schedule.overlap_steps))

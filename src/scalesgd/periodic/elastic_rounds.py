@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import statistics
 import threading
 import time
 from concurrent.futures import Future
@@ -25,6 +26,9 @@ import torch.distributed as dist
 from scalesgd.comm.engine.driver import open_channel
 from scalesgd.elastic.heal import heal
 from scalesgd.periodic.rounds import Fragment
+
+
+PACE_SMOOTHING = 0.5  # the weight of a member's earlier rounds in its pace
 
 
 class DaemonThreads:
@@ -58,11 +62,34 @@ class ElasticRounds:
         self.healed_from: str | None = None  # the member this one last healed from
         self.log: list[dict] = []
         self.shared: dict = {}  # the caller's counters that travel with the global state (a loop's data position)
+        self.plan: tuple[int, ...] = ()  # each member's inner steps in the coming round, in rank order (empty: H)
+        self._stepped: list[float] = []  # when each of this round's inner steps ended
+        self._pace = 0.0
 
     @property
     def step(self) -> int:
         """What this member tells the lighthouse: the rounds it committed, plus one (0: it holds no global state)."""
         return 0 if self.synced_at is None else self.diloco.rounds + 1
+
+    @property
+    def planned(self) -> int:
+        """The inner steps this member takes in the coming round: H, fewer where it is slower than the others."""
+        quorum, period = self.elastic.quorum, self.diloco.schedule.local_steps
+        return self.plan[quorum.rank] if quorum is not None and len(self.plan) == quorum.size else period
+
+    def stepped(self) -> bool:
+        """Note an inner step's end; whether this member's round ends here (its planned steps taken)."""
+        self._stepped.append(time.monotonic())
+        return self.synced_at is not None and self.diloco.steps - self.synced_at >= self.planned
+
+    def pace(self) -> float:
+        """This member's seconds an inner step: each round's median (the step after a boundary, which may hold an
+        evaluation, left out), smoothed over rounds; 0 before any was timed."""
+        gaps = [b - a for a, b in zip(self._stepped, self._stepped[1:])]
+        if gaps:  # smoothed over rounds: one round's jitter does not change the plan
+            now = statistics.median(gaps)
+            self._pace = now if not self._pace else PACE_SMOOTHING * self._pace + (1 - PACE_SMOOTHING) * now
+        return self._pace
 
     def join(self) -> None:
         """Into the first quorum: healed where behind, and into the round the others are at (with no work of its
@@ -75,6 +102,9 @@ class ElasticRounds:
         d, started = self.diloco, time.monotonic()
         period = d.schedule.local_steps
         weight = 0 if self.synced_at is None else d.steps - self.synced_at
+        if 0 < weight < period and not average:  # its plan was fewer steps: the round's count is the others'
+            d.steps = self.synced_at + period
+        pace = self.pace()
         deltas = fragment.deltas(d.weights)
         if weight != period:
             with torch.no_grad():
@@ -99,9 +129,9 @@ class ElasticRounds:
                 if max(quorum.steps) == 0 or number is None:  # the run's start: nobody has work to reduce yet
                     self.synced_at = d.steps
                     return
-            saved = copy.deepcopy(d.driver.codec)
+            saved, digest = copy.deepcopy(d.driver.codec), self.digest()  # before the exchange reads or writes
             flight = fragment.start(number, d.weights, d.driver, d._thread, False, deltas)
-            decision = self.elastic.settle(flight.future, number, weight, self.digest())
+            decision = self.elastic.settle(flight.future, number, weight, digest, pace)
             if decision.commit:
                 break
             if flight.future.done() and flight.future.exception() is None:  # it crossed the link all the same
@@ -117,10 +147,11 @@ class ElasticRounds:
                     torch._foreach_mul_(flight.means, total / decision.weight)
             fragment.commit(flight, d.weights, average)
         d.rounds += 1
-        self.synced_at = d.steps
+        self.synced_at, self._stepped = d.steps, []
+        self.plan = planned_steps(decision.paces, period, self.elastic.slow_tolerance)
         self.log.append({"round": number, "members": list(quorum.members), "retries": retries,
                          "digest": decision.digest, "seconds": round(time.monotonic() - started, 4),
-                         "at": time.time()})
+                         "at": time.time(), "planned": list(self.plan)})
 
     def digest(self) -> str:
         """A hash of the global parameters and the outer optimizer's state: equal on every member of a round."""
@@ -153,6 +184,16 @@ class ElasticRounds:
         d.outer.load_state_dict(state["outer"])
         d.driver.load_state_dict(state["codec"])  # what every member shares (fp8's ranges and when they are measured)
         self.synced_at = d.steps
+
+
+def planned_steps(paces: tuple[float, ...], local_steps: int, tolerance: float | None) -> tuple[int, ...]:
+    """Each member's inner steps in the next round from its pace: H for the fastest and those within `tolerance` of
+    it (the jitter of a shared machine), else as many as it takes in the fastest's H steps' time, at least one (Liu
+    et al. 2024, "Asynchronous Local-SGD Training for Language Modeling": local updates by each worker's speed);
+    unmeasured (0), or no tolerance given: H."""
+    fastest = min((p for p in paces if p > 0), default=0.0)
+    return tuple(local_steps if tolerance is None or not fastest or p <= tolerance * fastest
+                 else max(1, round(local_steps * fastest / p)) for p in paces)
 
 
 def _tensors(state: dict) -> list[torch.Tensor]:

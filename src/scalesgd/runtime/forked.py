@@ -14,6 +14,7 @@ import sys
 import traceback
 from multiprocessing import forkserver, reduction
 from multiprocessing.connection import wait as ready
+from pathlib import Path
 
 import torch
 
@@ -175,3 +176,21 @@ def _status(code) -> int:
         return code
     print(code, file=sys.stderr)
     return 1
+
+
+def worker_pid(rank: int, launcher: int) -> int | None:
+    """The process of worker `rank` that the launcher process `launcher` forked (named scalesgd-r<rank>, a child of
+    the launcher's fork server), or None: what a fault injector kills."""
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "comm").read_text().strip() == f"{NAME_PREFIX}{rank}":
+                server = _parent(int(entry.name))
+                if _parent(server) == launcher:
+                    return int(entry.name)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from scalesgd.comm.codecs import make_codec
 from scalesgd.comm.engine.exchange import LocalExchange
 from scalesgd.config import TrainConfig
 from scalesgd.data import GlobalBatchSampler
@@ -86,6 +87,8 @@ def train_member(cfg: TrainConfig, run_dir: Path, address: str, name: str) -> di
     saved = resumable(run_dir)
     if saved is not None:
         model.load_state_dict(saved["model"])
+    settings = cfg.exchange_setup(None, None, Tracer(False), None, len(sampler)).settings
+    make_codec(cfg.exchange.codec, settings)  # its kernels built before joining: the first round holds everyone
     membership = ElasticMembership.connect(address, name, member_config(cfg), start_workers=cfg.runtime.workers,
                                            group_timeout_s=min(cfg.runtime.timeout, 60.0))
     elastic = membership.elastic
@@ -99,16 +102,19 @@ def train_member(cfg: TrainConfig, run_dir: Path, address: str, name: str) -> di
         best = rounds.shared.get("best_test_acc", 0.0)
         H, record, trained = cfg.periodic.local_steps, {}, 0
         epoch_sums = torch.zeros(3, dtype=torch.float64)  # loss, correct, predictions of this member's steps
-        log = None
+        log, logged = None, None  # the last round whose record this member wrote (None: not the writer)
         while True:
             quorum = elastic.quorum
             start = rounds.shared.get("cursor", 0)
-            steps = dealer.round_steps(start, quorum.size, H)
-            if steps == 0:
+            wanted = planned(rounds, quorum.size, H)
+            plan = dealer.round_plan(start, wanted)
+            if not plan[0]:
                 break
-            rounds.shared["cursor"] = start + steps * quorum.size  # dealt: a joiner healed in this round goes on
-            pending, healed = [], rounds.healed_from
-            for share in round_shares(start, quorum.size, quorum.rank, steps):
+            if plan != wanted:  # the run's last round, cut short for all: it ends at `DiLoCo.finish`, not a plan
+                rounds.plan = ()
+            rounds.shared["cursor"] = start + sum(plan)  # dealt: a joiner healed in this round goes on
+            pending, healed, done = [], rounds.healed_from, exchange.diloco.rounds
+            for share in round_shares(start, plan, quorum.rank):
                 global_step = dealer.global_step(share)
                 lr = at_step(scheduler, global_step)
                 indices = dealer.indices(share)
@@ -118,23 +124,29 @@ def train_member(cfg: TrainConfig, run_dir: Path, address: str, name: str) -> di
                 epoch_sums += torch.tensor([loss * len(indices) * per_sample, correct, len(indices) * per_sample])
                 pending.append({"kind": "iter", "epoch": dealer.epoch_of(share), "iter": global_step + 1, "lr": lr,
                                 "loss": loss})
-            if steps < H:  # the run's last round, cut short: its mean lands now
+            if exchange.diloco.rounds == done:  # the run's last round, cut short: its mean lands now
                 exchange.settle()
             if rounds.healed_from != healed:  # dropped while stopped, and healed: the run's clock and records
                 clock.set(rounds.shared["train_s"])
                 best = rounds.shared.get("best_test_acc", best)
             cursor = rounds.shared["cursor"]
-            last = dealer.round_steps(cursor, elastic.quorum.size, H) == 0
+            last = not dealer.round_plan(cursor, planned(rounds, elastic.quorum.size, H))[0]
             if last:  # said at once: the launcher ends its workers that did not take the last round
                 elastic.finished(name)
             if elastic.quorum.rank != 0:
+                logged = None  # another member writes the records
                 continue
             log = log or metrics.MetricsLog(run_dir / METRICS_NAME)
+            if logged is None:  # the records' writer from here: its rounds the last writer did not write
+                logged = max((r["round"] for r in metrics.read(run_dir / METRICS_NAME) if r["kind"] == "round"),
+                             default=-1)
             for entry in pending:
                 log.write(entry)
-            if rounds.log:
-                log.write({"kind": "round", **rounds.log[-1], "train_s": clock.read(),
-                           "bytes_sent": exchange.diloco.bytes_sent})
+            for entry in rounds.log:
+                if entry["round"] > logged:
+                    log.write({"kind": "round", **entry, "train_s": clock.read(),
+                               "bytes_sent": exchange.diloco.bytes_sent})
+                    logged = entry["round"]
             crossed = cursor // dealer.per_epoch > start // dealer.per_epoch or last
             every = cfg.output.eval_every
             if crossed or (every and dealer.global_step(start) // every != dealer.global_step(cursor) // every):
@@ -172,6 +184,11 @@ def train_member(cfg: TrainConfig, run_dir: Path, address: str, name: str) -> di
         return summary
     finally:
         elastic.close()
+
+
+def planned(rounds, members: int, local_steps: int) -> tuple[int, ...]:
+    """Each member's inner steps in the coming round, as the last round's paces planned them (H for all before)."""
+    return rounds.plan if len(rounds.plan) == members else (local_steps,) * members
 
 
 def step(exchange: PeriodicExchange, parts, objective: Objective, samples: int, shared: dict,

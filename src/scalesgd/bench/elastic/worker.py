@@ -48,7 +48,7 @@ def run(name: str, address: str, out: str, steps: int, faults: dict, codec: str 
     model = model_of(name, width)
     inner = torch.optim.SGD(model.parameters(), lr=0.01)
     members = ElasticMembership.connect(address, name, config="elastic bench", heartbeat_s=heartbeat_s,
-                                        start_workers=start)
+                                        start_workers=start, slow_tolerance=None)  # faults at set steps: lockstep
     store = members.elastic.store
 
     def fault(kind: int) -> None:

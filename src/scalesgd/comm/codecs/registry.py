@@ -126,6 +126,7 @@ class CodecEntry:
     beta1_option: str | None = None  # a codec option, by flat name, that must equal the optimizer's β1
     dense_start: bool = False  # it needs dense (fp32) steps before it compresses (1-bit Adam freezes Adam's variance)
     cost_proxy: str | None = None  # the codec of ours whose measured costs stand for this one's (a PyTorch hook's)
+    keeps_gradients: bool = False  # its codec carries gradients across steps (residuals, a momentum): per worker
 
     def runs_on(self, engine: str) -> bool:
         """Whether `engine` (or `CROSS_NODE_SHARDS`) takes it."""

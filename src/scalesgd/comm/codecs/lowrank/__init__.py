@@ -21,11 +21,11 @@ CODECS.add("lowrank", CodecEntry("PowerSGD's rank-r factors with error feedback,
                                  "their wire chosen by --factor-wire: fp32, fp16, bf16 or fp8 (Vogels et al. 2019)",
                                  lambda s: LowrankCodec(s.options["lowrank"], seed=s.seed,
                                                         fp8=s.options["fp8"]), family="lowrank",
-                                 cost=_cost(2), amount="rank", wire_option="factor_wire"))
+                                 keeps_gradients=True, cost=_cost(2), amount="rank", wire_option="factor_wire"))
 CODECS.add("lowrank-acp", CodecEntry("lowrank sending one factor a step, P and Q in turn: one sum a step instead of "
                                      "two (ACP-SGD, Zhang et al. 2023)",
                                      lambda s: LowrankCodec(s.options["lowrank"], seed=s.seed, alternate=True,
                                                             fp8=s.options["fp8"]),
-                                     family="lowrank", cost=_cost(1), amount="rank", wire_option="factor_wire"))
+                                     family="lowrank", keeps_gradients=True, cost=_cost(1), amount="rank", wire_option="factor_wire"))
 
 __all__ = ["LowrankCodec", "LowrankOptions"]

@@ -20,6 +20,7 @@ def _onebit(s: CodecSettings) -> OnebitCodec:
 CODECS.add("onebit", CodecEntry("1-bit Adam: the momentum as signs with error feedback, ~32x fewer bytes than fp32, "
                                 "after the dense warm-up (--compress-after); needs the onebit-adam optimizer "
                                 "(Tang et al. 2021)", _onebit, family="onebit", optimizer="onebit-adam",
-                                beta1_option="onebit_beta1", dense_start=True))
+                                beta1_option="onebit_beta1", dense_start=True,
+                                keeps_gradients=True))
 
 __all__ = ["OnebitCodec", "OnebitOptions"]

@@ -1,0 +1,137 @@
+"""`scalesgd bench elastic-train`: `scalesgd train --local-steps H` on local workers with one worker SIGKILLed part-way,
+as a user's run meets it — elastic (the launcher restarts the worker alone; the others go on) against the stop-the-
+world restart (`--max-restarts`: every worker again from the last checkpoint) and both fault-free: the run's wall
+time, the time the fault cost, the final accuracy, and for the elastic run the seconds from the kill to the
+survivors' next round and to the restarted worker's first round."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from scalesgd import checks, output
+from scalesgd.bench import quality_report
+from scalesgd.options import Options, option, words
+from scalesgd.runtime.forked import worker_pid
+
+MODES = ("elastic", "elastic-kill", "restart", "restart-kill")
+SLOW = ("elastic-slow", "restart-slow")  # worker rank 1 at half speed all run (stopped half of every 0.1 s)
+DUTY_S = 0.05
+POLL_S = 0.05
+
+
+@dataclass
+class ElasticTrainBenchConfig(Options):
+    """`scalesgd bench elastic-train`: a worker killed in `scalesgd train`, elastic against restart."""
+
+    modes: tuple[str, ...] = option(MODES, "runs: elastic or restart (--max-restarts), fault-free, with a kill or "
+                                    "with a worker at half speed (-slow)", parse=words, choices=lambda: MODES + SLOW,
+                                    check=checks.distinct)
+    workers: int = option(3, "workers", check=checks.within(2, 8))
+    runs: int = option(3, "runs of each mode", check=checks.within(1, 20))
+    epochs: int = option(10, "epochs of digits on resnet8, batch 96, DiLoCo H 4 fp8", check=checks.within(2, 100))
+    kill_after: int = option(20, "the kill, after this many rounds", check=checks.within(1, 10000))
+    out: str = option("", "output directory", shown_default="runs/bench/elastic-train-<timestamp>",
+                      check=checks.output_dir)
+
+
+TRAIN = ["train", "--quiet", "--dataset", "digits", "--model", "resnet8", "--batch-size", "96", "--warmup", "none",
+         "--local-steps", "4", "--codec", "fp8", "--max-restarts", "1"]
+
+
+def run(cfg: ElasticTrainBenchConfig, command: str) -> int:
+    results = [one_run(cfg, mode, seed) for mode in cfg.modes for seed in range(cfg.runs)]
+    columns = ["mode", "wall, s", "cost of the fault or the slow worker, s", "kill → next round, s", "kill → worker back in a round, s",
+               "final accuracy, %"]
+    rows = [row(mode, [r for r in results if r["mode"] == mode], results) for mode in cfg.modes]
+    output.write(Path(cfg.out), "elastic-train", {"config": cfg.to_dict(), "results": results}, columns, rows,
+                 command)
+    output.console().print(output.rich_table("a worker killed in scalesgd train", columns, rows))
+    return 0 if all(r["code"] == 0 for r in results) else 1
+
+
+def row(mode: str, runs: list[dict], everyone: list[dict]) -> list:
+    fault_free = mode.removesuffix("-kill").removesuffix("-slow")
+    free = [r["wall_s"] for r in everyone if r["mode"] == fault_free]
+    cost = [r["wall_s"] - statistics.median(free) for r in runs] if mode != fault_free and free else []
+    return [mode, spread([r["wall_s"] for r in runs]), spread(cost), spread([r.get("to_round_s") for r in runs]),
+            spread([r.get("back_s") for r in runs]), spread([100 * r["final_test_acc"] for r in runs], "{:.1f}")]
+
+
+def spread(values: list, form: str = "{:.2f}") -> str:
+    return quality_report.spread([v for v in values if v is not None], form)
+
+
+def one_run(cfg: ElasticTrainBenchConfig, mode: str, seed: int) -> dict:
+    """`scalesgd train` in a process of its own; with a kill, worker rank 1 SIGKILLed after `kill_after` rounds."""
+    elastic, kill, slow = mode.startswith("elastic"), mode.endswith("-kill"), mode.endswith("-slow")
+    with tempfile.TemporaryDirectory() as folder:
+        run_dir = Path(folder) / "run"
+        argv = [sys.executable, "-m", "scalesgd", *TRAIN, "--workers", str(cfg.workers), "--epochs", str(cfg.epochs),
+                "--seed", str(seed), "--run-dir", str(run_dir), *(["--elastic"] if elastic else [])]
+        start = time.perf_counter()
+        proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+        killed = None
+        if slow:
+            slowed = threading.Thread(target=half_speed, args=(proc,), daemon=True)
+            slowed.start()
+        if kill:
+            while proc.poll() is None and rounds_done(run_dir, elastic) < cfg.kill_after:
+                time.sleep(POLL_S)
+            victim = worker_pid(1, proc.pid)
+            if victim is not None:
+                os.kill(victim, signal.SIGKILL)
+                killed = time.time()
+        _, err = proc.communicate()
+        result = {"mode": mode, "seed": seed, "code": proc.returncode, "wall_s": time.perf_counter() - start,
+                  "stderr": err[-2000:]}
+        summary = run_dir / "summary.json"
+        result["final_test_acc"] = json.loads(summary.read_text())["final_test_acc"] if summary.exists() else 0.0
+        if elastic and killed is not None:
+            log = records(run_dir, "round")
+            after = [r["at"] for r in log if r["at"] > killed]
+            back = [r["at"] for r in log if r["at"] > killed and any(m.startswith("host-w1-") for m in r["members"])]
+            result.update(to_round_s=after[0] - killed if after else None, back_s=back[0] - killed if back else None)
+    return result
+
+
+def half_speed(proc: subprocess.Popen) -> None:
+    """Worker rank 1 of `proc`'s run stopped half of every 2 × DUTY_S seconds until the run ends (its CPU share
+    halved), once it has started."""
+    victim = None
+    while proc.poll() is None:
+        victim = victim or worker_pid(1, proc.pid)
+        if victim is None:
+            time.sleep(POLL_S)
+            continue
+        try:
+            os.kill(victim, signal.SIGSTOP)
+            time.sleep(DUTY_S)
+            os.kill(victim, signal.SIGCONT)
+            time.sleep(DUTY_S)
+        except ProcessLookupError:
+            victim = None
+
+
+def records(run_dir: Path, kind: str) -> list[dict]:
+    """The run's metrics records of `kind` so far (a line being written left out)."""
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [r for line in lines if line.endswith("}") and (r := json.loads(line))["kind"] == kind]
+
+
+def rounds_done(run_dir: Path, elastic: bool) -> int:
+    """Rounds the run committed so far: its round records, or (every H steps) its iterations."""
+    if elastic:
+        return len(records(run_dir, "round"))
+    iters = records(run_dir, "iter")
+    return iters[-1]["iter"] // 4 if iters else 0
