@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from scalesgd.bench.elastic import worker as elastic_worker
 from scalesgd.elastic import Coordinator
 from scalesgd.periodic.elastic_rounds import planned_steps
-from scalesgd.bench.elastic import worker as elastic_worker
 
 pytest.importorskip("torchft")
 

@@ -27,7 +27,6 @@ from scalesgd.comm.engine.driver import open_channel
 from scalesgd.elastic.heal import heal
 from scalesgd.periodic.rounds import Fragment
 
-
 PACE_SMOOTHING = 0.5  # the weight of a member's earlier rounds in its pace
 
 
