@@ -39,7 +39,7 @@ class ElasticTrainBenchConfig(Options):
     workers: int = option(3, "workers", check=checks.within(2, 8))
     runs: int = option(3, "runs of each mode", check=checks.within(1, 20))
     epochs: int = option(10, "epochs of digits on resnet8, batch 96, DiLoCo H 4 fp8", check=checks.within(2, 100))
-    kill_after: int = option(20, "the kill, after this many rounds", check=checks.within(1, 10000))
+    kill_after: int = option(5, "the kill, after this many rounds", check=checks.within(1, 10000))
     out: str = option("", "output directory", shown_default="runs/bench/elastic-train-<timestamp>",
                       check=checks.output_dir)
 
@@ -50,7 +50,7 @@ TRAIN = ["train", "--quiet", "--dataset", "digits", "--model", "resnet8", "--bat
 
 def run(cfg: ElasticTrainBenchConfig, command: str) -> int:
     results = [one_run(cfg, mode, seed) for mode in cfg.modes for seed in range(cfg.runs)]
-    columns = ["mode", "wall, s", "cost of the fault or the slow worker, s", "kill → next round, s", "kill → worker back in a round, s",
+    columns = ["mode", "wall, s", "cost of the fault or the slow worker, s", "training clock, s", "kill → next round, s", "kill → worker back in a round, s",
                "final accuracy, %"]
     rows = [row(mode, [r for r in results if r["mode"] == mode], results) for mode in cfg.modes]
     output.write(Path(cfg.out), "elastic-train", {"config": cfg.to_dict(), "results": results}, columns, rows,
@@ -63,7 +63,8 @@ def row(mode: str, runs: list[dict], everyone: list[dict]) -> list:
     fault_free = mode.removesuffix("-kill").removesuffix("-slow")
     free = [r["wall_s"] for r in everyone if r["mode"] == fault_free]
     cost = [r["wall_s"] - statistics.median(free) for r in runs] if mode != fault_free and free else []
-    return [mode, spread([r["wall_s"] for r in runs]), spread(cost), spread([r.get("to_round_s") for r in runs]),
+    return [mode, spread([r["wall_s"] for r in runs]), spread(cost), spread([r.get("train_s") for r in runs]),
+            spread([r.get("to_round_s") for r in runs]),
             spread([r.get("back_s") for r in runs]), spread([100 * r["final_test_acc"] for r in runs], "{:.1f}")]
 
 
@@ -95,7 +96,8 @@ def one_run(cfg: ElasticTrainBenchConfig, mode: str, seed: int) -> dict:
         result = {"mode": mode, "seed": seed, "code": proc.returncode, "wall_s": time.perf_counter() - start,
                   "stderr": err[-2000:]}
         summary = run_dir / "summary.json"
-        result["final_test_acc"] = json.loads(summary.read_text())["final_test_acc"] if summary.exists() else 0.0
+        said = json.loads(summary.read_text()) if summary.exists() else {}
+        result.update(final_test_acc=said.get("final_test_acc", 0.0), train_s=said.get("train_s"))
         if elastic and killed is not None:
             log = records(run_dir, "round")
             after = [r["at"] for r in log if r["at"] > killed]
