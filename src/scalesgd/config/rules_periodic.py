@@ -131,3 +131,6 @@ def elastic(cfg) -> None:
         if given:
             raise UsageError(f"`{name}` {given} is decided across the workers every step; with `elastic` each worker "
                              "steps alone between rounds: drop it")
+    if o.checkpoint_every != field_default(type(o), "checkpoint_every"):
+        raise UsageError(f"`checkpoint_every` {o.checkpoint_every}: an `elastic` run checkpoints its global state at "
+                         "each epoch's end, where the round's first member runs; drop it")
