@@ -11,7 +11,7 @@ from scalesgd.data import GlobalBatchSampler
 from scalesgd.data.shares import Dealer, round_shares
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(slots=st.integers(1, 4), samples=st.integers(40, 90), epochs=st.integers(1, 2), local_steps=st.integers(1, 5),
        sizes=st.lists(st.integers(1, 4), min_size=1, max_size=30), slow=st.lists(st.integers(0, 4), max_size=30),
        lost=st.integers(0, 29))
