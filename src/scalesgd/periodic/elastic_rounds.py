@@ -70,11 +70,16 @@ class ElasticRounds:
         """What this member tells the lighthouse: the rounds it committed, plus one (0: it holds no global state)."""
         return 0 if self.synced_at is None else self.diloco.rounds + 1
 
+    def plan_of(self, members: int) -> tuple[int, ...]:
+        """Each member's inner steps in the coming round of `members`: the plan, or H for all (before any, or for
+        another membership)."""
+        return self.plan if len(self.plan) == members else (self.diloco.schedule.local_steps,) * members
+
     @property
     def planned(self) -> int:
         """The inner steps this member takes in the coming round: H, fewer where it is slower than the others."""
-        quorum, period = self.elastic.quorum, self.diloco.schedule.local_steps
-        return self.plan[quorum.rank] if quorum is not None and len(self.plan) == quorum.size else period
+        quorum = self.elastic.quorum
+        return self.plan_of(quorum.size)[quorum.rank] if quorum is not None else self.diloco.schedule.local_steps
 
     def stepped(self) -> bool:
         """Note an inner step's end; whether this member's round ends here (its planned steps taken)."""

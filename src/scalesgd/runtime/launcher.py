@@ -38,11 +38,17 @@ def worker_env(rank: int, world: int, addr: str, port: int, local_rank: int | No
     env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank if local_rank is None else local_rank),
                LOCAL_WORLD_SIZE=str(local_world), GROUP_RANK=str(node), MASTER_ADDR=addr, MASTER_PORT=str(port),
                **{LAUNCHED_MARK: "1"})
+    return local_settings(env, world, addr, ifname)
+
+
+def local_settings(env: dict, workers: int, addr: str, ifname: str | None = None) -> dict:
+    """`env` with what a local worker needs whoever launches it: gloo bound to `ifname` (loopback for 127.x), and
+    cores / `workers` compute threads unless set."""
     if ifname:
         env["GLOO_SOCKET_IFNAME"] = ifname
     elif addr.startswith("127.") or addr == "localhost":
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))  # as torchrun does
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))  # as torchrun does
     return env
 
 

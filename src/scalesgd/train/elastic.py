@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -30,8 +29,9 @@ from scalesgd.recipe import build_scheduler, global_batch_loss
 from scalesgd.runtime.process_group import set_threads
 from scalesgd.trace import Tracer
 from scalesgd.train import checkpoint, metrics, report
-from scalesgd.train.evaluation import evaluate
-from scalesgd.train.loop import EVAL_BATCH, data_and_model
+from scalesgd.train.build import data_and_model
+from scalesgd.train.evaluation import Milestones, evaluate
+from scalesgd.train.loop import EVAL_BATCH
 from scalesgd.train.objective import Objective, throughput_key
 from scalesgd.train.rundir import (
     CHECKPOINT_NAME,
@@ -52,22 +52,6 @@ def member_config(cfg: TrainConfig) -> str:
     digest = hashlib.sha256(json.dumps(computed, sort_keys=True, default=str).encode()).hexdigest()[:12]
     return (f"{cfg.model.name} on {cfg.data.dataset}, {cfg.runtime.workers} workers × batch {cfg.micro_batch}, "
             f"{cfg.exchange.codec} H{cfg.periodic.local_steps}, options {digest}")
-
-
-@dataclass
-class Clock:
-    """This member's training clock (evaluations and checkpoints left out), continued from the state it started
-    or healed from."""
-
-    offset_s: float = 0.0
-    start: float = field(default_factory=time.perf_counter)
-    paused_s: float = 0.0
-
-    def read(self) -> float:
-        return self.offset_s + time.perf_counter() - self.start - self.paused_s
-
-    def set(self, seconds: float) -> None:
-        self.offset_s, self.start, self.paused_s = seconds, time.perf_counter(), 0.0
 
 
 def train_member(cfg: TrainConfig, run_dir: Path, address: str, name: str) -> dict | None:
@@ -98,15 +82,15 @@ def train_member(cfg: TrainConfig, run_dir: Path, address: str, name: str) -> di
                                     resume=saved["elastic"] if saved is not None else None)
         rounds = exchange.diloco.elastic
         startup_s = time.perf_counter() - wall
-        clock = Clock(rounds.shared.get("train_s", 0.0))
+        clock = Milestones(offset_s=rounds.shared.get("train_s", 0.0))
         best = rounds.shared.get("best_test_acc", 0.0)
-        H, record, trained = cfg.periodic.local_steps, {}, 0
+        record, trained = {}, 0
         epoch_sums = torch.zeros(3, dtype=torch.float64)  # loss, correct, predictions of this member's steps
         log, logged = None, None  # the last round whose record this member wrote (None: not the writer)
         while True:
             quorum = elastic.quorum
             start = rounds.shared.get("cursor", 0)
-            wanted = planned(rounds, quorum.size, H)
+            wanted = rounds.plan_of(quorum.size)
             plan = dealer.round_plan(start, wanted)
             if not plan[0]:
                 break
@@ -127,10 +111,10 @@ def train_member(cfg: TrainConfig, run_dir: Path, address: str, name: str) -> di
             if exchange.diloco.rounds == done:  # the run's last round, cut short: its mean lands now
                 exchange.settle()
             if rounds.healed_from != healed:  # dropped while stopped, and healed: the run's clock and records
-                clock.set(rounds.shared["train_s"])
+                clock = Milestones(offset_s=rounds.shared["train_s"])
                 best = rounds.shared.get("best_test_acc", best)
             cursor = rounds.shared["cursor"]
-            last = not dealer.round_plan(cursor, planned(rounds, elastic.quorum.size, H))[0]
+            last = not dealer.round_plan(cursor, rounds.plan_of(elastic.quorum.size))[0]
             if last:  # said at once: the launcher ends its workers that did not take the last round
                 elastic.finished(name)
             if elastic.quorum.rank != 0:
@@ -142,38 +126,40 @@ def train_member(cfg: TrainConfig, run_dir: Path, address: str, name: str) -> di
                              default=-1)
             for entry in pending:
                 log.write(entry)
-            for entry in rounds.log:
-                if entry["round"] > logged:
-                    log.write({"kind": "round", **entry, "train_s": clock.read(),
-                               "bytes_sent": exchange.diloco.bytes_sent})
-                    logged = entry["round"]
+            unwritten = []  # the newest round alone, but where the writer changed: from the log's end
+            for entry in reversed(rounds.log):
+                if entry["round"] <= logged:
+                    break
+                unwritten.append(entry)
+            for entry in reversed(unwritten):
+                log.write({"kind": "round", **entry, "train_s": clock.train_s(),
+                           "bytes_sent": exchange.diloco.bytes_sent})
+                logged = entry["round"]
             crossed = cursor // dealer.per_epoch > start // dealer.per_epoch or last
             every = cfg.output.eval_every
             if crossed or (every and dealer.global_step(start) // every != dealer.global_step(cursor) // every):
-                paused = time.perf_counter()
                 epoch = cfg.recipe.epochs if last else cursor // dealer.per_epoch if crossed else dealer.epoch_of(cursor)
-                record = evaluated(exchange, pipeline, objective, epoch, dealer.global_step(cursor), clock,
-                                   exchange.diloco.bytes_sent, crossed)
-                if crossed:  # this member's own samples of the epoch
-                    record.update(train_loss=(epoch_sums[0] / epoch_sums[2]).item(),
-                                  train_acc=(epoch_sums[1] / epoch_sums[2]).item())
-                    epoch_sums.zero_()
+                with clock.paused():
+                    record = evaluated(exchange, pipeline, objective, epoch, dealer.global_step(cursor), clock,
+                                       exchange.diloco.bytes_sent, crossed)
+                    if crossed:  # this member's own samples of the epoch
+                        record.update(train_loss=(epoch_sums[0] / epoch_sums[2]).item(),
+                                      train_acc=(epoch_sums[1] / epoch_sums[2]).item())
+                        epoch_sums.zero_()
+                        save(run_dir, cfg, exchange, model, epoch)
                 best = rounds.shared["best_test_acc"] = max(best, record["test_acc"])
                 log.write(record)
-                if crossed:
-                    save(run_dir, cfg, exchange, model, epoch)
-                clock.paused_s += time.perf_counter() - paused
             log.flush()
         if elastic.quorum.rank != 0:
             return None
         summary = {
             "final_test_acc": record.get("test_acc", best), "best_test_acc": best,
             **{f"final_{key}": record[key] for key in ("test_loss", "test_perplexity") if key in record},
-            "wall_time_s": time.perf_counter() - wall, "startup_s": startup_s, "train_s": clock.read(),
+            "wall_time_s": time.perf_counter() - wall, "startup_s": startup_s, "train_s": clock.train_s(),
             "bytes_sent": exchange.diloco.bytes_sent, "epochs": cfg.recipe.epochs,
             "epochs_trained": cfg.recipe.epochs, "steps_per_epoch": len(sampler), "peak_lr": cfg.recipe.peak_lr,
             "world_size": cfg.runtime.workers, "run_dir": str(run_dir),
-            throughput_key(data.is_text): trained / max(clock.read(), 1e-9),  # this member's own
+            throughput_key(data.is_text): trained / max(clock.train_s(), 1e-9),  # this member's own
             "elastic": elastic_summary(rounds.log, exchange.diloco.rounds, rounds.digest()),
             "config": cfg.to_dict(),
         }
@@ -186,13 +172,8 @@ def train_member(cfg: TrainConfig, run_dir: Path, address: str, name: str) -> di
         elastic.close()
 
 
-def planned(rounds, members: int, local_steps: int) -> tuple[int, ...]:
-    """Each member's inner steps in the coming round, as the last round's paces planned them (H for all before)."""
-    return rounds.plan if len(rounds.plan) == members else (local_steps,) * members
-
-
 def step(exchange: PeriodicExchange, parts, objective: Objective, samples: int, shared: dict,
-         clock: Clock) -> tuple[float, int]:
+         clock: Milestones) -> tuple[float, int]:
     """One inner step on `parts` (its share's micro-batches, `samples` in all), and the round where it is due: the
     member's own mean loss and correct predictions."""
     scale = samples * objective.predictions_per_sample
@@ -203,7 +184,7 @@ def step(exchange: PeriodicExchange, parts, objective: Objective, samples: int, 
         exchange.backward(global_batch_loss(loss_sum, 1, scale))
         total += loss_sum.item()
         right += int(correct)
-    shared["train_s"] = clock.read()  # what a member healed in this step's round continues from
+    shared["train_s"] = clock.train_s()  # what a member healed in this step's round continues from
     exchange.step()
     exchange.optimizer.zero_grad(set_to_none=True)
     return total / scale, right
@@ -219,12 +200,12 @@ def at_step(scheduler: torch.optim.lr_scheduler.LambdaLR, position: int) -> floa
 
 
 def evaluated(exchange: PeriodicExchange, pipeline: MemoryPipeline, objective: Objective, epoch: int,
-              iteration: int, clock: Clock, sent: int, end_of_epoch: bool) -> dict:
+              iteration: int, clock: Milestones, sent: int, end_of_epoch: bool) -> dict:
     """The global model on the whole test set, by this member alone."""
     with exchange.evaluated():
         test = evaluate(exchange.model, pipeline.test_batches(0, 1), objective, None, exchange.autocast)
     exchange.model.train()
-    return {"kind": "epoch" if end_of_epoch else "eval", "epoch": epoch, "iter": iteration, "train_s": clock.read(),
+    return {"kind": "epoch" if end_of_epoch else "eval", "epoch": epoch, "iter": iteration, "train_s": clock.train_s(),
             "bytes_sent": sent, **test}
 
 

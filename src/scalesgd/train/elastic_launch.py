@@ -26,6 +26,7 @@ from scalesgd.runtime.launcher import (
     POLL_S,
     Stopped,
     describe_exit,
+    local_settings,
     start,
     stop,
     stopped_by_signals,
@@ -66,11 +67,9 @@ def supervise(names: list[str], run_dir: Path, address: Address, store: dist.TCP
 
     def launch(name: str):
         # RANK names the process (scalesgd-r<i>, as the other launches' workers); the member's rank is its quorum's
-        env = {**os.environ, ADDRESS_ENV: str(address), MEMBER_ENV: name, LAUNCHER_PID: str(os.getpid()),
-               "RANK": str(names.index(name))}
-        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // len(names))))
-        if address.store_host.startswith("127.") or address.store_host == "localhost":
-            env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        env = local_settings({**os.environ, ADDRESS_ENV: str(address), MEMBER_ENV: name,
+                              LAUNCHER_PID: str(os.getpid()), "RANK": str(names.index(name))},
+                             len(names), address.store_host)
         return start([sys.executable, "-m", "scalesgd.train.elastic_worker", str(run_dir)], env, None)
 
     with stopped_by_signals():

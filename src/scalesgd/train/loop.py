@@ -25,19 +25,19 @@ from scalesgd.data import (
     GlobalBatchSampler,
     LoaderSettings,
     default_loader_workers,
-    load_bundle,
     open_pipeline,
 )
 from scalesgd.data.pipeline import FolderPipeline, MemoryPipeline
 from scalesgd.errors import NonFiniteLoss
-from scalesgd.models import MODELS, build_model
-from scalesgd.recipe import build_scheduler, global_batch_loss, initialize, use_ghost_batch
+from scalesgd.models import MODELS
+from scalesgd.recipe import build_scheduler, global_batch_loss
 from scalesgd.recipe.adascale import AdaScaleFactor, gain
 from scalesgd.recipe.noise_scale import NoiseScale
 from scalesgd.runtime import process_group
 from scalesgd.runtime.process_group import DistEnv
 from scalesgd.trace import Tracer, write_chrome_trace
 from scalesgd.train import auto, checkpoint, memory, metrics, report
+from scalesgd.train.build import data_and_model
 from scalesgd.train.checkpoint import Progress
 from scalesgd.train.exchange import open_exchange
 from scalesgd.train.evaluation import (
@@ -186,17 +186,6 @@ def setup(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool) 
         write_json(run_dir / BUCKETS_NAME, exchange.plan.to_dict())
     return Run(cfg, run_dir, env, data, pipeline, model, exchange, scheduler, sampler, objective, tracer, planned,
                chosen, before_bytes=before)
-
-
-def data_and_model(cfg: TrainConfig) -> tuple[DataBundle | FolderData, nn.Module]:
-    """The data and the model as every rank builds them (`seed` fixes the weights)."""
-    torch.manual_seed(cfg.recipe.seed)
-    data = load_bundle(cfg.data.dataset, **vars(cfg.data_request()))
-    model = build_model(cfg.model.name, data.num_classes, data.in_channels, cfg.model.options)
-    if not data.is_text:  # Goyal et al.'s initialisation is a CNN's; the GPT initialises itself as GPT-2 does
-        initialize(model, cfg.recipe.zero_gamma, cfg.recipe.bn_momentum)
-    use_ghost_batch(model, cfg.recipe.bn_batch)
-    return data, model
 
 
 def loader_settings(cfg: TrainConfig, env: DistEnv, data: DataBundle | FolderData) -> LoaderSettings:

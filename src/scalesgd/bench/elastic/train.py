@@ -22,6 +22,8 @@ from scalesgd import checks, output
 from scalesgd.bench import quality_report
 from scalesgd.options import Options, option, words
 from scalesgd.runtime.forked import worker_pid
+from scalesgd.train import metrics
+from scalesgd.train.rundir import METRICS_NAME
 
 MODES = ("elastic", "elastic-kill", "restart", "restart-kill")
 SLOW = ("elastic-slow", "restart-slow")  # worker rank 1 at half speed all run (stopped half of every 0.1 s)
@@ -126,9 +128,7 @@ def half_speed(proc: subprocess.Popen) -> None:
 
 def records(run_dir: Path, kind: str) -> list[dict]:
     """The run's metrics records of `kind` so far (a line being written left out)."""
-    path = run_dir / "metrics.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [r for line in lines if line.endswith("}") and (r := json.loads(line))["kind"] == kind]
+    return [r for r in metrics.read(run_dir / METRICS_NAME) if r["kind"] == kind]
 
 
 def rounds_done(run_dir: Path, elastic: bool) -> int:
