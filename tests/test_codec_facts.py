@@ -81,3 +81,9 @@ def test_a_registration_says_whether_its_codec_carries_gradients_across_steps():
              if entry.build is not None and name != "fp8"}  # fp8 builds its kernels (seconds): it carries none
     assert built == {name: CODECS[name].keeps_gradients for name in built}
     assert CODECS["fp8"].keeps_gradients == Fp8Codec.keeps_gradients
+
+
+def test_a_registration_says_whether_a_worker_may_join_its_exchange_mid_run():
+    built = {name: make_codec(name, CodecSettings()).shared_state_dict() is not None for name, entry in CODECS.items()
+             if entry.build is not None and name != "fp8"}
+    assert built == {name: CODECS[name].joinable for name in built} and not CODECS["onebit"].joinable

@@ -3,17 +3,20 @@ joiners' global state equal by hash, no round discarded, the run ends and nothin
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
 import signal
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from scalesgd.bench.elastic import worker as elastic_worker
 from scalesgd.elastic import Coordinator
+from scalesgd.periodic import elastic_rounds
 from scalesgd.periodic.elastic_rounds import planned_steps
 
 pytest.importorskip("torchft")
@@ -115,12 +118,33 @@ def test_a_new_worker_joins_a_running_job_and_heals_from_a_peer(coordinator, out
     """With fp8 on the wire: the joiner takes the ranges every member shares, and when they are measured."""
     workers = [start(f"w{i}", coordinator, out, {"await_at": (14, "joiner")}, codec="fp8", workers=2)
                for i in range(2)]
+    wait_round(coordinator, "w0", 2)  # under way: the joiner is not in the first quorum
     workers.append(start("w2", coordinator, out, {"announce": "joiner"}, codec="fp8"))
     results = finished(workers, out)
     assert sorted(results) == ["w0", "w1", "w2"]
     assert_equal_states(results)
     assert results["w2"]["steps"] == STEPS and results["w2"]["healed_from"] is not None
-    assert [len(entry["members"]) for entry in results["w0"]["log"]][-1] == 3
+    sizes = [len(entry["members"]) for entry in results["w0"]["log"]]
+    assert sizes[:3] == [2, 2, 2] and sizes[-1] == 3
+
+
+@pytest.mark.parametrize("codec", ["topk", "lowrank-acp"])
+def test_with_error_feedback_a_joiner_heals_what_members_share_and_starts_its_own_residual_at_zero(coordinator, out,
+                                                                                                  codec):
+    """Top-k's residuals and thresholds are each member's: the joiner's start at zero and its empty first round sends
+    nothing, so they are zero when it is built. Low rank's factors are shared: lowrank-acp decodes a round with the P
+    the last one left (a joiner with another P decodes another mean: the states would differ); its error feedback is
+    each member's M minus the shared approximation, which a joiner's first round (M = 0) already makes non-zero."""
+    workers = [start(f"w{i}", coordinator, out, {"await_at": (14, "joiner")}, codec=codec, workers=2)
+               for i in range(2)]
+    wait_round(coordinator, "w0", 2)  # under way: the members hold residuals the joiner must not take
+    workers.append(start("w2", coordinator, out, {"announce": "joiner"}, codec=codec))
+    results = finished(workers, out)
+    assert sorted(results) == ["w0", "w1", "w2"] and results["w2"]["healed_from"] is not None
+    assert_equal_states(results)  # every round's mean decoded alike
+    if codec == "topk":
+        assert results["w2"]["own_at_join"] == 0.0  # not the peer's residual it healed from
+    assert all(r["own_at_end"] != 0.0 for r in results.values())  # each member kept what it has not yet sent
 
 
 def _plain(rank, world, steps):
@@ -170,8 +194,8 @@ def test_diloco_refuses_what_elastic_rounds_cannot_take_naming_it():
     with pytest.raises(ValueError, match="elastic rounds .* one fragment and overlap_steps 0"):
         DiLoCo(model, torch.optim.SGD(model.parameters(), lr=0.1), 4, overlap_steps=1,
                group=ElasticMembership(elastic=object()))
-    with pytest.raises(ValueError, match="codec topk: elastic rounds take a codec whose state every member shares"):
-        DiLoCo(model, torch.optim.SGD(model.parameters(), lr=0.1), 4, codec="topk",
+    with pytest.raises(ValueError, match="codec onebit: elastic rounds take a codec whose state splits into what"):
+        DiLoCo(model, torch.optim.SGD(model.parameters(), lr=0.1), 4, codec="onebit",
                group=ElasticMembership(elastic=object()))
 
 
@@ -179,3 +203,16 @@ def test_a_slower_member_is_planned_the_steps_it_takes_in_the_fastest_ones_time(
     assert planned_steps((0.10, 0.20, 0.11, 0.0), 16, 1.25) == (16, 8, 16, 16)  # jitter, the unmeasured: H
     assert planned_steps((0.1, 5.0), 4, 1.25) == (4, 1)  # at least one step
     assert planned_steps((0.1, 5.0), 4, None) == (4, 4)  # lockstep
+
+
+def test_a_worker_stopped_part_of_every_period_is_paced_by_its_mean_step(monkeypatch):
+    """Stopped for a while every few steps, most of its steps run at full speed and one in three waits out a stop:
+    the median says full speed; the steps it takes in a given time say half."""
+    clock = iter(itertools.accumulate([0.0] + [0.025, 0.025, 0.1] * 4))
+    monkeypatch.setattr(elastic_rounds.time, "monotonic", lambda: next(clock))
+    rounds = elastic_rounds.ElasticRounds(SimpleNamespace(members=SimpleNamespace(elastic=None)))
+    rounds.synced_at = None
+    for _ in range(7):
+        rounds.stepped()
+    assert rounds.pace() == pytest.approx(0.05)
+    assert planned_steps((0.025, rounds.pace()), 4, 1.25) == (4, 2)  # by the median (0.025): 4, lockstep

@@ -62,7 +62,7 @@ def test_a_killed_worker_is_restarted_alone_and_rejoins_while_the_others_go_on(t
 @pytest.mark.parametrize(("options", "said"), [
     (["--workers", "2", "--min-workers", "3"], "--min-workers 3 is above --workers 2"),
     (["--join", "http://127.0.0.1:1"], "--join coordinator address 'http://127.0.0.1:1'"),
-    (["--codec", "topk"], "--codec topk carries each worker's residual across rounds"),
+    (["--codec", "onebit", "--onebit-beta1", "0"], "--codec onebit's state belongs to a fixed set of workers"),
     (["--checkpoint-every", "5"], "--checkpoint-every 5: an --elastic run checkpoints its global state"),
 ])
 def test_bad_elastic_options_end_in_one_line(options, said, tmp_path):

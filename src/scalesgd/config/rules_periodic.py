@@ -98,7 +98,7 @@ ELASTIC_DATASETS_REFUSED = ("imagefolder",)  # streamed by loader processes in a
 
 
 def elastic(cfg) -> None:
-    """Rounds among whoever is alive: one fragment without overlap, a codec whose state every member shares, data
+    """Rounds among whoever is alive: one fragment without overlap, a codec a worker may join (`joinable`), data
     held in memory, and the options a member can decide alone (nothing the loop would share between rounds)."""
 
     p, x = cfg.periodic, cfg.exchange
@@ -118,9 +118,9 @@ def elastic(cfg) -> None:
     for name, given in (("fragments", p.fragments > 1), ("overlap_steps", p.overlap_steps)):
         if given:
             raise UsageError(f"`elastic` takes one fragment and no overlap: drop `{name}` {getattr(p, name)}")
-    if x.codec_entry.keeps_gradients:
-        raise UsageError(f"`codec` {x.codec} carries each worker's residual across rounds, which dies with the worker: "
-                         "with `elastic` give fp32, fp16, bf16 or fp8")
+    if not x.codec_entry.joinable:
+        raise UsageError(f"`codec` {x.codec}'s state belongs to a fixed set of workers: with `elastic` give one a "
+                         "worker may join (fp32, fp16, bf16, fp8, topk, lowrank, …)")
     if p.peer or cfg.replica_scope == "node":
         raise UsageError("`elastic` runs our DiLoCo with one process a worker: drop `peer` and `replica` node")
     if cfg.data.dataset in ELASTIC_DATASETS_REFUSED:

@@ -60,7 +60,8 @@ class DiLoCo:
     alone, as DiLoCo). `group`: the replicas, a process group or a `Membership` (default: a new group of every rank);
     a round commits where the membership says so. Every rank builds it together and starts from rank 0's parameters.
     An `ElasticMembership` (`scalesgd.elastic`) takes each round among whoever is alive (one fragment, no overlap, a
-    codec without per-rank residuals): a worker joining later heals from a peer as it is built. `resume`: a
+    codec a worker may join: each member's residuals are its own, a joiner's start at zero): a worker joining later
+    heals from a peer as it is built. `resume`: a
     `state_dict()` to start from (an elastic member's before it joins, with the caller's `shared` counters)."""
 
     def __init__(self, model: nn.Module, inner_optimizer: torch.optim.Optimizer, local_steps: int | Schedule, *,
@@ -112,10 +113,10 @@ class DiLoCo:
             if len(parts) > 1 or overlap_steps:
                 raise ValueError("elastic rounds (an ElasticMembership as group) take one fragment and "
                                  f"overlap_steps 0: give local_steps alone, not {self.schedule.name}")
-            if self.codec.keeps_gradients:
-                raise ValueError(f"codec {self.codec.name}: elastic rounds take a codec whose state every member "
-                                 "shares (fp32, fp16, bf16, fp8); this one carries each member's residual across "
-                                 "rounds")
+            if self.codec.shared_state_dict() is None:
+                raise ValueError(f"codec {self.codec.name}: elastic rounds take a codec whose state splits into what "
+                                 "every member shares and each one's own residuals (every codec of ours but onebit, "
+                                 "whose errors belong to a fixed world)")
             self.members = group
             elastic.config = f"{elastic.config} | {described}"
             self.elastic = ElasticRounds(self)
@@ -244,13 +245,15 @@ class DiLoCo:
     # ---- checkpoints -----------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """This rank's state (collective where an exchange is under way: it lands in the state): the step in the
-        round, the global parameters, the outer optimizer's, the codec's and the means of the exchanges not yet
-        merged, by fragment and round; the local parameters and the inner optimizer's state are the caller's."""
+        round, the global parameters, the outer optimizer's, the codec's (in elastic rounds what every member shares,
+        its residuals left out) and the means of the exchanges not yet merged, by fragment and round; the local
+        parameters and the inner optimizer's state are the caller's."""
         inflight = [{"fragment": f, "round": r, "means": [m.clone() for m in self.fragments[f].flights[r].wait()]}
                     for f, r in self.in_flight]
         return {"steps": self.steps, "rounds": self.rounds, "bytes_sent": self.bytes_sent,
                 "global": [p.clone() for p in self.global_params], "outer": self.outer.state_dict(),
-                "codec": self.driver.state_dict(), "inflight": inflight}
+                "codec": self.driver.state_dict() if self.elastic is None else self.driver.shared_state_dict(),
+                "inflight": inflight}
 
     def load_state_dict(self, state: dict) -> None:
         self.steps, self.rounds, self.bytes_sent = state["steps"], state["rounds"], state["bytes_sent"]

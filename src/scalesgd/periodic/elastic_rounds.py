@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import statistics
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future
 
 import torch
@@ -27,7 +27,7 @@ from scalesgd.comm.engine.driver import open_channel
 from scalesgd.elastic.heal import heal
 from scalesgd.periodic.rounds import Fragment
 
-PACE_SMOOTHING = 0.5  # the weight of a member's earlier rounds in its pace
+PACE_WINDOW = 12  # a member's pace: the mean of its last this many inner steps (across rounds)
 
 
 class DaemonThreads:
@@ -62,8 +62,9 @@ class ElasticRounds:
         self.log: list[dict] = []
         self.shared: dict = {}  # the caller's counters that travel with the global state (a loop's data position)
         self.plan: tuple[int, ...] = ()  # each member's inner steps in the coming round, in rank order (empty: H)
-        self._stepped: list[float] = []  # when each of this round's inner steps ended
-        self._pace = 0.0
+        self.clock = time.monotonic  # what paces are read on (`timed_by`)
+        self._stepped: list[float] = []  # when this round began (its commit) and each of its inner steps ended
+        self._gaps: deque[float] = deque(maxlen=PACE_WINDOW)  # seconds of its latest inner steps
 
     @property
     def step(self) -> int:
@@ -83,17 +84,22 @@ class ElasticRounds:
 
     def stepped(self) -> bool:
         """Note an inner step's end; whether this member's round ends here (its planned steps taken)."""
-        self._stepped.append(time.monotonic())
+        self._stepped.append(self.clock())
         return self.synced_at is not None and self.diloco.steps - self.synced_at >= self.planned
 
+    def timed_by(self, clock) -> None:
+        """Read this member's pace on `clock` (seconds) from the next step on: one that stops while the caller
+        evaluates or checkpoints between rounds, as the CLI's training clock does, keeps that time out of it."""
+        self.clock, self._stepped = clock, []
+
     def pace(self) -> float:
-        """This member's seconds an inner step: each round's median (the step after a boundary, which may hold an
-        evaluation, left out), smoothed over rounds; 0 before any was timed."""
-        gaps = [b - a for a, b in zip(self._stepped, self._stepped[1:])]
-        if gaps:  # smoothed over rounds: one round's jitter does not change the plan
-            now = statistics.median(gaps)
-            self._pace = now if not self._pace else PACE_SMOOTHING * self._pace + (1 - PACE_SMOOTHING) * now
-        return self._pace
+        """This member's seconds an inner step: the mean of its latest `PACE_WINDOW` steps across rounds, each
+        from the end of the one before or the round's commit (on `clock`); 0 before any was timed. The mean, not
+        the median: a worker stopped for part of every period (a share of its CPU) has most steps at full speed and
+        a few long ones, and only the mean says how many steps it takes in a given time. The first step after a
+        commit counts: a member planned one step a round is still timed."""
+        self._gaps.extend(b - a for a, b in zip(self._stepped, self._stepped[1:]))
+        return sum(self._gaps) / len(self._gaps) if self._gaps else 0.0
 
     def join(self) -> None:
         """Into the first quorum: healed where behind, and into the round the others are at (with no work of its
@@ -131,7 +137,7 @@ class ElasticRounds:
                     weight, deltas = 0, [torch.zeros_like(delta) for delta in deltas]
                     number = d.schedule.round_of(d.steps)  # the round the others are at
                 if max(quorum.steps) == 0 or number is None:  # the run's start: nobody has work to reduce yet
-                    self.synced_at = d.steps
+                    self.synced_at, self._stepped = d.steps, [self.clock()]
                     return
             saved, digest = copy.deepcopy(d.driver.codec), self.digest()  # before the exchange reads or writes
             flight = fragment.start(number, d.weights, d.driver, d._thread, False, deltas)
@@ -151,7 +157,7 @@ class ElasticRounds:
                     torch._foreach_mul_(flight.means, total / decision.weight)
             fragment.commit(flight, d.weights, average)
         d.rounds += 1
-        self.synced_at, self._stepped = d.steps, []
+        self.synced_at, self._stepped = d.steps, [self.clock()]
         self.plan = planned_steps(decision.paces, period, self.elastic.slow_tolerance)
         self.log.append({"round": number, "members": list(quorum.members), "retries": retries,
                          "digest": decision.digest, "seconds": round(time.monotonic() - started, 4),
@@ -168,7 +174,7 @@ class ElasticRounds:
     def _state(self) -> dict:
         d = self.diloco
         return {"steps": d.steps, "rounds": d.rounds, "global": [p.detach().clone() for p in d.global_params],
-                "outer": d.outer.state_dict(), "codec": d.driver.state_dict(), "shared": dict(self.shared)}
+                "outer": d.outer.state_dict(), "codec": d.driver.shared_state_dict(), "shared": dict(self.shared)}
 
     def restore(self, state: dict) -> None:
         """Start from a state `DiLoCo.state_dict()` wrote (a checkpoint) with `shared` beside it, as if healed from
@@ -186,7 +192,8 @@ class ElasticRounds:
         d._copy(state["global"], d.global_params)
         d._copy(state["global"], d.params)
         d.outer.load_state_dict(state["outer"])
-        d.driver.load_state_dict(state["codec"])  # what every member shares (fp8's ranges and when they are measured)
+        # what every member shares (fp8's ranges, low rank's factors); its own residuals start at zero
+        d.driver.load_state_dict(state["codec"])
         self.synced_at = d.steps
 
 

@@ -83,6 +83,7 @@ def train_member(cfg: TrainConfig, run_dir: Path, address: str, name: str) -> di
         rounds = exchange.diloco.elastic
         startup_s = time.perf_counter() - wall
         clock = Milestones(offset_s=rounds.shared.get("train_s", 0.0))
+        rounds.timed_by(clock.train_s)  # a member's pace leaves out the writer's evaluations
         best = rounds.shared.get("best_test_acc", 0.0)
         record, trained = {}, 0
         epoch_sums = torch.zeros(3, dtype=torch.float64)  # loss, correct, predictions of this member's steps
@@ -112,6 +113,7 @@ def train_member(cfg: TrainConfig, run_dir: Path, address: str, name: str) -> di
                 exchange.settle()
             if rounds.healed_from != healed:  # dropped while stopped, and healed: the run's clock and records
                 clock = Milestones(offset_s=rounds.shared["train_s"])
+                rounds.timed_by(clock.train_s)
                 best = rounds.shared.get("best_test_acc", best)
             cursor = rounds.shared["cursor"]
             last = not dealer.round_plan(cursor, rounds.plan_of(elastic.quorum.size))[0]

@@ -15,11 +15,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from scalesgd.comm.codecs import CodecSettings, LowrankOptions, TopkOptions
 from scalesgd.elastic import ElasticMembership
 from scalesgd.elastic.membership import CoordinatorLost
 from scalesgd.periodic import DiLoCo
 
 H = 4  # inner steps a round
+# the small model's matrices factored by low rank, and a tenth of its entries sent by top-k
+SETTINGS = CodecSettings(LowrankOptions(rank=2, min_rate=1.0), TopkOptions(density=0.1, density_warmup=0))
+OWN = ("residual", "error", "momentum", "velocity")  # a codec's per-member state, by the names its state gives
 
 
 def batches(name: str, step: int, width: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,7 +73,8 @@ def run(name: str, address: str, out: str, steps: int, faults: dict, codec: str 
 
 def _train(name, model, inner, members, steps, faults, codec, width, fault) -> dict:
     store = members.elastic.store
-    with DiLoCo(model, inner, H, codec=codec, group=members) as diloco:
+    with DiLoCo(model, inner, H, codec=codec, settings=SETTINGS, group=members) as diloco:
+        own_at_join = own_norm(diloco.driver.state_dict())
         _inside_rounds(diloco, faults, fault)
         while diloco.steps < steps:
             if diloco.steps == faults.get("kill"):
@@ -90,7 +95,16 @@ def _train(name, model, inner, members, steps, faults, codec, width, fault) -> d
         diloco.finish()
         return {"log": diloco.elastic.log, "digest": diloco.elastic.digest(), "steps": diloco.steps,
                 "rounds": diloco.rounds, "global": [p.detach().clone() for p in diloco.global_params],
-                "healed_from": diloco.elastic.healed_from, "bytes_sent": diloco.bytes_sent}
+                "healed_from": diloco.elastic.healed_from, "bytes_sent": diloco.bytes_sent,
+                "own_at_join": own_at_join, "own_at_end": own_norm(diloco.driver.state_dict())}
+
+
+def own_norm(state) -> float:
+    """The norm of a codec state's per-member tensors (residuals, error feedback): 0 where it holds none."""
+    if isinstance(state, dict):
+        return sum(value.norm().item() if key in OWN and isinstance(value, torch.Tensor) else own_norm(value)
+                   for key, value in state.items())
+    return sum(own_norm(value) for value in state) if isinstance(state, list) else 0.0
 
 
 def _inside_rounds(diloco: DiLoCo, faults: dict, fault) -> None:

@@ -192,6 +192,11 @@ class Codec(ABC):
     def state_dict(self) -> dict:
         return {}
 
+    def shared_state_dict(self) -> dict | None:
+        """What every rank holds alike, which a rank joining a running exchange starts from (its own residuals at
+        zero); None where the state does not split so (it belongs to a fixed world)."""
+        return None if self.keeps_gradients else self.state_dict()
+
     def load_state_dict(self, state: dict) -> None:
         if state:
             raise ValueError(f"codec {self.name} keeps no state, got keys {sorted(state)}")

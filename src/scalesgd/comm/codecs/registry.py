@@ -127,6 +127,9 @@ class CodecEntry:
     dense_start: bool = False  # it needs dense (fp32) steps before it compresses (1-bit Adam freezes Adam's variance)
     cost_proxy: str | None = None  # the codec of ours whose measured costs stand for this one's (a PyTorch hook's)
     keeps_gradients: bool = False  # its codec carries gradients across steps (residuals, a momentum): per worker
+    # a rank may join its exchange mid-run: its state splits into what every rank shares (a joiner heals with it)
+    # and each rank's own residuals (a joiner's start at zero; a dead rank's go with it)
+    joinable: bool = True
 
     def runs_on(self, engine: str) -> bool:
         """Whether `engine` (or `CROSS_NODE_SHARDS`) takes it."""

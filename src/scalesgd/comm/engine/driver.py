@@ -179,6 +179,11 @@ class BucketDriver:
         state = self.codec.state_dict()
         return self.dense_first.wrap(state) if self.dense_first is not None else state
 
+    def shared_state_dict(self) -> dict | None:
+        """The codec's state every rank holds alike (`Codec.shared_state_dict`), with the dense-first counts."""
+        state = self.codec.shared_state_dict()
+        return self.dense_first.wrap(state) if state is not None and self.dense_first is not None else state
+
     def load_state_dict(self, state: dict) -> None:
         self.codec.load_state_dict(self.dense_first.unwrap(state) if self.dense_first is not None else state)
 

@@ -177,6 +177,14 @@ class LowrankCodec(Codec):
                 "rounding": {key: owed.clone() for key, owed in self._rounding.items()},
                 "wire": self.wire.state_dict()}
 
+    def shared_state_dict(self) -> dict:
+        """The factors every rank holds alike (Q, P, the phase) and the wire's state; each rank's error feedback and
+        rounding owed are its own (a joiner's start at zero)."""
+        state = self.state_dict()
+        return {**state, "rounding": {},
+                "params": {key: {**saved, "error": torch.zeros_like(saved["error"])}
+                           for key, saved in state["params"].items()}}
+
     def load_state_dict(self, state: dict) -> None:
         self._states = {}
         self._loaded = {int(key): saved for key, saved in state["params"].items()}

@@ -21,6 +21,6 @@ CODECS.add("onebit", CodecEntry("1-bit Adam: the momentum as signs with error fe
                                 "after the dense warm-up (--compress-after); needs the onebit-adam optimizer "
                                 "(Tang et al. 2021)", _onebit, family="onebit", optimizer="onebit-adam",
                                 beta1_option="onebit_beta1", dense_start=True,
-                                keeps_gradients=True))
+                                keeps_gradients=True, joinable=False))
 
 __all__ = ["OnebitCodec", "OnebitOptions"]

@@ -253,6 +253,10 @@ class TopkCodec(Codec):
                 "thresholds": [{"keys": list(keys), "threshold": st.threshold, "density": st.density, "step": st.step}
                                for keys, st in sorted(self._thresholds.items())]}
 
+    def shared_state_dict(self) -> dict:
+        """Nothing: each rank's residuals, velocities and thresholds are its own (a joiner's start at zero)."""
+        return {"flat": {"params": {}, "regions": []}, "thresholds": []}
+
     def load_state_dict(self, state: dict) -> None:
         if "buckets" in state:  # saved by bucket (before state was keyed by parameter): each bucket's keys say whose
             state = _by_parameter(state["buckets"])
