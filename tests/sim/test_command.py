@@ -88,6 +88,20 @@ def test_a_language_model_gets_each_modes_measured_steps_to_the_target(capsys, t
         assert row["to_target_s"] == (None if steps.missed else pytest.approx(row["iteration_s"] * steps.factor))
 
 
+def test_failures_cost_a_periodic_mode_elastic_rounds_and_every_other_a_restart_from_the_checkpoint(capsys, tmp_path):
+    code, out, _ = simulate(capsys, "--model", "gpt", "--iteration-time", "0.2", "--workers", "8",
+                            "--procs-per-node", "1", "--inter-bandwidth", "10mbit", "--modes", "ddp,periodic@16-fp8",
+                            "--mtbf-hours", "2", "--restart-seconds", "20", "--checkpoint-seconds", "300", "--json",
+                            "--out", str(tmp_path / "sim"))
+    assert code == 0
+    ddp, periodic = json.loads(out)["rows"]
+    assert ddp["failure_cost_s"] == pytest.approx(20 + 150)
+    assert periodic["failure_cost_s"] == pytest.approx(1.1 + (16 * periodic["iteration_s"] / 2 + 20) / 8)
+    for row in (ddp, periodic):
+        lost = 8 * row["failure_cost_s"] / 7200
+        assert row["to_target_with_failures_s"] == pytest.approx(row["to_target_s"] / (1 - lost))
+
+
 def test_bandwidth_sweep_names_where_fp8_stops_paying(capsys):
     code, out, _ = simulate(capsys, "--model", "vgg16", "--image-size", "32", "--classes", "10",
                             "--iteration-time", "0.7", "--workers", "2", "--procs-per-node", "1",
@@ -134,6 +148,7 @@ def test_a_preset_prints_its_headline(capsys, tmp_path):
     (("--validate", "/tmp"), "/tmp is not a `scalesgd bench train` output directory"),
     ((), "give exactly one of --profile, --model"),
     (("--preset", "google"), "--preset 'google' is not known"),
+    (("--model", "resnet20", "--iteration-time", "1", "--mtbf-hours", "-1"), "--mtbf-hours -1.0: must be"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
     code, _, err = simulate(capsys, *argv)

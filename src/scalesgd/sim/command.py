@@ -19,6 +19,7 @@ from scalesgd.options import Options, expanded, ints, option, record, refuse, wo
 from scalesgd.sim import compute, presets, quality, scaling
 from scalesgd.sim.calibrate import BenchRecord, Calibration, NotABenchDir, validate_against
 from scalesgd.sim.exchange import Costs, check_modelled
+from scalesgd.sim.failures import Failures
 from scalesgd.sim.modes import SHARDED, parse_mode
 from scalesgd.sim.network import Cluster
 from scalesgd.units import RATE, mbit_s
@@ -92,6 +93,14 @@ class SimulateConfig(Options):
                          choices=lambda: ("", *presets.PRESETS))
     validate_dir: str = option("", "predict every mode of this `bench train` directory from its links and the "
                            "--calibration directory's compute and costs; print the errors", flag="--validate")
+    mtbf_hours: float = option(0.0, "a worker's mean time between failures, hours (0: none): each row's time to the "
+                               "target with failures, elastic rounds for the periodic modes, a restart of every "
+                               "worker from the last checkpoint for the others", check=checks.within(0, 1e6))
+    restart_seconds: float = option(10.2, "with --mtbf-hours: seconds a restarted worker takes to train again",
+                                    check=checks.within(0, 1e6))
+    checkpoint_seconds: float = option(600.0, "with --mtbf-hours: seconds of training between checkpoints (a "
+                                       "restart of every worker trains half of it again)",
+                                       check=checks.within(0, 1e9))
     json: bool = option(False, "print the results as JSON")
     out: str = option("", "write simulate.{json,md,png} (validate.{json,md} with --validate) here",
                       shown_default="runs/simulate-<timestamp>", check=checks.output_dir)
@@ -154,6 +163,12 @@ def run(cfg: SimulateConfig, command: str) -> int:
         steps = measured.get(quality.mode_key(mode))
         row.update(steps_factor=steps and steps.factor, missed=bool(steps and steps.missed),
                    to_target_s=quality.to_target(row["iteration_s"], steps))
+        if cfg.mtbf_hours:
+            failures = Failures(cfg.mtbf_hours * 3600, cfg.restart_seconds, cfg.checkpoint_seconds)
+            round_s = row["iteration_s"] * mode.schedule.local_steps if mode.schedule is not None else None
+            cost = failures.per_failure_s(row["workers"], round_s)
+            row.update(failure_cost_s=cost,
+                       to_target_with_failures_s=failures.stretched(row["to_target_s"], row["workers"], cost))
     top = cluster.with_nodes(max(workers) // cluster.procs_per_node)
     sweep = scaling.bandwidth_sweep(profile, top, parsed, costs, top.inter.bytes_per_s / 100,
                                     top.inter.bytes_per_s * 10)
@@ -261,14 +276,17 @@ def _emit(cfg: SimulateConfig, result: dict, command: str, table: tuple[list[str
 
 
 def _rows_table(table: list[dict]) -> tuple[list[str], list[list]]:
+    failing = any("failure_cost_s" in r for r in table)
     columns = ["workers", "mode", "iteration ms", "exposed ms", "images/s", "efficiency", "steps to target × DDP's",
-               "to target: ms per DDP step"]
+               "to target: ms per DDP step",
+               *(["a failure costs, s", "with failures: ms per DDP step"] if failing else [])]
+    ms = lambda value: "—" if value is None else f"{1e3 * value:.1f}"  # noqa: E731
     return columns, [[r["workers"], r["mode"], f"{1e3 * r['iteration_s']:.1f}", f"{1e3 * r['exposed_comm_s']:.1f}",
                       "—" if r["images_per_s"] is None else f"{r['images_per_s']:,.0f}",
                       "—" if r["scaling_efficiency"] is None else f"{100 * r['scaling_efficiency']:.1f} %",
                       "missed" if r.get("missed") else "—" if r.get("steps_factor") is None
-                      else f"{r['steps_factor']:.2f}",
-                      "—" if r.get("to_target_s") is None else f"{1e3 * r['to_target_s']:.1f}"]
+                      else f"{r['steps_factor']:.2f}", ms(r.get("to_target_s")),
+                      *([f"{r['failure_cost_s']:.1f}", ms(r["to_target_with_failures_s"])] if failing else [])]
                      for r in table]
 
 
