@@ -55,8 +55,9 @@ TRAIN = ["train", "--quiet", "--dataset", "digits", "--model", "resnet8", "--bat
 def run(cfg: ElasticTrainBenchConfig, command: str) -> int:
     results = [one_run(cfg, mode, seed) for mode in cfg.modes for seed in range(cfg.runs)]
     columns = ["mode", "wall, s", "cost of the fault or the slow worker, s", "training clock, s",
-               "kill → next round, s", "kill → worker back in a round, s", f"slow worker's steps a round (of {cfg.local_steps})",
-               "final accuracy, %"]
+               "kill → next round, s", "kill → worker back in a round, s",
+               f"slow worker's steps a round (of {cfg.local_steps})", "slow worker's first round, clock s",
+               "a round from then on, s", "final accuracy, %"]
     rows = [row(mode, [r for r in results if r["mode"] == mode], results) for mode in cfg.modes]
     output.write(Path(cfg.out), "elastic-train", {"config": cfg.to_dict(), "results": results}, columns, rows,
                  command)
@@ -71,6 +72,7 @@ def row(mode: str, runs: list[dict], everyone: list[dict]) -> list:
     return [mode, spread([r["wall_s"] for r in runs]), spread(cost), spread([r.get("train_s") for r in runs]),
             spread([r.get("to_round_s") for r in runs]),
             spread([r.get("back_s") for r in runs]), spread([r.get("slow_steps") for r in runs]),
+            spread([r.get("slow_in_s") for r in runs]), spread([r.get("round_s") for r in runs], "{:.3f}"),
             spread([100 * r["final_test_acc"] for r in runs], "{:.1f}")]
 
 
@@ -109,6 +111,14 @@ def one_run(cfg: ElasticTrainBenchConfig, mode: str, seed: int) -> dict:
                       if m.startswith("host-w1-") and len(r["planned"]) == len(r["members"])]
         if slow and slow_steps:  # the plan made at each round for the round after it
             result.update(slow_steps=statistics.fmean(slow_steps))
+        if log:  # the round the slow worker (rank 1) first took part in, and the clock's pace from there on
+            first = next((i for i, r in enumerate(log) if any(m.startswith("host-w1-") for m in r["members"])), 0)
+            clocks = [r["train_s"] for r in log[first:]]
+            result.update(slow_in_s=clocks[0] if slow else None,
+                          round_s=statistics.median(b - a for a, b in zip(clocks, clocks[1:])) if len(clocks) > 1
+                          else None,
+                          rounds=[{k: r[k] for k in ("round", "train_s", "seconds", "planned")} | {
+                              "members": len(r["members"])} for r in log])
         if elastic and killed is not None:
             after = [r["at"] for r in log if r["at"] > killed]
             back = [r["at"] for r in log if r["at"] > killed and any(m.startswith("host-w1-") for m in r["members"])]
