@@ -61,8 +61,8 @@ class DiLoCo:
     a round commits where the membership says so. Every rank builds it together and starts from rank 0's parameters.
     An `ElasticMembership` (`scalesgd.elastic`) takes each round among whoever is alive (one fragment, no overlap, a
     codec a worker may join: each member's residuals are its own, a joiner's start at zero): a worker joining later
-    heals from a peer as it is built. `resume`: a
-    `state_dict()` to start from (an elastic member's before it joins, with the caller's `shared` counters)."""
+    heals from a peer as it is built. `resume`: a `state_dict()` to start from (an elastic member's before it joins,
+    with the caller's `shared` counters)."""
 
     def __init__(self, model: nn.Module, inner_optimizer: torch.optim.Optimizer, local_steps: int | Schedule, *,
                  outer_optimizer: torch.optim.Optimizer | Callable | None = None, codec: str | Codec = "fp32",
