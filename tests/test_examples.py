@@ -2,8 +2,10 @@
 processes, a transformer trainer of the usual kind among them: the model learns, the hook's bytes are what the codec
 sends for every parameter, and a resumed Lightning run ends with exactly the parameters of an uninterrupted one."""
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,17 +16,42 @@ from scalesgd.comm.wire.compact import BLOCK
 from tests.spawn_util import _free_port
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+HANG_S = 300  # an example takes 10–50 s
 
 
 def run(args, tmp_path, launcher="torchrun"):
-    """Run an example; the JSON line rank 0 prints last."""
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "GLOO_SOCKET_IFNAME": "lo"}
+    """Run an example; the JSON line rank 0 prints last. One that hangs fails with every process's Python stack
+    (faulthandler, on SIGABRT) rather than a bare timeout."""
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "GLOO_SOCKET_IFNAME": "lo",
+           "PYTHONFAULTHANDLER": "1"}
     head = ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
              "--master-port", env["MASTER_PORT"]] if launcher == "torchrun" else [sys.executable])
-    done = subprocess.run(head + [str(EXAMPLES / args[0]), *args[1:]], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
+    proc = subprocess.Popen(head + [str(EXAMPLES / args[0]), *args[1:]], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=HANG_S)
+    except subprocess.TimeoutExpired:
+        for pid in [*descendants(proc.pid), proc.pid]:  # the workers first: each writes where it is stuck
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGABRT)
+        try:
+            out, err = proc.communicate(timeout=60)
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # whatever did not end on its own
+                os.killpg(proc.pid, signal.SIGKILL)
+        raise AssertionError(f"{args[0]} hung for {HANG_S} s; its processes' stacks:\n{err[-12000:]}") from None
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process under `pid`, deepest first (/proc's children lists)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            for child in map(int, (task / "children").read_text().split()):
+                found = [*descendants(child), child, *found]
+    return found
 
 
 def learned(summary):
