@@ -2,7 +2,8 @@
 as a user's run meets it — elastic (the launcher restarts the worker alone; the others go on) against the stop-the-
 world restart (`--max-restarts`: every worker again from the last checkpoint) and both fault-free: the run's wall
 time, the time the fault cost, the final accuracy, and for the elastic run the seconds from the kill to the
-survivors' next round and to the restarted worker's first round."""
+survivors' next round and to the restarted worker's first round. With `-slow`, one worker runs on half the CPU of the
+others all run instead: the steps the plan gave it, when it first took part and the rounds' pace from then on."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ class ElasticTrainBenchConfig(Options):
     """`scalesgd bench elastic-train`: a worker killed in `scalesgd train`, elastic against restart."""
 
     modes: tuple[str, ...] = option(MODES, "runs: elastic or restart (--max-restarts), fault-free, with a kill or "
-                                    "with a worker at half the CPU of the others (-slow)", parse=words, choices=lambda: MODES + SLOW,
+                                    "with a worker at half the CPU of the others (-slow)", parse=words,
+                                    choices=lambda: MODES + SLOW,
                                     check=checks.distinct)
     workers: int = option(3, "workers", check=checks.within(2, 8))
     runs: int = option(3, "runs of each mode", check=checks.within(1, 20))
@@ -86,7 +88,8 @@ def one_run(cfg: ElasticTrainBenchConfig, mode: str, seed: int) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         run_dir = Path(folder) / "run"
         argv = [sys.executable, "-m", "scalesgd", *TRAIN, "--workers", str(cfg.workers), "--epochs", str(cfg.epochs),
-                "--seed", str(seed), "--local-steps", str(cfg.local_steps), "--run-dir", str(run_dir), *(["--elastic"] if elastic else [])]
+                "--seed", str(seed), "--local-steps", str(cfg.local_steps), "--run-dir", str(run_dir),
+                *(["--elastic"] if elastic else [])]
         start = time.perf_counter()
         proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
         killed = None
@@ -155,8 +158,11 @@ def cpu_quota(pid: int, cores: float):
     whether it is (False where cgroups cannot be written here). The group is removed on the way out."""
     period = 10_000
     quota = max(1000, int(cores * period))
-    for root, limits in ((Path("/sys/fs/cgroup/cpu"), {"cpu.cfs_period_us": period, "cpu.cfs_quota_us": quota}),
-                         (Path("/sys/fs/cgroup"), {"cpu.max": f"{quota} {period}"})):
+    for root, marker, limits in (
+            (Path("/sys/fs/cgroup/cpu"), "cpu.cfs_quota_us", {"cpu.cfs_period_us": period, "cpu.cfs_quota_us": quota}),
+            (Path("/sys/fs/cgroup"), "cgroup.controllers", {"cpu.max": f"{quota} {period}"})):
+        if not (root / marker).exists():  # not that hierarchy here (a folder made in a tmpfs would limit nothing)
+            continue
         group = root / f"scalesgd-slow-{os.getpid()}"
         try:
             group.mkdir()
