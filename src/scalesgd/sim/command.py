@@ -159,12 +159,12 @@ def run(cfg: SimulateConfig, command: str) -> int:
                          if m.engine in SHARDED}}
     table = scaling.rows(profile, cluster, parsed, workers, costs)
     measured = quality.table(quality.family_of(MODELS[cfg.model].data == TEXT)) if cfg.model else {}
+    failures = Failures(cfg.mtbf_hours * 3600, cfg.restart_seconds, cfg.checkpoint_seconds) if cfg.mtbf_hours else None
     for row, mode in zip(table, [m for _ in workers for m in parsed]):
         steps = measured.get(quality.mode_key(mode))
         row.update(steps_factor=steps and steps.factor, missed=bool(steps and steps.missed),
                    to_target_s=quality.to_target(row["iteration_s"], steps))
-        if cfg.mtbf_hours:
-            failures = Failures(cfg.mtbf_hours * 3600, cfg.restart_seconds, cfg.checkpoint_seconds)
+        if failures is not None:
             round_s = row["iteration_s"] * mode.schedule.local_steps if mode.schedule is not None else None
             cost = failures.per_failure_s(row["workers"], round_s)
             row.update(failure_cost_s=cost,

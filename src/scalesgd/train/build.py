@@ -1,4 +1,4 @@
-"""What every rank of a run builds before it trains, alike on each (the seed fixes the weights): the data and the
+"""What every rank of a run builds before it trains, alike on each (`--seed` fixes the weights): the data and the
 model, initialised as its recipe says."""
 
 from __future__ import annotations

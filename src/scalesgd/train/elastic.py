@@ -82,8 +82,7 @@ def train_member(cfg: TrainConfig, run_dir: Path, address: str, name: str) -> di
                                     resume=saved["elastic"] if saved is not None else None)
         rounds = exchange.diloco.elastic
         startup_s = time.perf_counter() - wall
-        clock = Milestones(offset_s=rounds.shared.get("train_s", 0.0))
-        rounds.timed_by(clock.train_s)  # a member's pace leaves out the writer's evaluations
+        clock = training_clock(rounds, rounds.shared.get("train_s", 0.0))
         best = rounds.shared.get("best_test_acc", 0.0)
         record, trained = {}, 0
         epoch_sums = torch.zeros(3, dtype=torch.float64)  # loss, correct, predictions of this member's steps
@@ -112,8 +111,7 @@ def train_member(cfg: TrainConfig, run_dir: Path, address: str, name: str) -> di
             if exchange.diloco.rounds == done:  # the run's last round, cut short: its mean lands now
                 exchange.settle()
             if rounds.healed_from != healed:  # dropped while stopped, and healed: the run's clock and records
-                clock = Milestones(offset_s=rounds.shared["train_s"])
-                rounds.timed_by(clock.train_s)
+                clock = training_clock(rounds, rounds.shared["train_s"])
                 best = rounds.shared.get("best_test_acc", best)
             cursor = rounds.shared["cursor"]
             last = not dealer.round_plan(cursor, rounds.plan_of(elastic.quorum.size))[0]
@@ -172,6 +170,14 @@ def train_member(cfg: TrainConfig, run_dir: Path, address: str, name: str) -> di
         return summary
     finally:
         elastic.close()
+
+
+def training_clock(rounds, offset_s: float) -> Milestones:
+    """The run's training clock continued from `offset_s`, which the member's pace is read on too (the writer's
+    evaluations left out of both)."""
+    clock = Milestones(offset_s=offset_s)
+    rounds.timed_by(clock.train_s)
+    return clock
 
 
 def step(exchange: PeriodicExchange, parts, objective: Objective, samples: int, shared: dict,

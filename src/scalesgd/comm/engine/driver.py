@@ -176,12 +176,13 @@ class BucketDriver:
     # ---- checkpoint ------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """The codec's state, with the dense-first counts beside it where there are dense-first steps."""
-        state = self.codec.state_dict()
-        return self.dense_first.wrap(state) if self.dense_first is not None else state
+        return self._with_counts(self.codec.state_dict())
 
     def shared_state_dict(self) -> dict | None:
         """The codec's state every rank holds alike (`Codec.shared_state_dict`), with the dense-first counts."""
-        state = self.codec.shared_state_dict()
+        return self._with_counts(self.codec.shared_state_dict())
+
+    def _with_counts(self, state: dict | None) -> dict | None:
         return self.dense_first.wrap(state) if state is not None and self.dense_first is not None else state
 
     def load_state_dict(self, state: dict) -> None:
