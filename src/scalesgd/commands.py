@@ -25,6 +25,7 @@ from scalesgd.bench import (
     quality,
 )
 from scalesgd.bench import train as bench_train
+from scalesgd.bench.elastic import schedule as elastic_schedule
 from scalesgd.bench.elastic import train as elastic_train
 from scalesgd.bench.launch import command_line, in_process, on_workers
 from scalesgd.comm.codecs.fp8 import kernels
@@ -172,6 +173,10 @@ for kind, config, run, help_, workers, description in [
     ("elastic-train", elastic_train.ElasticTrainBenchConfig, elastic_train.run,
      "a worker killed in `scalesgd train --local-steps`: elastic (restarted alone) against the restart of every "
      "worker, in wall time, the time the fault cost and final accuracy", False, ""),
+    ("elastic-schedule", elastic_schedule.ScheduleBenchConfig, elastic_schedule.run,
+     "training on the testbed under a failure schedule (a kill, a frozen node, a link down, in turn): elastic "
+     "rounds against the restart of every worker and the fault-free run, in time to the target loss and goodput",
+     False, ""),
 ]:
     COMMANDS.add(f"bench {kind}", Command(config, partial(on_workers if workers else in_process, kind, run), help_,
                                           description))

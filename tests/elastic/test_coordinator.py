@@ -22,6 +22,19 @@ def test_bad_arguments_are_refused_naming_them():
         ElasticMembership.connect("http://127.0.0.1:9,127.0.0.1:9", "w0", slow_tolerance=0.5)
 
 
+def test_the_coordinators_command_refuses_a_bad_timeout_and_an_unresolvable_host_in_one_line(monkeypatch, capsys):
+    from scalesgd.elastic import coordinator
+
+    with pytest.raises(SystemExit) as ended:
+        coordinator.main(["--min-workers", "1", "--heartbeat-timeout", "0"])
+    assert ended.value.code == 2 and capsys.readouterr().err.count("\n") == 1
+    monkeypatch.setattr(coordinator.socket, "gethostname", lambda: "nowhere.invalid")
+    with pytest.raises(SystemExit) as ended:  # a host whose name does not resolve (a testbed node) says so
+        coordinator.main(["--min-workers", "1"])
+    said = capsys.readouterr().err
+    assert ended.value.code == 2 and said.count("\n") == 1 and "'nowhere.invalid'" in said and "--host" in said
+
+
 def test_a_member_of_no_coordinator_is_told_so_in_one_line_within_its_timeout():
     import socket
     import time

@@ -76,6 +76,17 @@ def test_a_worker_killed_between_rounds_is_dropped_and_the_others_finish(coordin
     assert [len(entry["members"]) for entry in log] == [3, 3] + [2] * 8
 
 
+def test_a_live_worker_late_to_a_round_is_waited_for_not_left_out(out):
+    """The coordinator's join window (its default): a member still busy (a slow link's exchange, an evaluation) but
+    heartbeating is waited for; with the old 1 s window it was left out and healed again (a rotation on 10 Mbit/s)."""
+    with Coordinator(min_workers=1, heartbeat_timeout_s=1.5) as served:
+        workers = [start("w0", served, out), start("w1", served, out), start("w2", served, out, {"late": (10, 2.5)})]
+        results = finished(workers, out)
+    assert sorted(results) == ["w0", "w1", "w2"]
+    assert_equal_states(results)
+    assert [len(entry["members"]) for entry in results["w0"]["log"]] == [3] * 10
+
+
 def test_a_worker_killed_inside_the_reduce_is_retried_among_the_survivors(coordinator, out):
     """With fp8 on the wire: its state is put back as the round found it before the round is reduced again."""
     workers = [start("w0", coordinator, out, codec="fp8"), start("w1", coordinator, out, codec="fp8"),

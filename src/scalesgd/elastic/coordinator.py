@@ -16,6 +16,10 @@ from datetime import timedelta
 import torch.distributed as dist
 
 HEARTBEAT_S = 0.5  # how often a member says it is alive
+# how long a quorum waits for a live member (heartbeating) that has not asked yet: one still sending its part of the
+# last round on a slow link, or evaluating, is waited for rather than left out and healed again (a dead or frozen one
+# stops heartbeating and is not waited for)
+JOIN_TIMEOUT_S = 60.0
 TIMEOUT_KEY = "scalesgd/heartbeat_timeout_s"  # in the store: the members' grace window is the lighthouse's timeout
 PEERS_EXTRA = "pip install 'scalesgd[peers]' (torchft's lighthouse decides elastic rounds' members)"
 
@@ -58,7 +62,7 @@ class Coordinator:
     heartbeat; and the store, on `host` (ports chosen free unless given)."""
 
     def __init__(self, min_workers: int, host: str = "127.0.0.1", heartbeat_timeout_s: float = 3 * HEARTBEAT_S,
-                 join_timeout_s: float = 1.0, lighthouse_port: int = 0, store_port: int = 0):
+                 join_timeout_s: float = JOIN_TIMEOUT_S, lighthouse_port: int = 0, store_port: int = 0):
         if isinstance(min_workers, bool) or not isinstance(min_workers, int) or min_workers < 1:
             raise ValueError(f"min_workers {min_workers!r}: give a whole number of workers, at least 1")
         for name, value in (("heartbeat_timeout_s", heartbeat_timeout_s), ("join_timeout_s", join_timeout_s)):
@@ -87,11 +91,22 @@ def main(argv: list[str] | None = None) -> None:
     """Run a coordinator on this host until interrupted (for members on other hosts)."""
     parser = argparse.ArgumentParser(prog="python -m scalesgd.elastic", description=main.__doc__)
     parser.add_argument("--min-workers", type=int, required=True)
-    parser.add_argument("--host", default=socket.gethostbyname(socket.gethostname()))
+    parser.add_argument("--host", help="the address members reach it at (default: this host name's)")
     parser.add_argument("--port", type=int, default=29510,
                         help="the lighthouse's; the store's is the next one (0: both chosen free)")
+    parser.add_argument("--heartbeat-timeout", type=float, default=3 * HEARTBEAT_S, metavar="S",
+                        help="seconds without a heartbeat before a member is dropped; on a link a round's exchange "
+                             "fills, heartbeats queue behind it: give it more (default %(default)g)")
     args = parser.parse_args(argv)
-    with Coordinator(args.min_workers, args.host, lighthouse_port=args.port,
+    if not args.heartbeat_timeout > 0:
+        parser.exit(2, f"{parser.prog}: error: --heartbeat-timeout {args.heartbeat_timeout:g}: give seconds above 0\n")
+    if args.host is None:  # looked up only when not given: a host whose name does not resolve can still serve
+        try:
+            args.host = socket.gethostbyname(socket.gethostname())
+        except OSError:
+            parser.exit(2, f"{parser.prog}: error: this host's name {socket.gethostname()!r} does not resolve; "
+                           "give --host ADDRESS\n")
+    with Coordinator(args.min_workers, args.host, heartbeat_timeout_s=args.heartbeat_timeout, lighthouse_port=args.port,
                      store_port=args.port + 1 if args.port else 0) as served:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         print(served.address, flush=True)

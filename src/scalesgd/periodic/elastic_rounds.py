@@ -161,7 +161,7 @@ class ElasticRounds:
         self.plan = planned_steps(decision.paces, period, self.elastic.slow_tolerance)
         self.log.append({"round": number, "members": list(quorum.members), "retries": retries,
                          "digest": decision.digest, "seconds": round(time.monotonic() - started, 4),
-                         "at": time.time(), "planned": list(self.plan)})
+                         "at": time.time(), "weight": decision.weight, "planned": list(self.plan)})
 
     def digest(self) -> str:
         """A hash of the global parameters and the outer optimizer's state: equal on every member of a round."""

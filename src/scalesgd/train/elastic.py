@@ -210,11 +210,12 @@ def at_step(scheduler: torch.optim.lr_scheduler.LambdaLR, position: int) -> floa
 def evaluated(exchange: PeriodicExchange, pipeline: MemoryPipeline, objective: Objective, epoch: int,
               iteration: int, clock: Milestones, sent: int, end_of_epoch: bool) -> dict:
     """The global model on the whole test set, by this member alone."""
+    began = time.perf_counter()
     with exchange.evaluated():
         test = evaluate(exchange.model, pipeline.test_batches(0, 1), objective, None, exchange.autocast)
     exchange.model.train()
     return {"kind": "epoch" if end_of_epoch else "eval", "epoch": epoch, "iter": iteration, "train_s": clock.train_s(),
-            "bytes_sent": sent, **test}
+            "at": time.time(), "eval_s": time.perf_counter() - began, "bytes_sent": sent, **test}
 
 
 def save(run_dir: Path, cfg: TrainConfig, exchange: PeriodicExchange, model, epoch: int) -> None:

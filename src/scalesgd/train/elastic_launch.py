@@ -35,6 +35,7 @@ from scalesgd.train.elastic import ADDRESS_ENV, MEMBER_ENV
 
 CONNECT_S = 30.0  # the longest a launch waits for the coordinator's store
 ENDS_THE_RUN = (EXIT_USAGE, EXIT_NON_FINITE, EXIT_PEER_LOST)  # said by the worker; a restart would only repeat it
+# (the coordinator lost: unless it answers the launcher, as after the worker's link was down)
 
 
 def spawn(cfg: TrainConfig, run_dir: Path) -> int:
@@ -95,7 +96,7 @@ def supervise(names: list[str], run_dir: Path, address: Address, store: dist.TCP
                               file=sys.stderr)
                         failed = 1
                         continue
-                    if code in ENDS_THE_RUN:
+                    if code in ENDS_THE_RUN and not (code == EXIT_PEER_LOST and _answers(store)):
                         stop(list(procs.values()))
                         return code
                     if restarts[name] < max_restarts:
@@ -119,6 +120,16 @@ def supervise(names: list[str], run_dir: Path, address: Address, store: dist.TCP
               f"{run_dir}", file=sys.stderr)
         return 1
     return failed
+
+
+def _answers(store: dist.TCPStore) -> bool:
+    """Whether the coordinator answers this launcher: a worker that lost it while its own link was down (or its
+    host frozen) restarts and rejoins; where the coordinator is gone, the run stops here as the worker said."""
+    try:
+        store.check([FINISHED_KEY])
+        return True
+    except Exception:  # noqa: BLE001 - the store's own kinds
+        return False
 
 
 def _check(store: dist.TCPStore, key: str) -> bool:

@@ -73,7 +73,7 @@ def evaluate_at(run, epoch: int, iteration: int) -> dict:
     """An evaluation between steps of the loop's `Run`, off the clock: the model as the run reports it, with the
     training seconds, this rank's bytes and (on the testbed) its node's link's bytes so far."""
     clock = run.milestones
-    train_s = clock.train_s()
+    train_s, began = clock.train_s(), time.perf_counter()
     with clock.paused():
         sync_buffers(run.model, run.env.members)
         with run.exchange.evaluated():
@@ -81,20 +81,23 @@ def evaluate_at(run, epoch: int, iteration: int) -> dict:
                             run.env.members, run.exchange.autocast)
         run.model.train()
     link = clock.link_bytes()
-    return {"kind": "eval", "epoch": epoch, "iter": iteration, "train_s": train_s,
+    return {"kind": "eval", "epoch": epoch, "iter": iteration, "train_s": train_s, "at": time.time(),
+            "eval_s": time.perf_counter() - began,
             **({"bytes_sent": clock.bytes_sent} if clock.bytes_sent is not None else {}),
             **({"link_bytes_sent": link} if link is not None else {}), **test}
 
 def end_epoch(run, epoch: int, totals: torch.Tensor, images_per_s: float) -> dict:
     """Evaluate with rank 0's BN statistics (as DDP's forward would use them); the epoch's record. Every rank learns
     the files the others skipped, so none names one again in a later epoch."""
+    began = time.perf_counter()
     sync_buffers(run.model, run.env.members)
     with run.exchange.evaluated():
         test = evaluate(run.model, run.pipeline.test_batches(run.env.rank, run.env.world_size), run.objective,
                         run.env.members, run.exchange.autocast)
     if skips_bad_files(run):
         run.pipeline.skipped = skipped_files(run)
-    return {"kind": "epoch", "epoch": epoch, "iter": epoch * len(run.sampler),
+    return {"kind": "epoch", "epoch": epoch, "iter": epoch * len(run.sampler), "at": time.time(),
+            "eval_s": time.perf_counter() - began,
             "train_loss": totals[0].item() / totals[2].item(), "train_acc": totals[1].item() / totals[2].item(),
             **test, throughput_key(run.data.is_text): images_per_s,
             "lr": run.exchange.optimizer.param_groups[0]["lr"]}

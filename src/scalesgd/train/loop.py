@@ -326,6 +326,8 @@ def read_window(window: torch.Tensor, n: int, flags: tuple[bool, bool], records:
         for notice in notices:
             progress.message(f"iteration {record['iter']}: {notice}")
         progress.advance(step_loss, record["lr"])
+    if log:
+        log.flush()  # a window's steps readable at once by whoever watches the run (a fault's cost is read there)
     return sums[:n], bool(sums[-1, 0] > 0), bool(sums[-1, 1] > 0)
 
 

@@ -42,7 +42,7 @@ def model_of(name: str, width: int = 16) -> nn.Module:
 def run(name: str, address: str, out: str, steps: int, faults: dict, codec: str = "fp32", start: int = 1,
         width: int = 16, heartbeat_s: float = 0.25) -> None:
     """Train `steps` inner steps; `faults` for this worker: {"kill": step, "stop": step, "kill_in_reduce": round,
-    "stop_in_reduce": round, "await_at": (step, key), "announce": key}; `start`: the workers the run starts with.
+    "stop_in_reduce": round, "await_at": (step, key), "announce": key, "late": (step, seconds)}; `start`: the workers the run starts with.
     Writes its rounds' log, its digest and its global parameters to `out/name.pt`, each committed round to the
     store as `progress/<name>/<round>`, and a fault's moment as `fault/<name>`."""
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
@@ -84,6 +84,8 @@ def _train(name, model, inner, members, steps, faults, codec, width, fault) -> d
                 fault(signal.SIGSTOP)  # whoever planned it sends SIGCONT
             if diloco.steps == faults.get("await_at", (None,))[0]:
                 store.wait([faults["await_at"][1]])  # torchft's barrier_at: a joiner is on its way
+            if diloco.steps == faults.get("late", (None,))[0]:
+                time.sleep(faults["late"][1])  # alive and heartbeating, its round's end this much behind
             x, y = batches(name, diloco.steps, width)
             nn.functional.mse_loss(model(x), y).backward()
             rounds = diloco.rounds

@@ -1,0 +1,331 @@
+"""`scalesgd bench elastic-schedule`: `scalesgd train --local-steps H` on the testbed (one worker a node) under a fixed
+failure schedule — a worker SIGKILLed (its launcher restarts it), a node frozen for 20 s, a link down for 20 s, in
+turn every 30 s — elastic rounds against the stop-the-world restart (every worker again from the last checkpoint, as
+torchrun's --max-restarts does) and the same run without faults. Per run: wall seconds from the launch to the target
+validation loss (every evaluation's own seconds left out, a failed launch's too: checkpoints, start-ups and restarts
+stay in), goodput (inner steps that reached the global model ÷ inner steps computed), the final loss, the bytes
+each worker sent, and the seconds from each fault to the next committed round."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from scalesgd import checks, output
+from scalesgd.bench import quality_report
+from scalesgd.bench.elastic.injector import FAULTS, Injector, Schedule
+from scalesgd.config import TrainConfig
+from scalesgd.errors import UsageError
+from scalesgd.options import Options, ints, option, words
+from scalesgd.runtime.link import NODE_DEVICE, TESTBED_VARIABLE
+from scalesgd.testbed import netns
+from scalesgd.train import metrics
+from scalesgd.train.rundir import CHECKPOINT_NAME, METRICS_NAME, SUMMARY_NAME
+
+MODES = ("fault-free", "elastic-fault-free", "elastic", "restart")
+COORDINATOR_PORT = 29510
+POLL_S = 0.25
+
+
+@dataclass
+class ScheduleBenchConfig(Options):
+    """`scalesgd bench elastic-schedule`: elastic rounds and the restart under one failure schedule, on the testbed."""
+
+    modes: tuple[str, ...] = option(MODES, "fault-free: no faults; elastic: --elastic rounds; restart: every worker "
+                                    "restarted from the last checkpoint; elastic-fault-free: elastic rounds, no "
+                                    "faults", parse=words, choices=lambda: MODES,
+                                    check=checks.distinct)
+    seeds: tuple[int, ...] = option((0, 1, 2), "seeds, each a run of every mode", parse=ints)
+    prefix: str = option("ssgd", "the testbed (`scalesgd testbed up --nodes N` first; node 0 hosts the coordinator "
+                         "and is never faulted)")
+    fault_every: float = option(30.0, "seconds between faults", check=checks.within(1, 3600))
+    down_s: float = option(20.0, "seconds a node stays frozen or its link down", check=checks.within(0.1, 3600))
+    faults: tuple[str, ...] = option(FAULTS, "the faults, in turn", parse=words, choices=lambda: FAULTS)
+    target: float = option(2.2876, "the validation loss to reach (the default GPT's: DDP fp32's + 1 %)")
+    min_workers: int = option(2, "elastic: the fewest workers a round takes", check=checks.within(1, 64))
+    max_restarts: int = option(50, "restarts a run (restart) or a worker (elastic) may take",
+                               check=checks.within(0, 1000))
+    limit_s: float = option(1200.0, "a run still going this long after its launch is stopped (its time to the target "
+                            "is then what it reached by then)", check=checks.within(10, 86400))
+    out: str = option("", "output directory", shown_default="runs/bench/elastic-schedule-<timestamp>",
+                      check=checks.output_dir)
+    train_args: tuple[str, ...] = option((), "-- then `scalesgd train` options of every run (with --local-steps)",
+                                         remainder=True)
+
+
+def run(cfg: ScheduleBenchConfig, command: str) -> int:
+    spec = netns.read_state(cfg.prefix)
+    if spec is None or spec.nodes < 2:
+        print(f"scalesgd: error: --prefix {cfg.prefix}: no testbed of 2 or more nodes is up; start one with "
+              f"`scalesgd testbed up --nodes 4 --prefix {cfg.prefix}`", file=sys.stderr)
+        return 2
+    out = Path(cfg.out)
+    results = [kept_or_run(cfg, spec, mode, seed, out / "runs") for seed in cfg.seeds
+               for mode in cfg.modes]  # the modes take turns, so a slow spell of the machine hits them alike
+    columns = ["mode", "time to target, s", "× fault-free", "goodput, %", "final loss", "MB sent a worker",
+               "faults", "fault → next round, s", "restarts"]
+    rows = [row(mode, [r for r in results if r["mode"] == mode], results) for mode in cfg.modes]
+    output.write(out, "elastic-schedule", {"config": cfg.to_dict(), "testbed": spec.to_dict(), "results": results},
+                 columns, rows, command)
+    output.console().print(output.rich_table("training under a failure schedule", columns, rows))
+    return 0 if all(r["code"] == 0 for r in results) else 1
+
+
+def row(mode: str, runs: list[dict], everyone: list[dict]) -> list:
+    free = {r["seed"]: r.get("to_target_s") for r in everyone if r["mode"] == "fault-free"}
+    ratio = [r["to_target_s"] / free[r["seed"]] for r in runs if r.get("to_target_s") and free.get(r["seed"])]
+    return [mode, spread([r.get("to_target_s") for r in runs]), spread(ratio, "{:.2f}"),
+            spread([100 * r["goodput"] for r in runs if r.get("goodput") is not None]),
+            spread([r.get("final_loss") for r in runs], "{:.4f}"), spread([r.get("mb_sent") for r in runs]),
+            spread([len(r["faults"]) for r in runs], "{:.0f}"),
+            spread([s for r in runs for s in r["to_round_s"]]), spread([r["restarts"] for r in runs], "{:.0f}")]
+
+
+def spread(values: list, form: str = "{:.1f}") -> str:
+    return quality_report.spread([v for v in values if v is not None], form)
+
+
+class Watcher:
+    """The run's metrics files read every POLL_S: when each round boundary was first seen, and the highest step
+    each launch reached (a killed launch's unflushed tail aside)."""
+
+    def __init__(self, files: list[Path], local_steps: int):
+        self.files, self.local_steps = files, local_steps
+        self.attempt, self.reached, self.boundaries, self.evaluations = 0, {0: (0, 0)}, [], {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Watcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.read()
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_S):
+            with contextlib.suppress(UsageError, OSError):  # replaced under it by a resume: read it next time
+                self.read()
+
+    def read(self) -> None:
+        first = self.reached[self.attempt][0]
+        for path in self.files:
+            for record in metrics.read(path):
+                if "eval_s" in record:  # every evaluation, a failed launch's too: off the clock the report reads
+                    self.evaluations[record["at"]] = record
+                step = record.get("iter")
+                if record.get("kind") != "iter" or step is None or step <= first:
+                    continue  # a resumed launch's records before its checkpoint are the last launch's
+                top = self.reached[self.attempt][1]
+                if step > top:
+                    self.reached[self.attempt] = (first, step)
+                    if step % self.local_steps == 0:
+                        self.boundaries.append(time.time())
+
+    def start_attempt(self, resumed_from: int) -> None:
+        """A new launch from step `resumed_from`."""
+        self.attempt += 1
+        self.reached[self.attempt] = (resumed_from, resumed_from)
+
+    def computed(self) -> int:
+        """Steps the launches computed, each from where it started to the highest it was seen at."""
+        return sum(top - first for first, top in self.reached.values())
+
+
+def kept_or_run(cfg: ScheduleBenchConfig, spec, mode: str, seed: int, runs: Path) -> dict:
+    """A run's figures: kept from an earlier call of the same command where it finished, else measured now (what
+    it measured kept raw, the figures read from it here)."""
+    kept = runs / f"{mode}-{seed}.json"
+    if kept.exists():
+        return summarise(json.loads(kept.read_text()), cfg.target)
+    result = one_run(cfg, spec, mode, seed, runs / f"{mode}-{seed}")
+    kept.write_text(json.dumps(result) + "\n")
+    return summarise(result, cfg.target)
+
+
+def one_run(cfg: ScheduleBenchConfig, spec, mode: str, seed: int, run_dir: Path) -> dict:
+    """One run of `mode`, its faults injected from its launch on: what it logged."""
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    train = [*cfg.train_args, "--seed", str(seed), "--quiet"]
+    local_steps = TrainConfig.from_argv(list(cfg.train_args)).periodic.local_steps
+    schedule = Schedule(cfg.fault_every, cfg.down_s, cfg.faults)
+    print(f"{mode}, seed {seed}", flush=True)
+    launched = time.time()
+    if mode.startswith("elastic"):
+        result = run_elastic(cfg, spec, train, run_dir, schedule if mode == "elastic" else None)
+    else:
+        result = run_restarted(cfg, spec, train, run_dir, schedule if mode == "restart" else None, local_steps)
+    result.update(mode=mode, seed=seed, launched=launched, wall_s=time.time() - launched, faults=schedule.log)
+    final = sorted((r for r in records_of(result["dirs"]) if r["kind"] in ("eval", "epoch")), key=lambda r: r["at"])
+    every = {r["at"]: r for r in [*final, *result.pop("evaluations", [])]}  # a failed launch's evaluations too
+    result.update(mb_sent=sent_by(result["dirs"]), dirs=[str(d) for d in result["dirs"]],
+                  evals=[{k: r.get(k) for k in ("iter", "at", "eval_s", "train_s", "test_loss")} for r in final],
+                  evaluations=[{"at": at, "eval_s": r["eval_s"]} for at, r in sorted(every.items())])
+    return result
+
+
+def summarise(result: dict, target: float) -> dict:
+    """The figures of a run from what it logged: the wall seconds to `target` and from each fault to the next round,
+    with the seconds evaluations took left out of both."""
+    launched, evals = result["launched"], result["evals"]
+    spans = [(e["at"] - e["eval_s"], e["at"]) for e in result["evaluations"]]
+
+    def evaluating(start: float, end: float) -> float:
+        return sum(max(0.0, min(end, b) - max(start, a)) for a, b in spans)
+
+    hit = next((e for e in evals if (e.get("test_loss") or float("inf")) <= target), None)
+    rounds = result.get("boundaries", [])
+    after = [(f["at"], min((at for at in rounds if at > f["at"]), default=None)) for f in result["faults"]]
+    return {**result, "to_target_s": hit["at"] - launched - evaluating(launched, hit["at"]) if hit else None,
+            "clock_to_target_s": hit.get("train_s") if hit else None,
+            "final_loss": evals[-1].get("test_loss") if evals else None,
+            "eval_s": sum(b - a for a, b in spans),
+            "to_round_s": [b - a - evaluating(a, b) for a, b in after if b is not None] if "boundaries" in result
+            else result.get("to_round_s", [])}
+
+
+LIMITED = -1000  # the exit status recorded for a launch stopped at --limit-s
+
+
+def finish(proc: subprocess.Popen, deadline: float) -> int:
+    """The launch's exit status, or LIMITED where it was still going at `deadline` (then stopped: SIGTERM, which our
+    launchers pass on to their workers)."""
+    try:
+        return proc.wait(max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        return LIMITED
+
+
+def sent_by(dirs: list[Path]) -> float | None:
+    """MB the run's last writer sent (its summary; every worker sends alike in an allreduce)."""
+    summaries = [d / SUMMARY_NAME for d in dirs if (d / SUMMARY_NAME).exists()]
+    newest = max(summaries, key=lambda p: p.stat().st_mtime, default=None)
+    return json.loads(newest.read_text())["bytes_sent"] / 1e6 if newest else None
+
+
+def records_of(dirs: list[Path]) -> list[dict]:
+    """Every record of the runs' metrics files (an elastic run's writer moves from node to node), once each."""
+    seen, out = set(), []
+    for folder in dirs:
+        for record in metrics.read(folder / METRICS_NAME):
+            key = json.dumps(record, sort_keys=True)
+            if key not in seen and "at" in record:
+                seen.add(key)
+                out.append(record)
+    return out
+
+
+def node_env(spec, node: int) -> dict:
+    """What a worker on a testbed node needs: gloo on the node's link, its share of the cores, the testbed named."""
+    return {**os.environ, "GLOO_SOCKET_IFNAME": NODE_DEVICE, TESTBED_VARIABLE: spec.prefix,
+            "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // spec.world_size))}
+
+
+def run_elastic(cfg: ScheduleBenchConfig, spec, train: list[str], run_dir: Path, schedule: Schedule | None) -> dict:
+    """The coordinator on node 0, then a `--join` launch on every node (each restarts its worker alone)."""
+    deadline = time.monotonic() + cfg.limit_s
+    coordinator = subprocess.Popen(
+        ["ip", "netns", "exec", spec.node(0), sys.executable, "-m", "scalesgd.elastic", "--min-workers",
+         str(cfg.min_workers), "--host", spec.address(0), "--port", str(COORDINATOR_PORT)],
+        stdout=subprocess.PIPE, text=True, env=node_env(spec, 0))
+    address = coordinator.stdout.readline().strip()
+    if not address:
+        raise UsageError(f"the coordinator did not start on {spec.node(0)} (exit {coordinator.wait()})")
+    dirs = [run_dir / f"node{i}" for i in range(spec.nodes)]
+    launches = [subprocess.Popen(
+        ["ip", "netns", "exec", spec.node(i), sys.executable, "-m", "scalesgd", "train", *train, "--join", address,
+         "--max-restarts", str(cfg.max_restarts), "--run-dir", str(dirs[i])],
+        env=node_env(spec, i), stderr=subprocess.PIPE, text=True) for i in range(spec.nodes)]
+    errors = [[] for _ in launches]
+    readers = [threading.Thread(target=lambda p=p, e=e: e.extend(p.stderr), daemon=True)
+               for p, e in zip(launches, errors)]
+    for reader in readers:
+        reader.start()
+    with (Injector(spec, schedule, lambda: all(p.poll() is None for p in launches)) if schedule
+          else contextlib.nullcontext()):
+        codes = [finish(p, deadline) for p in launches]
+    coordinator.send_signal(signal.SIGTERM)
+    coordinator.wait(30)
+    for reader in readers:
+        reader.join(5)
+    rounds = sorted({r["round"]: r for r in records_of(dirs) if r["kind"] == "round"}.values(),
+                    key=lambda r: r["round"])
+    committed = sum(r.get("weight", 0) for r in rounds)
+    faults = schedule.log if schedule else []
+    lost = sum(lost_steps(rounds, fault, launches[fault["node"]].pid) for fault in faults)
+    restarts = sum(1 for e in errors for line in e if "restarting it alone" in line)
+    return {"code": max(codes, key=abs), "dirs": dirs, "boundaries": [r["at"] for r in rounds],
+            "goodput": committed / (committed + lost) if committed else None, "committed_steps": committed,
+            "lost_steps_at_most": lost, "rounds": len(rounds), "restarts": restarts,
+            "stderr": ["".join(e[-20:]) for e in errors]}
+
+
+def lost_steps(rounds: list[dict], fault: dict, launcher: int) -> int:
+    """At most what the faulty node's worker computed for nothing: the steps planned for it in the round it was
+    in when the fault struck (killed in it, or dropped from it while frozen or cut off). Its member names carry its
+    launcher's process id (`join-HOST-PID-…`)."""
+    before = [r for r in rounds if r["at"] <= fault["at"]]
+    if not before:
+        return 0
+    last = before[-1]
+    planned = last.get("planned") or []
+    return sum(planned[i] for i, member in enumerate(last["members"])
+               if f"-{launcher}-" in member and i < len(planned))
+
+
+def run_restarted(cfg: ScheduleBenchConfig, spec, train: list[str], run_dir: Path, schedule: Schedule | None,
+                  local_steps: int) -> dict:
+    """`scalesgd testbed run -- scalesgd train`, launched again from the last checkpoint (`--resume`) each time it
+    fails, as torchrun's --max-restarts would (from the start where no checkpoint was written yet)."""
+    attempt_dir = run_dir / "run"
+    base = [sys.executable, "-m", "scalesgd", "testbed", "run", "--prefix", spec.prefix, "--", "scalesgd", "train"]
+    restarts, code = 0, 0
+    finished, deadline = threading.Event(), time.monotonic() + cfg.limit_s
+
+    with Watcher([attempt_dir / METRICS_NAME], local_steps) as watcher, \
+            (Injector(spec, schedule, lambda: not finished.is_set()) if schedule else contextlib.nullcontext()):
+        argv = [*train, "--run-dir", str(attempt_dir)]
+        while True:
+            proc = subprocess.Popen([*base, *argv])
+            code = finish(proc, deadline)
+            if code in (0, 2, LIMITED) or (attempt_dir / SUMMARY_NAME).exists() or restarts >= cfg.max_restarts:
+                break  # done (a fault after its last step failed the launch, not the run), or bad input
+            restarts += 1
+            watcher.read()
+            if (attempt_dir / CHECKPOINT_NAME).exists():
+                argv = ["--resume", str(attempt_dir), "--quiet"]
+                start = max((r["iter"] for r in metrics.read(attempt_dir / METRICS_NAME) if r["kind"] == "epoch"),
+                            default=0)
+            else:
+                shutil.rmtree(attempt_dir, ignore_errors=True)
+                argv, start = [*train, "--run-dir", str(attempt_dir)], 0
+            watcher.start_attempt(start)
+        finished.set()
+    summary = attempt_dir / SUMMARY_NAME
+    steps = json.loads(summary.read_text())["steps_per_epoch"] * json.loads(summary.read_text())["epochs"] \
+        if summary.exists() else 0
+    computed = watcher.computed()
+    return {"code": code, "dirs": [attempt_dir], "boundaries": watcher.boundaries,
+            "goodput": min(1.0, steps / computed) if computed and steps else None, "committed_steps": steps,
+            "computed_steps": computed, "restarts": restarts, "evaluations": list(watcher.evaluations.values())}
+

@@ -1,0 +1,113 @@
+"""`bench elastic-schedule`: the failure schedule (its order, and each fault struck and undone on a real testbed), the
+steps a fault can cost an elastic run, and the steps a restarted run computes again."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from scalesgd.bench.elastic.injector import Schedule, inject, worker_of
+from scalesgd.bench.elastic.schedule import Watcher, lost_steps, summarise
+from scalesgd.testbed import netns
+from tests.command import scalesgd
+
+PREFIX = f"s{os.getpid() % 100000}"
+
+
+def test_the_faults_take_turns_on_every_node_but_the_coordinators():
+    schedule = Schedule(kinds=("kill", "stop", "link"))
+    assert [schedule.plan(n, 4) for n in range(6)] == [("kill", 1), ("stop", 2), ("link", 3), ("kill", 1),
+                                                       ("stop", 2), ("link", 3)]
+
+
+def test_a_fault_costs_at_most_the_steps_planned_for_its_node_in_the_round_it_struck():
+    rounds = [{"round": 0, "at": 10.0, "members": ["join-h-100-a", "join-h-200-b"], "planned": [16, 16]},
+              {"round": 1, "at": 12.0, "members": ["join-h-100-a", "join-h-200-b"], "planned": [16, 9]},
+              {"round": 2, "at": 15.0, "members": ["join-h-100-a"], "planned": [16]}]
+    assert lost_steps(rounds, {"node": 2, "at": 13.0}, launcher=200) == 9  # planned at round 1 for round 2
+    assert lost_steps(rounds, {"node": 2, "at": 16.0}, launcher=200) == 0  # already out of the rounds
+    assert lost_steps(rounds, {"node": 2, "at": 5.0}, launcher=200) == 0  # before the first round
+
+
+def test_the_seconds_to_the_target_and_to_the_next_round_leave_the_evaluations_out():
+    run = {"launched": 100.0, "faults": [{"fault": "kill", "at": 130.0}, {"fault": "stop", "at": 150.0}],
+           "boundaries": [120.0, 145.0, 152.0],  # the writer evaluated 131–141 between the kill and the next round
+           "evals": [{"at": 141.0, "eval_s": 10.0, "test_loss": 2.5}, {"at": 170.0, "eval_s": 5.0, "test_loss": 2.2}],
+           "evaluations": [{"at": 141.0, "eval_s": 10.0}, {"at": 170.0, "eval_s": 5.0}]}
+    figures = summarise(run, target=2.3)
+    assert figures["to_target_s"] == 70.0 - 15.0 and figures["final_loss"] == 2.2 and figures["eval_s"] == 15.0
+    assert figures["to_round_s"] == [15.0 - 10.0, 2.0]
+
+
+def write(path: Path, steps) -> None:
+    path.write_text("".join(json.dumps({"kind": "iter", "iter": s}) + "\n" for s in steps))
+
+
+def test_a_resumed_launch_counts_the_steps_it_computes_again_and_not_the_records_it_kept(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    watcher = Watcher([path], local_steps=4)
+    write(path, range(1, 11))  # the first launch reaches step 10, then dies
+    watcher.read()
+    watcher.start_attempt(4)  # resumed from its checkpoint at step 4: records up to 4 kept
+    write(path, range(1, 5))
+    watcher.read()
+    assert watcher.computed() == 10
+    write(path, range(1, 13))  # steps 5–12 computed again and on
+    watcher.read()
+    assert watcher.computed() == 10 + 8
+    assert len(watcher.boundaries) == 2 + 2  # steps 4, 8; then 8 and 12 of the second launch
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root (CI runs as root)")
+def test_each_fault_strikes_the_nodes_worker_or_the_whole_node_and_is_undone(tmp_path):
+    assert scalesgd("testbed", "up", "--nodes", "2", "--prefix", PREFIX).returncode == 0
+    spec = netns.read_state(PREFIX)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    named = [sys.executable, "-c", "import ctypes, time; ctypes.CDLL(None).prctl(15, b'scalesgd-r1'); time.sleep(60)"]
+    in_node = ["ip", "netns", "exec", spec.node(1)]
+    launcher = subprocess.Popen([*in_node, *sleeper, "-m", "scalesgd", "train", "--join", "x"])
+    worker = subprocess.Popen([*in_node, *named])  # as a launch's forked worker is named
+    try:
+        schedule = Schedule(down_s=0.5, kinds=("kill", "stop", "link"))
+        _until(lambda: worker_of(spec, 1) == worker.pid)
+        inject(spec, schedule, 0, lambda: True)
+        assert worker.wait(5) == -9 and launcher.poll() is None
+        worker = subprocess.Popen([*in_node, *named])
+        seen = {}
+        struck = threading.Thread(target=inject, args=(spec, schedule, 1, lambda: True))  # stop: node 1
+        struck.start()
+        _until(lambda: state(launcher.pid) == "T" and state(worker.pid) == "T")
+        struck.join()
+        seen["stop"] = (state(launcher.pid), state(worker.pid))
+        struck = threading.Thread(target=inject, args=(spec, Schedule(down_s=0.5, kinds=("link",)), 0, lambda: True))
+        struck.start()
+        _until(lambda: "state DOWN" in port(spec))
+        struck.join()
+        assert "T" not in seen["stop"] and "state UP" in port(spec)  # running again
+        assert [f["fault"] for f in schedule.log] == ["kill", "stop"] and schedule.log[1]["back"] > schedule.log[1]["at"]
+    finally:
+        for proc in (launcher, worker):
+            proc.kill()
+            proc.wait()
+        scalesgd("testbed", "down", "--prefix", PREFIX)
+
+
+def state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def port(spec) -> str:
+    return subprocess.run(["ip", "-n", spec.switch, "link", "show", spec.switch_port(1)], capture_output=True,
+                          text=True).stdout
+
+
+def _until(condition, within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while not condition():
+        assert time.monotonic() < deadline, "not within the time given"
+        time.sleep(0.02)
