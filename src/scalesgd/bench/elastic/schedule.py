@@ -102,7 +102,7 @@ class Watcher:
     def __init__(self, files: list[Path], local_steps: int):
         self.files, self.local_steps = files, local_steps
         self.attempt, self.reached, self.boundaries, self.evaluations = 0, {0: (0, 0)}, [], {}
-        self._stop = threading.Event()
+        self._stop, self._lock = threading.Event(), threading.Lock()  # read by its thread and at each restart
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> Watcher:
@@ -116,13 +116,20 @@ class Watcher:
 
     def _run(self) -> None:
         while not self._stop.wait(POLL_S):
-            with contextlib.suppress(UsageError, OSError):  # replaced under it by a resume: read it next time
-                self.read()
+            self.read()
 
     def read(self) -> None:
+        with self._lock:
+            self._read()
+
+    def _read(self) -> None:
         first = self.reached[self.attempt][0]
         for path in self.files:
-            for record in metrics.read(path):
+            try:
+                records = metrics.read(path)
+            except (UsageError, OSError):  # replaced under it by a resume, or removed: read it next time
+                continue
+            for record in records:
                 if "eval_s" in record:  # every evaluation, a failed launch's too: off the clock the report reads
                     self.evaluations[record["at"]] = record
                 step = record.get("iter")
@@ -136,8 +143,9 @@ class Watcher:
 
     def start_attempt(self, resumed_from: int) -> None:
         """A new launch from step `resumed_from`."""
-        self.attempt += 1
-        self.reached[self.attempt] = (resumed_from, resumed_from)
+        with self._lock:
+            self.attempt += 1
+            self.reached[self.attempt] = (resumed_from, resumed_from)
 
     def computed(self) -> int:
         """Steps the launches computed, each from where it started to the highest it was seen at."""
