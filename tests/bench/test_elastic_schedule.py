@@ -103,7 +103,7 @@ def state(pid: int) -> str:
 
 def port(spec) -> str:
     return subprocess.run(["ip", "-n", spec.switch, "link", "show", spec.switch_port(1)], capture_output=True,
-                          text=True).stdout
+                          text=True, check=False).stdout
 
 
 def _until(condition, within: float = 10.0) -> None:
