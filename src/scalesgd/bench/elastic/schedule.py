@@ -21,11 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scalesgd import checks, output
-from scalesgd.bench import quality_report
+from scalesgd.bench.elastic import spread
 from scalesgd.bench.elastic.injector import FAULTS, Injector, Schedule
 from scalesgd.config import TrainConfig
 from scalesgd.errors import UsageError
 from scalesgd.options import Options, ints, option, words
+from scalesgd.runtime.launcher import local_settings
 from scalesgd.runtime.link import NODE_DEVICE, TESTBED_VARIABLE
 from scalesgd.testbed import netns
 from scalesgd.train import metrics
@@ -34,6 +35,7 @@ from scalesgd.train.rundir import CHECKPOINT_NAME, METRICS_NAME, SUMMARY_NAME
 MODES = ("fault-free", "elastic-fault-free", "elastic", "restart")
 COORDINATOR_PORT = 29510
 POLL_S = 0.25
+TENTHS = "{:.1f}"  # seconds, MB and percentages in the table
 
 
 @dataclass
@@ -83,15 +85,11 @@ def run(cfg: ScheduleBenchConfig, command: str) -> int:
 def row(mode: str, runs: list[dict], everyone: list[dict]) -> list:
     free = {r["seed"]: r.get("to_target_s") for r in everyone if r["mode"] == "fault-free"}
     ratio = [r["to_target_s"] / free[r["seed"]] for r in runs if r.get("to_target_s") and free.get(r["seed"])]
-    return [mode, spread([r.get("to_target_s") for r in runs]), spread(ratio, "{:.2f}"),
-            spread([100 * r["goodput"] for r in runs if r.get("goodput") is not None]),
-            spread([r.get("final_loss") for r in runs], "{:.4f}"), spread([r.get("mb_sent") for r in runs]),
+    return [mode, spread([r.get("to_target_s") for r in runs], TENTHS), spread(ratio),
+            spread([100 * r["goodput"] for r in runs if r.get("goodput") is not None], TENTHS),
+            spread([r.get("final_loss") for r in runs], "{:.4f}"), spread([r.get("mb_sent") for r in runs], TENTHS),
             spread([len(r["faults"]) for r in runs], "{:.0f}"),
-            spread([s for r in runs for s in r["to_round_s"]]), spread([r["restarts"] for r in runs], "{:.0f}")]
-
-
-def spread(values: list, form: str = "{:.1f}") -> str:
-    return quality_report.spread([v for v in values if v is not None], form)
+            spread([s for r in runs for s in r["to_round_s"]], TENTHS), spread([r["restarts"] for r in runs], "{:.0f}")]
 
 
 class Watcher:
@@ -243,9 +241,10 @@ def records_of(dirs: list[Path]) -> list[dict]:
 
 
 def node_env(spec, node: int) -> dict:
-    """What a worker on a testbed node needs: gloo on the node's link, its share of the cores, the testbed named."""
-    return {**os.environ, "GLOO_SOCKET_IFNAME": NODE_DEVICE, TESTBED_VARIABLE: spec.prefix,
-            "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // spec.world_size))}
+    """What a worker on a testbed node needs, as `testbed run` gives it: gloo on the node's link, its share of the
+    cores, the testbed named."""
+    return local_settings({**os.environ, TESTBED_VARIABLE: spec.prefix}, spec.world_size, spec.address(node),
+                          NODE_DEVICE)
 
 
 def run_elastic(cfg: ScheduleBenchConfig, spec, train: list[str], run_dir: Path, schedule: Schedule | None) -> dict:
@@ -328,9 +327,8 @@ def run_restarted(cfg: ScheduleBenchConfig, spec, train: list[str], run_dir: Pat
                 argv, start = [*train, "--run-dir", str(attempt_dir)], 0
             watcher.start_attempt(start)
         finished.set()
-    summary = attempt_dir / SUMMARY_NAME
-    steps = json.loads(summary.read_text())["steps_per_epoch"] * json.loads(summary.read_text())["epochs"] \
-        if summary.exists() else 0
+    said = json.loads((attempt_dir / SUMMARY_NAME).read_text()) if (attempt_dir / SUMMARY_NAME).exists() else {}
+    steps = said.get("steps_per_epoch", 0) * said.get("epochs", 0)
     computed = watcher.computed()
     return {"code": code, "dirs": [attempt_dir], "boundaries": watcher.boundaries,
             "goodput": min(1.0, steps / computed) if computed and steps else None, "committed_steps": steps,
