@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from scalesgd.bench.elastic.figure import shown
 from scalesgd.bench.elastic.injector import Schedule, inject, worker_of
 from scalesgd.bench.elastic.schedule import Watcher, lost_steps, summarise
 from scalesgd.testbed import netns
@@ -111,3 +112,10 @@ def _until(condition, within: float = 10.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "not within the time given"
         time.sleep(0.02)
+
+
+def test_the_figure_shows_the_lowest_seed_that_every_mode_ran():
+    runs = [{"mode": "elastic", "seed": 0}, {"mode": "elastic", "seed": 1}, {"mode": "torchft", "seed": 1},
+            {"mode": "elastic", "seed": 2}, {"mode": "torchft", "seed": 2}]
+    assert [(r["mode"], r["seed"]) for r in shown(runs)] == [("elastic", 1), ("torchft", 1)]
+    assert shown(runs[:1] + [{"mode": "torchft", "seed": 3}]) == []

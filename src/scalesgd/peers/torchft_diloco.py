@@ -5,14 +5,19 @@ group with a synchronous quorum, a lighthouse, and Nesterov SGD as the outer opt
 
 Each worker is its own replica group of one process. Rank 0 runs the lighthouse; the quorum needs every worker
 (`min_replicas` = the world: a fixed cluster, not one shrinking on faults), and every worker starts from the same
-parameters (our loop seeds them alike), so no replica heals from another at step 0 (`init_sync=False`)."""
+parameters (our loop seeds them alike), so no replica heals from another at step 0 (`init_sync=False`).
+
+Under its own fault tolerance (`peers.torchft_replica`: a process per node under torchrun, the lighthouse apart) the
+same exchange takes a `ReplicaGroup`: the quorum takes whoever is alive, and a replica behind heals from a peer."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import time
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -44,24 +49,60 @@ class _Fragment(nn.Module):
         self.params = nn.ParameterList(params)
 
 
+@dataclass(frozen=True)
+class ReplicaGroup:
+    """Who this replica group is and where its lighthouse answers, as torchft's launchers tell its `Manager`: the
+    fewest replicas a quorum takes, the seconds its collectives, healing and quorum may take."""
+
+    replica_id: str
+    lighthouse: str  # http://host:port
+    min_replicas: int
+    collective_timeout: timedelta = TIMEOUT
+    heal_timeout: timedelta = TIMEOUT
+    quorum_timeout: timedelta = TIMEOUT
+
+
+def in_launch(world: int, rank: int, master: str) -> tuple[ReplicaGroup, object]:
+    """Our launch's workers as torchft's replica groups of one: rank 0 runs the lighthouse (returned, to shut
+    down), whose quorum needs all of them."""
+    from torchft._torchft import LighthouseServer  # the optional extra, imported where a run asks for it
+
+    lighthouse = None
+    where = [free_port(master) if rank == 0 else None]
+    if rank == 0:
+        lighthouse = LighthouseServer(bind=f"[::]:{where[0]}", min_replicas=world)
+    dist.broadcast_object_list(where, src=0)
+    return ReplicaGroup(f"scalesgd_{rank}", f"http://{master}:{where[0]}", world), lighthouse
+
+
+def addressed_transport(host: str, timeout: timedelta):
+    """torchft's HTTP checkpoint transport (a replica heals from a peer's), advertised at this replica's address:
+    torchft advertises the host's name, which a testbed node (every node the same host) cannot resolve."""
+    from torchft.checkpointing.http_transport import HTTPTransport  # the optional extra
+
+    class Addressed(HTTPTransport):
+        def address(self) -> str:
+            return super().address().replace(f"//{socket.gethostname()}:", f"//{host}:", 1)
+
+    return Addressed(timeout=timeout, num_chunks=0)
+
+
 class TorchftExchange(GradientExchange):
     """torchft's `DiLoCo` hooked on this worker's inner optimizer: every H/F steps a fragment's fp32 pseudo-gradient is
     averaged over the quorum's gloo group and its outer SGD steps it; evaluation reads the last global parameters."""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, setup: ExchangeSetup,
-                 periodic: PeriodicConfig):
+                 periodic: PeriodicConfig, group: ReplicaGroup | None = None):
         os.environ.setdefault("RUST_LOG", "warn")  # its quorum's INFO lines would drown the run's own output
         from torchft import Manager, ProcessGroupGloo  # the optional extra, imported where a run asks for it
-        from torchft._torchft import LighthouseServer  # (the same)
         from torchft.local_sgd import DiLoCo as TorchftDiLoCo  # (the same)
 
-        rank, world = dist.get_rank(), dist.get_world_size()
         master = os.environ.get("MASTER_ADDR", "127.0.0.1")
         self._lighthouse = None
-        where = [free_port(master) if rank == 0 else None]
-        if rank == 0:
-            self._lighthouse = LighthouseServer(bind=f"[::]:{where[0]}", min_replicas=world)
-        dist.broadcast_object_list(where, src=0)
+        if group is None:
+            group, self._lighthouse = in_launch(dist.get_world_size(), dist.get_rank(), master)
+        else:
+            master = group.lighthouse.rsplit("/", 1)[-1].rsplit(":", 1)[0]
         host = own_address(master)
         port = free_port(host)
         self._store = dist.TCPStore(host, port, 1, is_master=True, wait_for_workers=False)
@@ -70,10 +111,12 @@ class TorchftExchange(GradientExchange):
         self._sizes = [sum(p.numel() * p.element_size() for p in f.parameters()) for f in fragments]
         outer = [outer_sgd(list(f.parameters()), periodic.outer_lr, periodic.outer_momentum) for f in fragments]
         self.manager = Manager(
-            pg=ProcessGroupGloo(timeout=TIMEOUT), load_state_dict=self._load_replica, state_dict=self._replica,
-            min_replica_size=world, use_async_quorum=False, timeout=TIMEOUT, quorum_timeout=TIMEOUT, rank=0,
-            world_size=1, store_addr=host, store_port=port, lighthouse_addr=f"http://{master}:{where[0]}",
-            replica_id=f"scalesgd_{rank}", hostname=host, init_sync=False)
+            pg=ProcessGroupGloo(timeout=group.collective_timeout), load_state_dict=self._load_replica,
+            state_dict=self._replica, min_replica_size=group.min_replicas, use_async_quorum=False,
+            timeout=group.heal_timeout, quorum_timeout=group.quorum_timeout, rank=0, world_size=1,
+            store_addr=host, store_port=port, lighthouse_addr=group.lighthouse, replica_id=group.replica_id,
+            hostname=host, init_sync=False,
+            checkpoint_transport=addressed_transport(host, group.heal_timeout))
         self.diloco = TorchftDiLoCo(self.manager, fragments, optimizer, outer, sync_every=schedule.local_steps,
                                     backup_device=torch.device("cpu"), pin_memory=False, should_quantize=False,
                                     fragment_sync_delay=schedule.overlap_steps,
@@ -120,6 +163,16 @@ class TorchftExchange(GradientExchange):
 
     def settle(self) -> None:
         self.diloco._wait()
+
+    def digest(self) -> str:
+        """A hash of the global parameters and the outer optimizers' momenta: equal on every replica of a quorum."""
+        hasher = hashlib.sha256()
+        for f in self.diloco._fragments:
+            state = f._outer_optimizer.state_dict()["state"]
+            momenta = [state[i]["momentum_buffer"] for i in sorted(state) if "momentum_buffer" in state[i]]
+            for tensor in [*f.original_parameters.values(), *momenta]:
+                hasher.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        return hasher.hexdigest()[:16]
 
     def stats(self) -> IterationStats:
         sent, self._bytes = self._bytes, 0

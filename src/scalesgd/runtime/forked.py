@@ -25,6 +25,11 @@ NAME_PREFIX = "scalesgd-r"  # a forked worker's process name (`ps -o comm`, `top
 PR_SET_NAME = 15
 
 
+def name_process(rank: int) -> None:
+    """Name this process scalesgd-r<rank> (`ps -o comm`, `top`; the failure injector finds a worker by it)."""
+    ctypes.CDLL(None).prctl(PR_SET_NAME, f"{NAME_PREFIX}{rank}".encode()[:15])
+
+
 def _exit_at_once() -> None:
     """The fork server's end, when its launcher has ended: without the interpreter's teardown of torch (1-3 s),
     during which the server would hold the launcher's output open and keep its workers alive."""
@@ -149,7 +154,7 @@ class _Main:
         os.environ.clear()
         os.environ.update(self.env)
         if self.env.get("RANK", "").isdigit():
-            ctypes.CDLL(None).prctl(PR_SET_NAME, f"{NAME_PREFIX}{self.env['RANK']}".encode()[:15])
+            name_process(int(self.env["RANK"]))
         if self.env.get("OMP_NUM_THREADS", "").isdigit():  # OpenMP read the server's at its start, not this one
             torch.set_num_threads(int(self.env["OMP_NUM_THREADS"]))
         # `python -m`'s path: the working directory, then PYTHONPATH, then the interpreter's own

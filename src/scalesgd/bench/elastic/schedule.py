@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -21,18 +20,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scalesgd import checks, output
-from scalesgd.bench.elastic import spread
+from scalesgd.bench.elastic import figure, spread
 from scalesgd.bench.elastic.injector import FAULTS, Injector, Schedule
+from scalesgd.bench.elastic.launches import LIMITED, finish, node_env, records_of, sent_by
+from scalesgd.bench.elastic.torchft_schedule import run_torchft
 from scalesgd.config import TrainConfig
 from scalesgd.errors import UsageError
 from scalesgd.options import Options, ints, option, words
-from scalesgd.runtime.launcher import local_settings
-from scalesgd.runtime.link import NODE_DEVICE, TESTBED_VARIABLE
 from scalesgd.testbed import netns
 from scalesgd.train import metrics
 from scalesgd.train.rundir import CHECKPOINT_NAME, METRICS_NAME, SUMMARY_NAME
 
-MODES = ("fault-free", "elastic-fault-free", "elastic", "restart")
+MODES = ("fault-free", "elastic-fault-free", "elastic", "restart", "torchft")
 COORDINATOR_PORT = 29510
 POLL_S = 0.25
 TENTHS = "{:.1f}"  # seconds, MB and percentages in the table
@@ -44,7 +43,7 @@ class ScheduleBenchConfig(Options):
 
     modes: tuple[str, ...] = option(MODES, "fault-free: no faults; elastic: --elastic rounds; restart: every worker "
                                     "restarted from the last checkpoint; elastic-fault-free: elastic rounds, no "
-                                    "faults", parse=words, choices=lambda: MODES,
+                                    "faults; torchft: torchft's DiLoCo with its fault tolerance (the peers extra)", parse=words, choices=lambda: MODES,
                                     check=checks.distinct)
     seeds: tuple[int, ...] = option((0, 1, 2), "seeds, each a run of every mode", parse=ints)
     prefix: str = option("ssgd", "the testbed (`scalesgd testbed up --nodes N` first; node 0 hosts the coordinator "
@@ -78,6 +77,7 @@ def run(cfg: ScheduleBenchConfig, command: str) -> int:
     rows = [row(mode, [r for r in results if r["mode"] == mode], results) for mode in cfg.modes]
     output.write(out, "elastic-schedule", {"config": cfg.to_dict(), "testbed": spec.to_dict(), "results": results},
                  columns, rows, command)
+    figure.plot(out / "elastic-schedule.png", results, cfg.target)
     output.console().print(output.rich_table("training under a failure schedule", columns, rows))
     return 0 if all(r["code"] == 0 for r in results) else 1
 
@@ -172,6 +172,8 @@ def one_run(cfg: ScheduleBenchConfig, spec, mode: str, seed: int, run_dir: Path)
     launched = time.time()
     if mode.startswith("elastic"):
         result = run_elastic(cfg, spec, train, run_dir, schedule if mode == "elastic" else None)
+    elif mode == "torchft":
+        result = run_torchft(spec, train, run_dir, schedule, local_steps, cfg.max_restarts, cfg.limit_s)
     else:
         result = run_restarted(cfg, spec, train, run_dir, schedule if mode == "restart" else None, local_steps)
     result.update(mode=mode, seed=seed, launched=launched, wall_s=time.time() - launched, faults=schedule.log)
@@ -201,50 +203,6 @@ def summarise(result: dict, target: float) -> dict:
             "eval_s": sum(b - a for a, b in spans),
             "to_round_s": [b - a - evaluating(a, b) for a, b in after if b is not None] if "boundaries" in result
             else result.get("to_round_s", [])}
-
-
-LIMITED = -1000  # the exit status recorded for a launch stopped at --limit-s
-
-
-def finish(proc: subprocess.Popen, deadline: float) -> int:
-    """The launch's exit status, or LIMITED where it was still going at `deadline` (then stopped: SIGTERM, which our
-    launchers pass on to their workers)."""
-    try:
-        return proc.wait(max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        return LIMITED
-
-
-def sent_by(dirs: list[Path]) -> float | None:
-    """MB the run's last writer sent (its summary; every worker sends alike in an allreduce)."""
-    summaries = [d / SUMMARY_NAME for d in dirs if (d / SUMMARY_NAME).exists()]
-    newest = max(summaries, key=lambda p: p.stat().st_mtime, default=None)
-    return json.loads(newest.read_text())["bytes_sent"] / 1e6 if newest else None
-
-
-def records_of(dirs: list[Path]) -> list[dict]:
-    """Every record of the runs' metrics files (an elastic run's writer moves from node to node), once each."""
-    seen, out = set(), []
-    for folder in dirs:
-        for record in metrics.read(folder / METRICS_NAME):
-            key = json.dumps(record, sort_keys=True)
-            if key not in seen and "at" in record:
-                seen.add(key)
-                out.append(record)
-    return out
-
-
-def node_env(spec, node: int) -> dict:
-    """What a worker on a testbed node needs, as `testbed run` gives it: gloo on the node's link, its share of the
-    cores, the testbed named."""
-    return local_settings({**os.environ, TESTBED_VARIABLE: spec.prefix}, spec.world_size, spec.address(node),
-                          NODE_DEVICE)
 
 
 def run_elastic(cfg: ScheduleBenchConfig, spec, train: list[str], run_dir: Path, schedule: Schedule | None) -> dict:
@@ -281,6 +239,7 @@ def run_elastic(cfg: ScheduleBenchConfig, spec, train: list[str], run_dir: Path,
     lost = sum(lost_steps(rounds, fault, launches[fault["node"]].pid) for fault in faults)
     restarts = sum(1 for e in errors for line in e if "restarting it alone" in line)
     return {"code": max(codes, key=abs), "dirs": dirs, "boundaries": [r["at"] for r in rounds],
+            "members": [[r["at"], len(r["members"])] for r in rounds],
             "goodput": committed / (committed + lost) if committed else None, "committed_steps": committed,
             "lost_steps_at_most": lost, "rounds": len(rounds), "restarts": restarts,
             "stderr": ["".join(e[-20:]) for e in errors]}

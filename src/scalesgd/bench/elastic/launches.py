@@ -1,0 +1,59 @@
+"""What every run of `bench elastic-schedule` does with its launches on the testbed's nodes: the environment a
+node's worker gets, a launch stopped at the run's limit, and what the runs' metrics files and summaries say."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from scalesgd.runtime.launcher import local_settings
+from scalesgd.runtime.link import NODE_DEVICE, TESTBED_VARIABLE
+from scalesgd.train import metrics
+from scalesgd.train.rundir import METRICS_NAME, SUMMARY_NAME
+
+LIMITED = -1000  # the exit status recorded for a launch stopped at --limit-s
+
+
+def finish(proc: subprocess.Popen, deadline: float) -> int:
+    """The launch's exit status, or LIMITED where it was still going at `deadline` (then stopped: SIGTERM, which our
+    launchers pass on to their workers)."""
+    try:
+        return proc.wait(max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        return LIMITED
+
+
+def sent_by(dirs: list[Path]) -> float | None:
+    """MB the run's last writer sent (its summary; every worker sends alike in an allreduce)."""
+    summaries = [d / SUMMARY_NAME for d in dirs if (d / SUMMARY_NAME).exists()]
+    newest = max(summaries, key=lambda p: p.stat().st_mtime, default=None)
+    return json.loads(newest.read_text())["bytes_sent"] / 1e6 if newest else None
+
+
+def records_of(dirs: list[Path]) -> list[dict]:
+    """Every record of the runs' metrics files (an elastic run's writer moves from node to node), once each."""
+    seen, out = set(), []
+    for folder in dirs:
+        for record in metrics.read(folder / METRICS_NAME):
+            key = json.dumps(record, sort_keys=True)
+            if key not in seen and "at" in record:
+                seen.add(key)
+                out.append(record)
+    return out
+
+
+def node_env(spec, node: int) -> dict:
+    """What a worker on a testbed node needs, as `testbed run` gives it: gloo on the node's link, its share of the
+    cores, the testbed named."""
+    return local_settings({**os.environ, TESTBED_VARIABLE: spec.prefix}, spec.world_size, spec.address(node),
+                          NODE_DEVICE)
+
