@@ -31,7 +31,7 @@ from scalesgd.testbed import netns
 from scalesgd.train import metrics
 from scalesgd.train.rundir import CHECKPOINT_NAME, METRICS_NAME, SUMMARY_NAME
 
-MODES = ("fault-free", "elastic-fault-free", "elastic", "restart", "torchft")
+MODES = ("fault-free", "elastic-fault-free", "elastic", "restart", "torchft-fault-free", "torchft")
 COORDINATOR_PORT = 29510
 POLL_S = 0.25
 TENTHS = "{:.1f}"  # seconds, MB and percentages in the table
@@ -43,7 +43,8 @@ class ScheduleBenchConfig(Options):
 
     modes: tuple[str, ...] = option(MODES, "fault-free: no faults; elastic: --elastic rounds; restart: every worker "
                                     "restarted from the last checkpoint; elastic-fault-free: elastic rounds, no "
-                                    "faults; torchft: torchft's DiLoCo with its fault tolerance (the peers extra)", parse=words, choices=lambda: MODES,
+                                    "faults; torchft: torchft's DiLoCo with its fault tolerance (the peers extra); "
+                                    "torchft-fault-free: the same, no faults", parse=words, choices=lambda: MODES,
                                     check=checks.distinct)
     seeds: tuple[int, ...] = option((0, 1, 2), "seeds, each a run of every mode", parse=ints)
     prefix: str = option("ssgd", "the testbed (`scalesgd testbed up --nodes N` first; node 0 hosts the coordinator "
@@ -172,8 +173,9 @@ def one_run(cfg: ScheduleBenchConfig, spec, mode: str, seed: int, run_dir: Path)
     launched = time.time()
     if mode.startswith("elastic"):
         result = run_elastic(cfg, spec, train, run_dir, schedule if mode == "elastic" else None)
-    elif mode == "torchft":
-        result = run_torchft(spec, train, run_dir, schedule, local_steps, cfg.max_restarts, cfg.limit_s)
+    elif mode.startswith("torchft"):
+        result = run_torchft(spec, train, run_dir, schedule if mode == "torchft" else None, local_steps,
+                             cfg.max_restarts, cfg.limit_s)
     else:
         result = run_restarted(cfg, spec, train, run_dir, schedule if mode == "restart" else None, local_steps)
     result.update(mode=mode, seed=seed, launched=launched, wall_s=time.time() - launched, faults=schedule.log)
