@@ -7,7 +7,7 @@ Each worker is its own replica group of one process. Rank 0 runs the lighthouse;
 (`min_replicas` = the world: a fixed cluster, not one shrinking on faults), and every worker starts from the same
 parameters (our loop seeds them alike), so no replica heals from another at step 0 (`init_sync=False`).
 
-Under its own fault tolerance (`peers.torchft_replica`: a process per node under torchrun, the lighthouse apart) the
+Under its own fault tolerance (`bench.elastic.torchft_replica`: a process per node under torchrun, the lighthouse apart) the
 same exchange takes a `ReplicaGroup`: the quorum takes whoever is alive, and a replica behind heals from a peer."""
 
 from __future__ import annotations

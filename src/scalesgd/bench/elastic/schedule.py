@@ -58,6 +58,8 @@ class ScheduleBenchConfig(Options):
                                check=checks.within(0, 1000))
     limit_s: float = option(1200.0, "a run still going this long after its launch is stopped (its time to the target "
                             "is then what it reached by then)", check=checks.within(10, 86400))
+    kept_only: bool = option(False, "the table from the runs kept in --out alone, none run (each mode's row over "
+                             "the seeds it has)")
     out: str = option("", "output directory", shown_default="runs/bench/elastic-schedule-<timestamp>",
                       check=checks.output_dir)
     train_args: tuple[str, ...] = option((), "-- then `scalesgd train` options of every run (with --local-steps)",
@@ -66,17 +68,21 @@ class ScheduleBenchConfig(Options):
 
 def run(cfg: ScheduleBenchConfig, command: str) -> int:
     spec = netns.read_state(cfg.prefix)
-    if spec is None or spec.nodes < 2:
+    if not cfg.kept_only and (spec is None or spec.nodes < 2):
         print(f"scalesgd: error: --prefix {cfg.prefix}: no testbed of 2 or more nodes is up; start one with "
               f"`scalesgd testbed up --nodes 4 --prefix {cfg.prefix}`", file=sys.stderr)
         return 2
     out = Path(cfg.out)
-    results = [kept_or_run(cfg, spec, mode, seed, out / "runs") for seed in cfg.seeds
-               for mode in cfg.modes]  # the modes take turns, so a slow spell of the machine hits them alike
-    columns = ["mode", "time to target, s", "× fault-free", "goodput, %", "final loss", "MB sent a worker",
+    if cfg.kept_only:
+        results = [summarise(json.loads(path.read_text()), cfg.target) for mode in cfg.modes for seed in cfg.seeds
+                   if (path := out / "runs" / f"{mode}-{seed}.json").exists()]
+    else:
+        results = [kept_or_run(cfg, spec, mode, seed, out / "runs") for seed in cfg.seeds
+                   for mode in cfg.modes]  # the modes take turns, so a slow spell of the machine hits them alike
+    columns = ["mode", "seeds", "time to target, s", "× fault-free", "goodput, %", "final loss", "MB sent a worker",
                "faults", "fault → next round, s", "restarts"]
     rows = [row(mode, [r for r in results if r["mode"] == mode], results) for mode in cfg.modes]
-    output.write(out, "elastic-schedule", {"config": cfg.to_dict(), "testbed": spec.to_dict(), "results": results},
+    output.write(out, "elastic-schedule", {"config": cfg.to_dict(), "testbed": spec and spec.to_dict(), "results": results},
                  columns, rows, command)
     figure.plot(out / "elastic-schedule.png", results, cfg.target)
     output.console().print(output.rich_table("training under a failure schedule", columns, rows))
@@ -86,7 +92,10 @@ def run(cfg: ScheduleBenchConfig, command: str) -> int:
 def row(mode: str, runs: list[dict], everyone: list[dict]) -> list:
     free = {r["seed"]: r.get("to_target_s") for r in everyone if r["mode"] == "fault-free"}
     ratio = [r["to_target_s"] / free[r["seed"]] for r in runs if r.get("to_target_s") and free.get(r["seed"])]
-    return [mode, spread([r.get("to_target_s") for r in runs], TENTHS), spread(ratio),
+    missed = sum(r.get("to_target_s") is None for r in runs)
+    reached = spread([r.get("to_target_s") for r in runs], TENTHS) + (
+        f"; not reached in {missed} of {len(runs)}" if missed else "")
+    return [mode, ",".join(str(r["seed"]) for r in runs), reached, spread(ratio),
             spread([100 * r["goodput"] for r in runs if r.get("goodput") is not None], TENTHS),
             spread([r.get("final_loss") for r in runs], "{:.4f}"), spread([r.get("mb_sent") for r in runs], TENTHS),
             spread([len(r["faults"]) for r in runs], "{:.0f}"),

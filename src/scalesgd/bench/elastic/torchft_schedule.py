@@ -1,6 +1,6 @@
 """torchft's DiLoCo with its own fault tolerance under the failure schedule: `torchft_lighthouse` on node 0 (a
 quorum of at least one, as torchft's README starts it), and on every node a replica group of one process under
-`torchrun --max-restarts` (`peers.torchft_replica`), as torchft's examples launch them."""
+`torchrun --max-restarts` (`bench.elastic.torchft_replica`), as torchft's examples launch them."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def run_torchft(spec, train: list[str], run_dir: Path, schedule: Schedule | None
         ["ip", "netns", "exec", spec.node(i), sys.executable, "-m", "torch.distributed.run", "--master-addr",
          "127.0.0.1", "--master-port", str(TORCHRUN_PORT), "--nnodes", "1", "--nproc-per-node", "1",
          "--max-restarts", str(max_restarts), "--module",
-         "scalesgd.peers.torchft_replica", "--replica", str(i), "--replicas", str(spec.nodes), "--lighthouse",
+         "scalesgd.bench.elastic.torchft_replica", "--replica", str(i), "--replicas", str(spec.nodes), "--lighthouse",
          address, "--run-dir", str(dirs[i]), "--", *train, *PEER_ARGS],
         env=node_env(spec, i), stdout=subprocess.DEVNULL) for i in range(spec.nodes)]
     try:

@@ -1,4 +1,4 @@
-"""`python -m scalesgd.peers.torchft_replica`: one replica group of torchft's DiLoCo with its fault tolerance on, as
+"""`python -m scalesgd.bench.elastic.torchft_replica`: one replica group of torchft's DiLoCo with its fault tolerance on, as
 torchft's `train_diloco.py` runs one — a process per group under its own `torchrun --max-restarts`, the lighthouse
 apart (`torchft_lighthouse`), `min_replica_size` below the number of groups, the data sharded by replica group
 (torchft's `DistributedSampler`) — training our model on our data with our recipe, so that it sits beside our elastic
@@ -124,7 +124,7 @@ def evaluated(exchange: TorchftExchange, pipeline: MemoryPipeline, objective: Ob
 
 def main(argv: list[str] | None = None) -> None:
     """Run one replica group (torchrun restarts it where it dies; it heals from a peer)."""
-    parser = argparse.ArgumentParser(prog="python -m scalesgd.peers.torchft_replica", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m scalesgd.bench.elastic.torchft_replica", description=main.__doc__)
     parser.add_argument("--replica", type=int, required=True, help="this replica group's index (its data shard)")
     parser.add_argument("--replicas", type=int, required=True, help="the most replica groups (the data's shards)")
     parser.add_argument("--lighthouse", required=True, help="http://HOST:PORT of torchft_lighthouse")

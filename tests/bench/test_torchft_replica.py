@@ -24,7 +24,7 @@ def rounds(run: Path) -> list[dict]:
 
 
 def replica(i: int, replicas: int, lighthouse: str, run: Path, epochs: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "scalesgd.peers.torchft_replica", "--replica", str(i),
+    return subprocess.Popen([sys.executable, "-m", "scalesgd.bench.elastic.torchft_replica", "--replica", str(i),
                              "--replicas", str(replicas), "--lighthouse", lighthouse, "--run-dir", str(run), "--",
                              *TRAIN, "--epochs", str(epochs)], stderr=subprocess.PIPE, text=True)
 
