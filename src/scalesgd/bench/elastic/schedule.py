@@ -190,7 +190,9 @@ def one_run(cfg: ScheduleBenchConfig, spec, mode: str, seed: int, run_dir: Path)
     result.update(mode=mode, seed=seed, launched=launched, wall_s=time.time() - launched, faults=schedule.log)
     final = sorted((r for r in records_of(result["dirs"]) if r["kind"] in ("eval", "epoch")), key=lambda r: r["at"])
     every = {r["at"]: r for r in [*final, *result.pop("evaluations", [])]}  # a failed launch's evaluations too
-    result.update(mb_sent=sent_by(result["dirs"]), dirs=[str(d) for d in result["dirs"]],
+    sent = sent_by(result["dirs"])  # a run stopped at --limit-s wrote no summary: its last evaluation's count
+    result.update(mb_sent=sent if sent is not None or not final else final[-1].get("bytes_sent", 0) / 1e6,
+                  dirs=[str(d) for d in result["dirs"]],
                   evals=[{k: r.get(k) for k in ("iter", "at", "eval_s", "train_s", "test_loss")} for r in final],
                   evaluations=[{"at": at, "eval_s": r["eval_s"]} for at, r in sorted(every.items())])
     return result
