@@ -119,3 +119,22 @@ def test_the_figure_shows_the_lowest_seed_that_every_mode_ran():
             {"mode": "elastic", "seed": 2}, {"mode": "torchft", "seed": 2}]
     assert [(r["mode"], r["seed"]) for r in shown(runs)] == [("elastic", 1), ("torchft", 1)]
     assert shown(runs[:1] + [{"mode": "torchft", "seed": 3}]) == []
+    assert [(r["mode"], r["seed"]) for r in shown(runs, seed=0)] == [("elastic", 0)]  # the modes it has
+
+
+def test_kept_only_tabulates_the_runs_kept_and_counts_those_that_missed_the_target(tmp_path):
+    def kept(mode, seed, reached):
+        evals = [{"iter": 32, "at": 110.0, "eval_s": 10.0, "train_s": 90.0, "test_loss": 2.0 if reached else 2.5}]
+        return {"mode": mode, "seed": seed, "code": 0, "launched": 0.0, "wall_s": 120.0, "evals": evals,
+                "evaluations": [{"at": 110.0, "eval_s": 10.0}], "faults": [], "boundaries": [], "restarts": 0,
+                "goodput": 1.0, "mb_sent": 1.0, "dirs": []}
+
+    (tmp_path / "runs").mkdir()
+    for mode, seed, reached in (("fault-free", 0, True), ("restart", 0, False), ("restart", 1, True)):
+        (tmp_path / "runs" / f"{mode}-{seed}.json").write_text(json.dumps(kept(mode, seed, reached)))
+    done = scalesgd("bench", "elastic-schedule", "--kept-only", "--prefix", "none-up", "--modes", "fault-free,restart",
+                    "--seeds", "0,1", "--target", "2.2", "--out", tmp_path, "--", "--local-steps", "16")
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = (tmp_path / "elastic-schedule.md").read_text()
+    assert "| fault-free | 0 | 100.0 | 1.00 |" in table  # 110 s to the target less its 10 s evaluating
+    assert "| restart | 0,1 | 100.0; not reached in 1 of 2 |" in table

@@ -11,17 +11,20 @@ from scalesgd import output
 FAULT_COLOURS = {"kill": "tab:red", "stop": "tab:purple", "link": "tab:orange"}
 
 
-def shown(results: list[dict]) -> list[dict]:
-    """The runs drawn: every mode's run of the lowest seed that every mode ran (none where no seed did)."""
+def shown(results: list[dict], seed: int | None = None) -> list[dict]:
+    """The runs drawn: those of `seed`, else every mode's run of the lowest seed that every mode ran (none where no
+    seed did)."""
     modes = list(dict.fromkeys(r["mode"] for r in results))
     ran = {(r["mode"], r["seed"]): r for r in results}
+    if seed is not None:
+        return [ran[m, seed] for m in modes if (m, seed) in ran]
     seeds = sorted({seed for _, seed in ran if all((m, seed) in ran for m in modes)})
     return [ran[m, seeds[0]] for m in modes] if seeds else []
 
 
-def plot(path: Path, results: list[dict], target: float) -> None:
+def plot(path: Path, results: list[dict], target: float, seed: int | None = None) -> None:
     """One panel a mode (the runs' own records, nothing recomputed)."""
-    runs = shown(results)
+    runs = shown(results, seed)
     if not runs:
         return
     plt = output.pyplot()

@@ -58,6 +58,8 @@ class ScheduleBenchConfig(Options):
                                check=checks.within(0, 1000))
     limit_s: float = option(1200.0, "a run still going this long after its launch is stopped (its time to the target "
                             "is then what it reached by then)", check=checks.within(10, 86400))
+    figure_seed: int | None = option(None, "the seed whose runs the picture draws", parse=int, shown_default="the lowest "
+                                     "seed every mode ran")
     kept_only: bool = option(False, "the table from the runs kept in --out alone, none run (each mode's row over "
                              "the seeds it has)")
     out: str = option("", "output directory", shown_default="runs/bench/elastic-schedule-<timestamp>",
@@ -84,7 +86,7 @@ def run(cfg: ScheduleBenchConfig, command: str) -> int:
     rows = [row(mode, [r for r in results if r["mode"] == mode], results) for mode in cfg.modes]
     output.write(out, "elastic-schedule", {"config": cfg.to_dict(), "testbed": spec and spec.to_dict(), "results": results},
                  columns, rows, command)
-    figure.plot(out / "elastic-schedule.png", results, cfg.target)
+    figure.plot(out / "elastic-schedule.png", results, cfg.target, cfg.figure_seed)
     output.console().print(output.rich_table("training under a failure schedule", columns, rows))
     return 0 if all(r["code"] == 0 for r in results) else 1
 
