@@ -87,3 +87,10 @@ def test_goodput_counts_a_discarded_round_for_every_replica_and_a_healed_one_as_
     figures = goodput(logs, kills=1, local_steps=4)  # and a kill: its round counted whole
     assert figures["committed_steps"] == 5 * 4 and figures["computed_steps"] == 9 * 4 + 4
     assert figures["goodput"] == pytest.approx(20 / 40)
+
+
+def test_a_replica_outside_the_groups_is_one_line_and_exit_2():
+    done = subprocess.run([sys.executable, "-m", "scalesgd.bench.elastic.torchft_replica", "--replica", "2",
+                           "--replicas", "2", "--lighthouse", "http://127.0.0.1:1", "--run-dir", "unused", "--",
+                           *TRAIN], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--replica 2" in done.stderr

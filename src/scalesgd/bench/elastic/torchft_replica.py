@@ -63,7 +63,7 @@ def train_replica(cfg: TrainConfig, replica: int, replicas: int, group: ReplicaG
     clock, sent, record = Milestones(), 0, {}
     try:
         while (done := manager.current_step() * local_steps) < total:
-            round_start, committed = manager.current_step(), done
+            round_start = manager.current_step()
             for local in range(local_steps):
                 position = min(done + local, total - 1)
                 sampler.set_epoch(position // per_epoch)
@@ -79,8 +79,8 @@ def train_replica(cfg: TrainConfig, replica: int, replicas: int, group: ReplicaG
                        "digest": exchange.digest()})
             after = manager.current_step() * local_steps
             every = cfg.output.eval_every
-            crossed = after // per_epoch > committed // per_epoch or after >= total
-            if writes and landed and (crossed or (every and after // every > committed // every)):
+            crossed = after // per_epoch > done // per_epoch or after >= total
+            if writes and landed and (crossed or (every and after // every > done // every)):
                 with clock.paused():
                     record = evaluated(exchange, pipeline, objective, min(after, total), per_epoch, clock, sent,
                                        crossed)
