@@ -27,8 +27,8 @@ from scalesgd.runtime.process_group import set_threads
 from scalesgd.trace import Tracer
 from scalesgd.train import metrics, report
 from scalesgd.train.build import data_and_model
-from scalesgd.train.elastic import at_step
-from scalesgd.train.evaluation import Milestones, evaluate
+from scalesgd.train.elastic import at_step, evaluated
+from scalesgd.train.evaluation import Milestones
 from scalesgd.train.loop import EVAL_BATCH
 from scalesgd.train.objective import Objective
 from scalesgd.train.rundir import METRICS_NAME
@@ -82,8 +82,9 @@ def train_replica(cfg: TrainConfig, replica: int, replicas: int, group: ReplicaG
             crossed = after // per_epoch > done // per_epoch or after >= total
             if writes and landed and (crossed or (every and after // every > done // every)):
                 with clock.paused():
-                    record = evaluated(exchange, pipeline, objective, min(after, total), per_epoch, clock, sent,
-                                       crossed)
+                    position = min(after, total)
+                    epoch = -(-position // per_epoch) if crossed else position // per_epoch
+                    record = evaluated(exchange, pipeline, objective, epoch, position, clock, sent, crossed)
                 log.write(record)
             log.flush()
         if writes:
@@ -108,18 +109,6 @@ def step(exchange: TorchftExchange, parts, objective: Objective, samples: int) -
         exchange.backward(global_batch_loss(loss_sum, 1, scale))
     exchange.step()
     exchange.optimizer.zero_grad(set_to_none=True)
-
-
-def evaluated(exchange: TorchftExchange, pipeline: MemoryPipeline, objective: Objective, position: int,
-              per_epoch: int, clock: Milestones, sent: int, end_of_epoch: bool) -> dict:
-    """The global model (torchft's copy of the last committed parameters) on the whole test set."""
-    began = time.perf_counter()
-    with exchange.evaluated():
-        test = evaluate(exchange.model, pipeline.test_batches(0, 1), objective, None, exchange.autocast)
-    exchange.model.train()
-    return {"kind": "epoch" if end_of_epoch else "eval", "epoch": -(-position // per_epoch) if end_of_epoch
-            else position // per_epoch, "iter": position, "train_s": clock.train_s(), "at": time.time(),
-            "eval_s": time.perf_counter() - began, "bytes_sent": sent, **test}
 
 
 def main(argv: list[str] | None = None) -> None:
