@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from scalesgd.bench.elastic import outcome, spread
-from scalesgd.bench.elastic.train import cpu_quota
+from scalesgd.bench.elastic.injector import cpu_quota
 
 
 def test_the_spread_is_the_median_with_min_and_max_and_a_dash_for_nothing():

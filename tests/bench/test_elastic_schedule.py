@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from scalesgd.bench.elastic.figure import shown
-from scalesgd.bench.elastic.injector import Schedule, inject, worker_of
+from scalesgd.bench.elastic.injector import Schedule, Slowed, inject, worker_of
 from scalesgd.bench.elastic.schedule import Watcher, lost_steps, summarise
 from scalesgd.testbed import netns
 from tests.command import scalesgd
@@ -91,6 +91,10 @@ def test_each_fault_strikes_the_nodes_worker_or_the_whole_node_and_is_undone(tmp
         struck.join()
         assert "T" not in seen["stop"] and "state UP" in port(spec)  # running again
         assert [f["fault"] for f in schedule.log] == ["kill", "stop"] and schedule.log[1]["back"] > schedule.log[1]["at"]
+        with Slowed(spec, 1, 0.25) as slowed:  # a straggler: the node's worker in a CPU quota's group until the end
+            assert slowed.ready.wait(10)
+            held = "scalesgd-slow-" in Path(f"/proc/{worker.pid}/cgroup").read_text()
+        assert held == slowed.held and "scalesgd-slow-" not in Path(f"/proc/{worker.pid}/cgroup").read_text()
     finally:
         for proc in (launcher, worker):
             proc.kill()
@@ -123,18 +127,23 @@ def test_the_figure_shows_the_lowest_seed_that_every_mode_ran():
 
 
 def test_kept_only_tabulates_the_runs_kept_and_counts_those_that_missed_the_target(tmp_path):
-    def kept(mode, seed, reached):
-        evals = [{"iter": 32, "at": 110.0, "eval_s": 10.0, "train_s": 90.0, "test_loss": 2.0 if reached else 2.5}]
+    def kept(mode, seed, reached, at=110.0):
+        evals = [{"iter": 32, "at": at, "eval_s": 10.0, "train_s": 90.0, "test_loss": 2.0 if reached else 2.5}]
         return {"mode": mode, "seed": seed, "code": 0, "launched": 0.0, "wall_s": 120.0, "evals": evals,
-                "evaluations": [{"at": 110.0, "eval_s": 10.0}], "faults": [], "boundaries": [], "restarts": 0,
-                "goodput": 1.0, "mb_sent": 1.0, "dirs": []}
+                "evaluations": [{"at": at, "eval_s": 10.0}], "faults": [], "boundaries": [], "restarts": 0,
+                "goodput": 1.0, "mb_sent": 1.0, "dirs": [], "members_at_end": 4 if "elastic" in mode else None}
 
     (tmp_path / "runs").mkdir()
-    for mode, seed, reached in (("fault-free", 0, True), ("restart", 0, False), ("restart", 1, True)):
-        (tmp_path / "runs" / f"{mode}-{seed}.json").write_text(json.dumps(kept(mode, seed, reached)))
-    done = scalesgd("bench", "elastic-schedule", "--kept-only", "--prefix", "none-up", "--modes", "fault-free,restart",
-                    "--seeds", "0,1", "--target", "2.2", "--out", tmp_path, "--", "--local-steps", "16")
+    for mode, seed, reached, at in (("fault-free", 0, True, 110.0), ("restart", 0, False, 110.0),
+                                    ("restart", 1, True, 110.0), ("elastic-fault-free", 0, True, 90.0),
+                                    ("elastic-slow", 0, True, 106.0)):
+        (tmp_path / "runs" / f"{mode}-{seed}.json").write_text(json.dumps(kept(mode, seed, reached, at)))
+    done = scalesgd("bench", "elastic-schedule", "--kept-only", "--prefix", "none-up", "--modes",
+                    "fault-free,restart,elastic-fault-free,elastic-slow", "--seeds", "0,1", "--target", "2.2",
+                    "--out", tmp_path, "--", "--local-steps", "16")
     assert done.returncode == 0, done.stderr[-2000:]
     table = (tmp_path / "elastic-schedule.md").read_text()
     assert "| fault-free | 0 | 100.0 | 1.00 |" in table  # 110 s to the target less its 10 s evaluating
     assert "| restart | 0,1 | 100.0; not reached in 1 of 2 |" in table
+    assert "| elastic-slow | 0 | 96.0 | 1.20 |" in table  # against the all-fast elastic run's 80 s, not fault-free's
+    assert "| elastic-slow | 0 | 96.0 | 1.20 | 100.0 | 2.0000 | 1.0 | 0 | — | 0 | 4 |" in table  # 4 ended alike

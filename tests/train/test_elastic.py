@@ -17,7 +17,9 @@ import pytest
 import torch
 
 from scalesgd.bench.elastic.train import half_speed, records
+from scalesgd.elastic.membership import DivergedError
 from scalesgd.runtime.forked import worker_pid
+from scalesgd.train.elastic import ended_alike
 from tests.train.cli import scalesgd
 
 pytest.importorskip("torchft")
@@ -56,7 +58,14 @@ def test_a_killed_worker_is_restarted_alone_and_rejoins_while_the_others_go_on(t
     assert any(m.startswith("host-w1-") for m in new[-1]["members"]) and len(log[-1]["members"]) == 3
     summary = json.loads((run / "summary.json").read_text())
     assert summary["elastic"]["rounds"] == len(log)
+    assert summary["elastic"]["members_at_end"] == 3  # each of the last round's members ended with the writer's state
     assert summary["final_test_acc"] > 0.5  # trained through it (digits: 10 classes)
+
+
+def test_members_that_end_the_run_with_another_global_state_stop_it():
+    assert ended_alike({"a": "d1", "b": "d1"}, "d1") == 2
+    with pytest.raises(DivergedError, match="ended it with different global states: d1 here, {'b': 'd2'} there"):
+        ended_alike({"a": "d1", "b": "d2"}, "d1")
 
 
 @pytest.mark.parametrize(("options", "said"), [

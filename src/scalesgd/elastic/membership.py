@@ -33,6 +33,7 @@ from scalesgd.elastic.coordinator import (
 
 FINISHED_KEY = "run/finished"  # in the store: the run's last round committed
 DONE_PREFIX = "done/"  # + a worker's name: it took the last round
+FINAL_PREFIX = "final/"  # + a member's id: the digest of the global state it ended the run with
 SLOW_TOLERANCE = 1.25  # a member this much slower than the fastest still takes every inner step of a round
 POLL_S = 0.02  # how often a member that finished its exchange looks for the round's decision
 
@@ -255,12 +256,27 @@ class Elastic:
         return Decision(True, self.store.add(f"{key}/weight", 0), digest=digests.pop(),
                         paces=tuple(float(pace) for _, pace in said))
 
-    def finished(self, name: str) -> None:
+    def finished(self, name: str, digest: str = "") -> None:
         """Say in the store that the run's last round committed, and that `name` took it (it ends by itself; a
-        launcher ends a worker of its own that did not: one still waiting to join)."""
+        launcher ends a worker of its own that did not: one still waiting to join), ending with the global state
+        `digest`."""
         with self._coordinator("hear that the run finished"):
             self.store.set(f"{DONE_PREFIX}{name}", "1")
+            if digest:
+                self.store.set(f"{FINAL_PREFIX}{self.id}", digest)
             self.store.set(FINISHED_KEY, "1")
+
+    def final_digests(self, wait_s: float | None = None) -> dict[str, str]:
+        """The global state's digest each member of the last round ended the run with, of those that said so
+        within `wait_s` (the group's timeout by default; one that died after the last round says nothing)."""
+        keys = {member: FINAL_PREFIX + member for member in self.quorum.members}
+        deadline = time.monotonic() + (self.group_timeout.total_seconds() if wait_s is None else wait_s)
+        with self._coordinator("hear how the members ended"):
+            while True:
+                said = {m: self.store.get(k).decode() for m, k in keys.items() if self.store.check([k])}
+                if len(said) == len(keys) or time.monotonic() > deadline:
+                    return said
+                self._stop.wait(POLL_S)
 
     def close(self) -> None:
         self._stop.set()

@@ -23,6 +23,7 @@ from scalesgd.data import GlobalBatchSampler
 from scalesgd.data.pipeline import MemoryPipeline
 from scalesgd.data.shares import Dealer, round_shares
 from scalesgd.elastic import ElasticMembership
+from scalesgd.elastic.membership import DivergedError
 from scalesgd.options import flatten, runtime_fields
 from scalesgd.periodic.exchange import PeriodicExchange
 from scalesgd.recipe import build_scheduler, global_batch_loss
@@ -116,7 +117,7 @@ def train_member(cfg: TrainConfig, run_dir: Path, address: str, name: str) -> di
             cursor = rounds.shared["cursor"]
             last = not dealer.round_plan(cursor, rounds.plan_of(elastic.quorum.size))[0]
             if last:  # said at once: the launcher ends its workers that did not take the last round
-                elastic.finished(name)
+                elastic.finished(name, rounds.digest())
             if elastic.quorum.rank != 0:
                 logged = None  # another member writes the records
                 continue
@@ -152,6 +153,7 @@ def train_member(cfg: TrainConfig, run_dir: Path, address: str, name: str) -> di
             log.flush()
         if elastic.quorum.rank != 0:
             return None
+        ended = ended_alike(elastic.final_digests(), rounds.digest())
         summary = {
             "final_test_acc": record.get("test_acc", best), "best_test_acc": best,
             **{f"final_{key}": record[key] for key in ("test_loss", "test_perplexity") if key in record},
@@ -160,7 +162,8 @@ def train_member(cfg: TrainConfig, run_dir: Path, address: str, name: str) -> di
             "epochs_trained": cfg.recipe.epochs, "steps_per_epoch": len(sampler), "peak_lr": cfg.recipe.peak_lr,
             "world_size": cfg.runtime.workers, "run_dir": str(run_dir),
             throughput_key(data.is_text): trained / max(clock.train_s(), 1e-9),  # this member's own
-            "elastic": elastic_summary(rounds.log, exchange.diloco.rounds, rounds.digest()),
+            "elastic": {**elastic_summary(rounds.log, exchange.diloco.rounds, rounds.digest()),
+                        "members_at_end": ended},
             "config": cfg.to_dict(),
         }
         if log is not None:
@@ -235,6 +238,16 @@ def resumable(run_dir: Path) -> dict | None:
         return None
     state = checkpoint.load_latest(run_dir)
     return state if "elastic" in state else None
+
+
+def ended_alike(said: dict[str, str], own: str) -> int:
+    """How many members of the last round said they ended the run with this member's global state; DivergedError
+    where one ended with another (the per-round check covers each round's start, this the run's end)."""
+    others = {member: digest for member, digest in said.items() if digest != own}
+    if others:
+        raise DivergedError(f"the run's last members ended it with different global states: {own} here, "
+                            f"{others} there")
+    return len(said)
 
 
 def elastic_summary(log: list[dict], rounds: int, digest: str) -> dict:

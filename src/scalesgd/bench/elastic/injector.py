@@ -1,6 +1,7 @@
 """A fixed failure schedule on the testbed: every `every` seconds, the next fault in turn on the next node after
 node 0 (which hosts the run's coordinator) — its worker SIGKILLed, the node frozen (every process in it SIGSTOPped)
-for `down_s`, or its link pulled at the switch for `down_s` — each fault logged with its wall time."""
+for `down_s`, or its link pulled at the switch for `down_s` — each fault logged with its wall time. And a straggler:
+one node's worker held to a fraction of a core all run."""
 
 from __future__ import annotations
 
@@ -119,3 +120,66 @@ class Injector:
                 return
             inject(self.spec, self.schedule, number, lambda: self.alive() and not self._stop.is_set())
             number += 1
+
+
+class Slowed:
+    """Node `node`'s worker held to `cores` of CPU time from the moment it starts until the way out (a cgroup's
+    quota; `held` says whether one could be written here)."""
+
+    def __init__(self, spec: TestbedSpec, node: int, cores: float):
+        self.spec, self.node, self.cores = spec, node, cores
+        self.held, self.ready = False, threading.Event()  # ready: the quota tried on the worker
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="straggler", daemon=True)
+
+    def __enter__(self) -> Slowed:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        victim = None
+        while victim is None and not self._stop.wait(0.05):
+            victim = worker_of(self.spec, self.node)
+        if victim is None:
+            return
+        with cpu_quota(victim, self.cores) as self.held:
+            self.ready.set()
+            self._stop.wait()
+
+
+@contextlib.contextmanager
+def cpu_quota(pid: int, cores: float):
+    """`pid` held to `cores` of CPU time (a cgroup v1 or v2 CPU quota over 10 ms periods) while inside; yields
+    whether it is (False where cgroups cannot be written here). The group is removed on the way out."""
+    period = 10_000
+    quota = max(1000, int(cores * period))
+    for root, marker, limits in (
+            (Path("/sys/fs/cgroup/cpu"), "cpu.cfs_quota_us", {"cpu.cfs_period_us": period, "cpu.cfs_quota_us": quota}),
+            (Path("/sys/fs/cgroup"), "cgroup.controllers", {"cpu.max": f"{quota} {period}"})):
+        if not (root / marker).exists():  # not that hierarchy here (a folder made in a tmpfs would limit nothing)
+            continue
+        group = root / f"scalesgd-slow-{os.getpid()}"
+        try:
+            group.mkdir()
+        except OSError:
+            continue
+        try:
+            for name, value in limits.items():
+                (group / name).write_text(str(value))
+            (group / "cgroup.procs").write_text(str(pid))
+        except OSError:
+            group.rmdir()
+            continue
+        try:
+            yield True
+        finally:
+            with contextlib.suppress(OSError):  # the process gone, the group empties: it can go
+                (root / "cgroup.procs").write_text(str(pid))
+            with contextlib.suppress(OSError):
+                group.rmdir()
+        return
+    yield False

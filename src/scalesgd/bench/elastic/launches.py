@@ -32,11 +32,17 @@ def finish(proc: subprocess.Popen, deadline: float) -> int:
         return LIMITED
 
 
-def sent_by(dirs: list[Path]) -> float | None:
-    """MB the run's last writer sent (its summary; every worker sends alike in an allreduce)."""
+def summary_of(dirs: list[Path]) -> dict:
+    """The summary the run's last writer wrote ({} where none did: a run stopped at its limit)."""
     summaries = [d / SUMMARY_NAME for d in dirs if (d / SUMMARY_NAME).exists()]
     newest = max(summaries, key=lambda p: p.stat().st_mtime, default=None)
-    return json.loads(newest.read_text())["bytes_sent"] / 1e6 if newest else None
+    return json.loads(newest.read_text()) if newest else {}
+
+
+def sent_by(dirs: list[Path]) -> float | None:
+    """MB the run's last writer sent (its summary; every worker sends alike in an allreduce)."""
+    said = summary_of(dirs)
+    return said["bytes_sent"] / 1e6 if said else None
 
 
 def records_of(dirs: list[Path]) -> list[dict]:

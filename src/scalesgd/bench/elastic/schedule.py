@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -21,8 +22,8 @@ from pathlib import Path
 
 from scalesgd import checks, output
 from scalesgd.bench.elastic import figure, spread
-from scalesgd.bench.elastic.injector import FAULTS, Injector, Schedule
-from scalesgd.bench.elastic.launches import LIMITED, finish, node_env, records_of, sent_by
+from scalesgd.bench.elastic.injector import FAULTS, Injector, Schedule, Slowed
+from scalesgd.bench.elastic.launches import LIMITED, finish, node_env, records_of, sent_by, summary_of
 from scalesgd.bench.elastic.torchft_schedule import run_torchft
 from scalesgd.config import TrainConfig
 from scalesgd.errors import UsageError
@@ -31,7 +32,9 @@ from scalesgd.testbed import netns
 from scalesgd.train import metrics
 from scalesgd.train.rundir import CHECKPOINT_NAME, METRICS_NAME, SUMMARY_NAME
 
-MODES = ("fault-free", "elastic-fault-free", "elastic", "restart", "torchft-fault-free", "torchft")
+MODES = ("fault-free", "elastic-fault-free", "elastic", "restart", "torchft-fault-free", "torchft", "elastic-slow",
+         "fault-free-slow")
+ALL_FAST = {"elastic-slow": "elastic-fault-free", "fault-free-slow": "fault-free"}  # a straggler's run: against
 COORDINATOR_PORT = 29510
 POLL_S = 0.25
 TENTHS = "{:.1f}"  # seconds, MB and percentages in the table
@@ -44,7 +47,9 @@ class ScheduleBenchConfig(Options):
     modes: tuple[str, ...] = option(MODES, "fault-free: no faults; elastic: --elastic rounds; restart: every worker "
                                     "restarted from the last checkpoint; elastic-fault-free: elastic rounds, no "
                                     "faults; torchft: torchft's DiLoCo with its fault tolerance (the peers extra); "
-                                    "torchft-fault-free: the same, no faults", parse=words, choices=lambda: MODES,
+                                    "torchft-fault-free: the same, no faults; elastic-slow, fault-free-slow: "
+                                    "elastic-fault-free and fault-free with node 1's worker held to a share of its "
+                                    "part of the cores all run (--slow-share)", parse=words, choices=lambda: MODES,
                                     check=checks.distinct)
     seeds: tuple[int, ...] = option((0, 1, 2), "seeds, each a run of every mode", parse=ints)
     prefix: str = option("ssgd", "the testbed (`scalesgd testbed up --nodes N` first; node 0 hosts the coordinator "
@@ -53,6 +58,8 @@ class ScheduleBenchConfig(Options):
     down_s: float = option(20.0, "seconds a node stays frozen or its link down", check=checks.within(0.1, 3600))
     faults: tuple[str, ...] = option(FAULTS, "the faults, in turn", parse=words, choices=lambda: FAULTS)
     target: float = option(2.2876, "the validation loss to reach (the default GPT's: DDP fp32's + 1 %)")
+    slow_share: float = option(0.5, "-slow modes: the share of its fair part of the cores node 1's worker gets",
+                               check=checks.within(0.05, 1))
     min_workers: int = option(2, "elastic: the fewest workers a round takes", check=checks.within(1, 64))
     max_restarts: int = option(50, "restarts a run (restart) or a worker (elastic) may take",
                                check=checks.within(0, 1000))
@@ -81,8 +88,8 @@ def run(cfg: ScheduleBenchConfig, command: str) -> int:
     else:
         results = [kept_or_run(cfg, spec, mode, seed, out / "runs") for seed in cfg.seeds
                    for mode in cfg.modes]  # the modes take turns, so a slow spell of the machine hits them alike
-    columns = ["mode", "seeds", "time to target, s", "× fault-free", "goodput, %", "final loss", "MB sent a worker",
-               "faults", "fault → next round, s", "restarts"]
+    columns = ["mode", "seeds", "time to target, s", "× fault-free (-slow: × all fast)", "goodput, %", "final loss",
+               "MB sent a worker", "faults", "fault → next round, s", "restarts", "members at the end, equal"]
     rows = [row(mode, [r for r in results if r["mode"] == mode], results) for mode in cfg.modes]
     output.write(out, "elastic-schedule", {"config": cfg.to_dict(), "testbed": spec and spec.to_dict(), "results": results},
                  columns, rows, command)
@@ -92,7 +99,8 @@ def run(cfg: ScheduleBenchConfig, command: str) -> int:
 
 
 def row(mode: str, runs: list[dict], everyone: list[dict]) -> list:
-    free = {r["seed"]: r.get("to_target_s") for r in everyone if r["mode"] == "fault-free"}
+    base = ALL_FAST.get(mode, "fault-free")
+    free = {r["seed"]: r.get("to_target_s") for r in everyone if r["mode"] == base}
     ratio = [r["to_target_s"] / free[r["seed"]] for r in runs if r.get("to_target_s") and free.get(r["seed"])]
     missed = sum(r.get("to_target_s") is None for r in runs)
     reached = spread([r.get("to_target_s") for r in runs], TENTHS) + (
@@ -101,7 +109,8 @@ def row(mode: str, runs: list[dict], everyone: list[dict]) -> list:
             spread([100 * r["goodput"] for r in runs if r.get("goodput") is not None], TENTHS),
             spread([r.get("final_loss") for r in runs], "{:.4f}"), spread([r.get("mb_sent") for r in runs], TENTHS),
             spread([len(r["faults"]) for r in runs], "{:.0f}"),
-            spread([s for r in runs for s in r["to_round_s"]], TENTHS), spread([r["restarts"] for r in runs], "{:.0f}")]
+            spread([s for r in runs for s in r["to_round_s"]], TENTHS), spread([r["restarts"] for r in runs], "{:.0f}"),
+            spread([r.get("members_at_end") for r in runs], "{:.0f}")]
 
 
 class Watcher:
@@ -182,13 +191,15 @@ def one_run(cfg: ScheduleBenchConfig, spec, mode: str, seed: int, run_dir: Path)
     schedule = Schedule(cfg.fault_every, cfg.down_s, cfg.faults)
     print(f"{mode}, seed {seed}", flush=True)
     launched = time.time()
-    if mode.startswith("elastic"):
-        result = run_elastic(cfg, spec, train, run_dir, schedule if mode == "elastic" else None)
-    elif mode.startswith("torchft"):
-        result = run_torchft(spec, train, run_dir, schedule if mode == "torchft" else None, local_steps,
-                             cfg.max_restarts, cfg.limit_s)
-    else:
-        result = run_restarted(cfg, spec, train, run_dir, schedule if mode == "restart" else None, local_steps)
+    share = cfg.slow_share * min(1.0, (os.cpu_count() or 1) / spec.nodes)  # of a core: its fair part's share
+    with Slowed(spec, 1, share) if mode.endswith("-slow") else contextlib.nullcontext():
+        if mode.startswith("elastic"):
+            result = run_elastic(cfg, spec, train, run_dir, schedule if mode == "elastic" else None)
+        elif mode.startswith("torchft"):
+            result = run_torchft(spec, train, run_dir, schedule if mode == "torchft" else None, local_steps,
+                                 cfg.max_restarts, cfg.limit_s)
+        else:
+            result = run_restarted(cfg, spec, train, run_dir, schedule if mode == "restart" else None, local_steps)
     result.update(mode=mode, seed=seed, launched=launched, wall_s=time.time() - launched, faults=schedule.log)
     final = sorted((r for r in records_of(result["dirs"]) if r["kind"] in ("eval", "epoch")), key=lambda r: r["at"])
     every = {r["at"]: r for r in [*final, *result.pop("evaluations", [])]}  # a failed launch's evaluations too
@@ -253,10 +264,12 @@ def run_elastic(cfg: ScheduleBenchConfig, spec, train: list[str], run_dir: Path,
     faults = schedule.log if schedule else []
     lost = sum(lost_steps(rounds, fault, launches[fault["node"]].pid) for fault in faults)
     restarts = sum(1 for e in errors for line in e if "restarting it alone" in line)
+    said = summary_of(dirs)
     return {"code": max(codes, key=abs), "dirs": dirs, "boundaries": [r["at"] for r in rounds],
             "members": [[r["at"], len(r["members"])] for r in rounds],
             "goodput": committed / (committed + lost) if committed else None, "committed_steps": committed,
             "lost_steps_at_most": lost, "rounds": len(rounds), "restarts": restarts,
+            "members_at_end": said.get("elastic", {}).get("members_at_end"),
             "stderr": ["".join(e[-20:]) for e in errors]}
 
 

@@ -7,7 +7,6 @@ others all run instead: the steps the plan gave it, when it first took part and 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from scalesgd import checks, output
 from scalesgd.bench import quality_report
+from scalesgd.bench.elastic.injector import cpu_quota
 from scalesgd.options import Options, option, words
 from scalesgd.runtime.forked import worker_pid
 from scalesgd.train import metrics
@@ -150,40 +150,6 @@ def half_speed(proc: subprocess.Popen, workers: int = 2) -> None:
             except ProcessLookupError:
                 return
         proc.wait()
-
-
-@contextlib.contextmanager
-def cpu_quota(pid: int, cores: float):
-    """`pid` held to `cores` of CPU time (a cgroup v1 or v2 CPU quota over 10 ms periods) while inside; yields
-    whether it is (False where cgroups cannot be written here). The group is removed on the way out."""
-    period = 10_000
-    quota = max(1000, int(cores * period))
-    for root, marker, limits in (
-            (Path("/sys/fs/cgroup/cpu"), "cpu.cfs_quota_us", {"cpu.cfs_period_us": period, "cpu.cfs_quota_us": quota}),
-            (Path("/sys/fs/cgroup"), "cgroup.controllers", {"cpu.max": f"{quota} {period}"})):
-        if not (root / marker).exists():  # not that hierarchy here (a folder made in a tmpfs would limit nothing)
-            continue
-        group = root / f"scalesgd-slow-{os.getpid()}"
-        try:
-            group.mkdir()
-        except OSError:
-            continue
-        try:
-            for name, value in limits.items():
-                (group / name).write_text(str(value))
-            (group / "cgroup.procs").write_text(str(pid))
-        except OSError:
-            group.rmdir()
-            continue
-        try:
-            yield True
-        finally:
-            with contextlib.suppress(OSError):  # the process gone, the group empties: it can go
-                (root / "cgroup.procs").write_text(str(pid))
-            with contextlib.suppress(OSError):
-                group.rmdir()
-        return
-    yield False
 
 
 def records(run_dir: Path, kind: str) -> list[dict]:
