@@ -28,6 +28,10 @@ def test_the_coordinators_command_refuses_a_bad_timeout_and_an_unresolvable_host
     with pytest.raises(SystemExit) as ended:
         coordinator.main(["--min-workers", "1", "--heartbeat-timeout", "0"])
     assert ended.value.code == 2 and capsys.readouterr().err.count("\n") == 1
+    with pytest.raises(SystemExit) as ended:
+        coordinator.main(["--min-workers", "1", "--join-timeout", "-1"])
+    said = capsys.readouterr().err
+    assert ended.value.code == 2 and said.count("\n") == 1 and "--join-timeout -1" in said
     monkeypatch.setattr(coordinator.socket, "gethostname", lambda: "nowhere.invalid")
     with pytest.raises(SystemExit) as ended:  # a host whose name does not resolve (a testbed node) says so
         coordinator.main(["--min-workers", "1"])

@@ -80,6 +80,12 @@ def test_bad_elastic_options_end_in_one_line(options, said, tmp_path):
     assert len(done.stderr.strip().splitlines()) == 1
 
 
+def test_a_grace_window_without_elastic_rounds_ends_in_one_line(tmp_path):
+    done = scalesgd(*[a for a in ELASTIC if a != "--elastic"], "--elastic-grace", "2", "--run-dir", tmp_path / "run")
+    assert done.returncode == 2 and done.stderr.strip() == ("scalesgd: error: --elastic-grace 2 is the grace window "
+                                                            "of an --elastic run's rounds: add --elastic")
+
+
 def test_joining_a_coordinator_that_is_not_there_ends_in_one_line_within_its_timeout(tmp_path):
     start = time.monotonic()
     done = scalesgd(*ELASTIC, "--epochs", "1", "--join", "http://127.0.0.1:9,127.0.0.1:9", "--timeout", "2",
@@ -116,3 +122,21 @@ def test_a_worker_at_half_speed_is_planned_fewer_steps_and_every_share_is_dealt(
     assert summary["elastic"]["fewest_members"] == 2  # never dropped: it arrives in time
     dealt = torch.load(run / "checkpoint.pt", weights_only=True)["elastic"]["shared"]["cursor"]
     assert 4 * summary["steps_per_epoch"] * 2 - dealt < 2  # every share but fewer than one a member at the end
+
+
+def test_with_a_grace_window_a_worker_at_half_speed_is_left_out_of_the_rounds_it_is_late_for_and_heals(tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "scalesgd", *ELASTIC, "--local-steps", "16", "--workers", "3",
+                             "--epochs", "4", "--elastic-grace", "0.1", "--run-dir", str(run)],
+                            stderr=subprocess.PIPE, text=True)
+    slowed = threading.Thread(target=half_speed, args=(proc, 3), daemon=True)
+    slowed.start()
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err
+    log = rounds(run)
+    assert all(planned == 16 for r in log for planned in r["planned"]), log  # no member planned fewer steps
+    slow_in = [any(m.startswith("host-w1-") for m in r["members"]) for r in log]
+    assert 0 < sum(slow_in) < len(log), slow_in  # left out of the rounds it was late for, healed back into others
+    assert [r["round"] for r in log] == list(range(len(log)))  # every round taken by the others, none discarded
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["elastic"]["fewest_members"] == 2 and summary["elastic"]["members_at_end"] >= 2

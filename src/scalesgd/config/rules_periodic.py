@@ -56,6 +56,9 @@ def periodic(cfg) -> None:
         torchft_peer(cfg)
     if p.elastic or p.join:
         elastic(cfg)
+    elif p.elastic_grace:
+        raise UsageError(f"`elastic_grace` {p.elastic_grace:g} is the grace window of an `elastic` run's rounds: add "
+                         "`elastic`")
     try:
         schedule = p.schedule
     except (TypeError, ValueError) as err:

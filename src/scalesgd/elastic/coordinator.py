@@ -97,16 +97,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--heartbeat-timeout", type=float, default=3 * HEARTBEAT_S, metavar="S",
                         help="seconds without a heartbeat before a member is dropped; on a link a round's exchange "
                              "fills, heartbeats queue behind it: give it more (default %(default)g)")
+    parser.add_argument("--join-timeout", type=float, default=JOIN_TIMEOUT_S, metavar="S",
+                        help="seconds a quorum waits for a live member that has not asked to join it yet: the "
+                             "grace window of a round's late member (`scalesgd train --elastic-grace`; default "
+                             "%(default)g)")
     args = parser.parse_args(argv)
-    if not args.heartbeat_timeout > 0:
-        parser.exit(2, f"{parser.prog}: error: --heartbeat-timeout {args.heartbeat_timeout:g}: give seconds above 0\n")
+    for flag, value in (("--heartbeat-timeout", args.heartbeat_timeout), ("--join-timeout", args.join_timeout)):
+        if not value > 0:
+            parser.exit(2, f"{parser.prog}: error: {flag} {value:g}: give seconds above 0\n")
     if args.host is None:  # looked up only when not given: a host whose name does not resolve can still serve
         try:
             args.host = socket.gethostbyname(socket.gethostname())
         except OSError:
             parser.exit(2, f"{parser.prog}: error: this host's name {socket.gethostname()!r} does not resolve; "
                            "give --host ADDRESS\n")
-    with Coordinator(args.min_workers, args.host, heartbeat_timeout_s=args.heartbeat_timeout, lighthouse_port=args.port,
+    with Coordinator(args.min_workers, args.host, heartbeat_timeout_s=args.heartbeat_timeout,
+                     join_timeout_s=args.join_timeout, lighthouse_port=args.port,
                      store_port=args.port + 1 if args.port else 0) as served:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         print(served.address, flush=True)

@@ -48,6 +48,12 @@ class PeriodicConfig:
                            "lighthouse and a store) on --master-addr and prints its address")
     min_workers: int = option(1, "with --elastic: the fewest workers a round may take (a quorum waits for them)",
                               runtime=True, check=checks.at_least(1))
+    elastic_grace: float = option(0.0, "with --elastic: seconds a round waits for a worker late to it before it goes "
+                                  "on without it (that worker's steps lost, and it heals from a peer at the next "
+                                  "round: a minimum quorum and a grace window, as Decoupled DiLoCo's, without its "
+                                  "late merge), every worker taking --local-steps steps; 0: none is left out, each "
+                                  "worker is planned the steps its pace fits in the fastest's --local-steps",
+                                  check=checks.at_least(0))
     join: str = option("", "with --local-steps: join the elastic run whose coordinator printed this address "
                        "(http://HOST:PORT,HOST:PORT) with this launch's --workers", runtime=True)
     peer: str = option("", "with --local-steps: synchronise with another library's implementation in this loop, "

@@ -23,7 +23,7 @@ from scalesgd.data import GlobalBatchSampler
 from scalesgd.data.pipeline import MemoryPipeline
 from scalesgd.data.shares import Dealer, round_shares
 from scalesgd.elastic import ElasticMembership
-from scalesgd.elastic.membership import DivergedError
+from scalesgd.elastic.membership import SLOW_TOLERANCE, DivergedError
 from scalesgd.options import flatten, runtime_fields
 from scalesgd.periodic.exchange import PeriodicExchange
 from scalesgd.recipe import build_scheduler, global_batch_loss
@@ -75,7 +75,8 @@ def train_member(cfg: TrainConfig, run_dir: Path, address: str, name: str) -> di
     settings = cfg.exchange_setup(None, None, Tracer(False), None, len(sampler)).settings
     make_codec(cfg.exchange.codec, settings)  # its kernels built before joining: the first round holds everyone
     membership = ElasticMembership.connect(address, name, member_config(cfg), start_workers=cfg.runtime.workers,
-                                           group_timeout_s=min(cfg.runtime.timeout, 60.0))
+                                           group_timeout_s=min(cfg.runtime.timeout, 60.0),
+                                           slow_tolerance=None if cfg.periodic.elastic_grace else SLOW_TOLERANCE)
     elastic = membership.elastic
     try:
         setup = cfg.exchange_setup(membership, None, Tracer(False), None, len(sampler))

@@ -41,7 +41,8 @@ ENDS_THE_RUN = (EXIT_USAGE, EXIT_NON_FINITE, EXIT_PEER_LOST)  # said by the work
 def spawn(cfg: TrainConfig, run_dir: Path) -> int:
     """Run `cfg`'s elastic workers here: `workers` of them hosting the coordinator, or one joining `join`'s."""
     p, rt = cfg.periodic, cfg.runtime
-    hosted = None if p.join else Coordinator(p.min_workers, rt.master_addr, store_port=rt.master_port)
+    window = {"join_timeout_s": p.elastic_grace} if p.elastic_grace else {}  # a late member's grace, else the default
+    hosted = None if p.join else Coordinator(p.min_workers, rt.master_addr, store_port=rt.master_port, **window)
     address = Address.parse(p.join) if p.join else hosted.address
     if hosted is not None:
         print(f"scalesgd: elastic run's coordinator at {address}; more workers join with `scalesgd train … --join "

@@ -33,8 +33,9 @@ from scalesgd.train import metrics
 from scalesgd.train.rundir import CHECKPOINT_NAME, METRICS_NAME, SUMMARY_NAME
 
 MODES = ("fault-free", "elastic-fault-free", "elastic", "restart", "torchft-fault-free", "torchft", "elastic-slow",
-         "fault-free-slow")
-ALL_FAST = {"elastic-slow": "elastic-fault-free", "fault-free-slow": "fault-free"}  # a straggler's run: against
+         "elastic-slow-grace", "fault-free-slow")
+ALL_FAST = {"elastic-slow": "elastic-fault-free", "elastic-slow-grace": "elastic-fault-free",
+            "fault-free-slow": "fault-free"}  # a straggler's run: against
 COORDINATOR_PORT = 29510
 POLL_S = 0.25
 TENTHS = "{:.1f}"  # seconds, MB and percentages in the table
@@ -49,7 +50,8 @@ class ScheduleBenchConfig(Options):
                                     "faults; torchft: torchft's DiLoCo with its fault tolerance (the peers extra); "
                                     "torchft-fault-free: the same, no faults; elastic-slow, fault-free-slow: "
                                     "elastic-fault-free and fault-free with node 1's worker held to a share of its "
-                                    "part of the cores all run (--slow-share)", parse=words, choices=lambda: MODES,
+                                    "part of the cores all run (--slow-share); elastic-slow-grace: elastic-slow with "
+                                    "a grace window for a late member (--grace-s) instead of its steps planned", parse=words, choices=lambda: MODES,
                                     check=checks.distinct)
     seeds: tuple[int, ...] = option((0, 1, 2), "seeds, each a run of every mode", parse=ints)
     prefix: str = option("ssgd", "the testbed (`scalesgd testbed up --nodes N` first; node 0 hosts the coordinator "
@@ -60,6 +62,8 @@ class ScheduleBenchConfig(Options):
     target: float = option(2.2876, "the validation loss to reach (the default GPT's: DDP fp32's + 1 %)")
     slow_share: float = option(0.5, "-slow modes: the share of its fair part of the cores node 1's worker gets",
                                check=checks.within(0.05, 1))
+    grace_s: float = option(2.0, "elastic-slow-grace: seconds a round waits for a late member (`scalesgd train "
+                            "--elastic-grace`)", check=checks.within(0.1, 600))
     min_workers: int = option(2, "elastic: the fewest workers a round takes", check=checks.within(1, 64))
     max_restarts: int = option(50, "restarts a run (restart) or a worker (elastic) may take",
                                check=checks.within(0, 1000))
@@ -192,9 +196,10 @@ def one_run(cfg: ScheduleBenchConfig, spec, mode: str, seed: int, run_dir: Path)
     print(f"{mode}, seed {seed}", flush=True)
     launched = time.time()
     share = cfg.slow_share * min(1.0, (os.cpu_count() or 1) / spec.nodes)  # of a core: its fair part's share
-    with Slowed(spec, 1, share) if mode.endswith("-slow") else contextlib.nullcontext():
+    with Slowed(spec, 1, share) if "-slow" in mode else contextlib.nullcontext():
         if mode.startswith("elastic"):
-            result = run_elastic(cfg, spec, train, run_dir, schedule if mode == "elastic" else None)
+            result = run_elastic(cfg, spec, train, run_dir, schedule if mode == "elastic" else None,
+                                 cfg.grace_s if mode.endswith("-grace") else None)
         elif mode.startswith("torchft"):
             result = run_torchft(spec, train, run_dir, schedule if mode == "torchft" else None, local_steps,
                                  cfg.max_restarts, cfg.limit_s)
@@ -231,12 +236,16 @@ def summarise(result: dict, target: float) -> dict:
             else result.get("to_round_s", [])}
 
 
-def run_elastic(cfg: ScheduleBenchConfig, spec, train: list[str], run_dir: Path, schedule: Schedule | None) -> dict:
-    """The coordinator on node 0, then a `--join` launch on every node (each restarts its worker alone)."""
+def run_elastic(cfg: ScheduleBenchConfig, spec, train: list[str], run_dir: Path, schedule: Schedule | None,
+                grace_s: float | None = None) -> dict:
+    """The coordinator on node 0, then a `--join` launch on every node (each restarts its worker alone); with
+    `grace_s`, a round waits that long for a late member instead of planning a slow one's steps."""
+    window = ["--join-timeout", str(grace_s)] if grace_s else []
+    train = [*train, "--elastic-grace", str(grace_s)] if grace_s else train
     deadline = time.monotonic() + cfg.limit_s
     coordinator = subprocess.Popen(
         ["ip", "netns", "exec", spec.node(0), sys.executable, "-m", "scalesgd.elastic", "--min-workers",
-         str(cfg.min_workers), "--host", spec.address(0), "--port", str(COORDINATOR_PORT)],
+         str(cfg.min_workers), "--host", spec.address(0), "--port", str(COORDINATOR_PORT), *window],
         stdout=subprocess.PIPE, text=True, env=node_env(spec, 0))
     address = coordinator.stdout.readline().strip()
     if not address:
