@@ -13,6 +13,7 @@ import pytest
 
 from scalesgd.bench.elastic.figure import shown
 from scalesgd.bench.elastic.injector import Schedule, Slowed, inject, worker_of
+from scalesgd.bench.elastic.launches import LIMITED, REACHED, TargetWatch, finish
 from scalesgd.bench.elastic.schedule import Watcher, lost_steps, summarise
 from scalesgd.testbed import netns
 from tests.command import scalesgd
@@ -145,5 +146,20 @@ def test_kept_only_tabulates_the_runs_kept_and_counts_those_that_missed_the_targ
     table = (tmp_path / "elastic-schedule.md").read_text()
     assert "| fault-free | 0 | 100.0 | 1.00 |" in table  # 110 s to the target less its 10 s evaluating
     assert "| restart | 0,1 | 100.0; not reached in 1 of 2 |" in table
-    assert "| elastic-slow | 0 | 96.0 | 1.20 |" in table  # against the all-fast elastic run's 80 s, not fault-free's
-    assert "| elastic-slow | 0 | 96.0 | 1.20 | 100.0 | 2.0000 | 1.0 | 0 | — | 0 | 4 |" in table  # 4 ended alike
+    assert "| elastic-fault-free | 0 | 80.0 | 0.80 |" in table
+    assert "| elastic-slow | 0 | 96.0 | 0.96 | 100.0 | 2.0000 | 1.0 | 0 | — | 0 | 4 |" in table  # 4 ended alike
+
+
+def test_a_run_is_stopped_once_an_evaluation_reaches_the_target_and_not_before(tmp_path):
+    path = tmp_path / "node1" / "metrics.jsonl"
+    path.parent.mkdir()
+    path.write_text(json.dumps({"kind": "eval", "iter": 32, "test_loss": 2.5}) + "\n")
+    launch = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    with TargetWatch(tmp_path, 2.2) as watch:
+        assert finish(launch, time.monotonic() + 1.0, watch.reached) == LIMITED  # 2.5: not there yet
+        launch = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        with path.open("a") as out:
+            out.write(json.dumps({"kind": "eval", "iter": 64, "test_loss": 2.1}) + "\n")
+        started = time.monotonic()
+        assert finish(launch, time.monotonic() + 30, watch.reached) == REACHED
+    assert time.monotonic() - started < 5 and launch.returncode == -15  # SIGTERMed, well before its deadline

@@ -6,30 +6,65 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 import time
 from pathlib import Path
 
+from scalesgd.errors import UsageError
 from scalesgd.runtime.launcher import local_settings
 from scalesgd.runtime.link import NODE_DEVICE, TESTBED_VARIABLE
 from scalesgd.train import metrics
 from scalesgd.train.rundir import METRICS_NAME, SUMMARY_NAME
 
 LIMITED = -1000  # the exit status recorded for a launch stopped at --limit-s
+REACHED = -1001  # … for one stopped once the run reached its target (--until-target)
+POLL_S = 0.5
 
 
-def finish(proc: subprocess.Popen, deadline: float) -> int:
-    """The launch's exit status, or LIMITED where it was still going at `deadline` (then stopped: SIGTERM, which our
-    launchers pass on to their workers)."""
-    try:
-        return proc.wait(max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        proc.terminate()
+def finish(proc: subprocess.Popen, deadline: float, reached: threading.Event | None = None) -> int:
+    """The launch's exit status, or LIMITED where it was still going at `deadline`, REACHED where `reached` was set
+    first (then stopped: SIGTERM, which our launchers pass on to their workers)."""
+    while True:
         try:
-            proc.wait(60)
+            return proc.wait(max(0.0, min(POLL_S, deadline - time.monotonic())))
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        return LIMITED
+            if time.monotonic() >= deadline or (reached is not None and reached.is_set()):
+                break
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    return REACHED if reached is not None and reached.is_set() else LIMITED
+
+
+class TargetWatch:
+    """`reached` is set once a metrics file under `folder` holds an evaluation at or below `target` (read every
+    POLL_S on a thread of its own while inside)."""
+
+    def __init__(self, folder: Path, target: float):
+        self.folder, self.target, self.reached = folder, target, threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="target-watch", daemon=True)
+
+    def __enter__(self) -> TargetWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self.reached.is_set() and not self._stop.wait(POLL_S):
+            for path in self.folder.glob(f"**/{METRICS_NAME}"):
+                try:
+                    records = metrics.read(path)
+                except (UsageError, OSError):  # replaced under it, or half-written: read it next time
+                    continue
+                if any(r.get("test_loss") is not None and r["test_loss"] <= self.target for r in records):
+                    self.reached.set()
 
 
 def summary_of(dirs: list[Path]) -> dict:

@@ -23,7 +23,16 @@ from pathlib import Path
 from scalesgd import checks, output
 from scalesgd.bench.elastic import figure, spread
 from scalesgd.bench.elastic.injector import FAULTS, Injector, Schedule, Slowed
-from scalesgd.bench.elastic.launches import LIMITED, finish, node_env, records_of, sent_by, summary_of
+from scalesgd.bench.elastic.launches import (
+    LIMITED,
+    REACHED,
+    TargetWatch,
+    finish,
+    node_env,
+    records_of,
+    sent_by,
+    summary_of,
+)
 from scalesgd.bench.elastic.torchft_schedule import run_torchft
 from scalesgd.config import TrainConfig
 from scalesgd.errors import UsageError
@@ -34,8 +43,6 @@ from scalesgd.train.rundir import CHECKPOINT_NAME, METRICS_NAME, SUMMARY_NAME
 
 MODES = ("fault-free", "elastic-fault-free", "elastic", "restart", "torchft-fault-free", "torchft", "elastic-slow",
          "elastic-slow-grace", "fault-free-slow")
-ALL_FAST = {"elastic-slow": "elastic-fault-free", "elastic-slow-grace": "elastic-fault-free",
-            "fault-free-slow": "fault-free"}  # a straggler's run: against
 COORDINATOR_PORT = 29510
 POLL_S = 0.25
 TENTHS = "{:.1f}"  # seconds, MB and percentages in the table
@@ -69,6 +76,8 @@ class ScheduleBenchConfig(Options):
                                check=checks.within(0, 1000))
     limit_s: float = option(1200.0, "a run still going this long after its launch is stopped (its time to the target "
                             "is then what it reached by then)", check=checks.within(10, 86400))
+    until_target: bool = option(False, "stop each run but torchft's once it reaches --target (its time to the "
+                                "target alone; its final loss is then that evaluation's)")
     figure_seed: int | None = option(None, "the seed whose runs the picture draws", parse=int, shown_default="the lowest "
                                      "seed every mode ran")
     kept_only: bool = option(False, "the table from the runs kept in --out alone, none run (each mode's row over "
@@ -92,7 +101,7 @@ def run(cfg: ScheduleBenchConfig, command: str) -> int:
     else:
         results = [kept_or_run(cfg, spec, mode, seed, out / "runs") for seed in cfg.seeds
                    for mode in cfg.modes]  # the modes take turns, so a slow spell of the machine hits them alike
-    columns = ["mode", "seeds", "time to target, s", "× fault-free (-slow: × all fast)", "goodput, %", "final loss",
+    columns = ["mode", "seeds", "time to target, s", "× fault-free", "goodput, %", "final loss",
                "MB sent a worker", "faults", "fault → next round, s", "restarts", "members at the end, equal"]
     rows = [row(mode, [r for r in results if r["mode"] == mode], results) for mode in cfg.modes]
     output.write(out, "elastic-schedule", {"config": cfg.to_dict(), "testbed": spec and spec.to_dict(), "results": results},
@@ -103,8 +112,7 @@ def run(cfg: ScheduleBenchConfig, command: str) -> int:
 
 
 def row(mode: str, runs: list[dict], everyone: list[dict]) -> list:
-    base = ALL_FAST.get(mode, "fault-free")
-    free = {r["seed"]: r.get("to_target_s") for r in everyone if r["mode"] == base}
+    free = {r["seed"]: r.get("to_target_s") for r in everyone if r["mode"] == "fault-free"}  # all fast, no faults
     ratio = [r["to_target_s"] / free[r["seed"]] for r in runs if r.get("to_target_s") and free.get(r["seed"])]
     missed = sum(r.get("to_target_s") is None for r in runs)
     reached = spread([r.get("to_target_s") for r in runs], TENTHS) + (
@@ -196,15 +204,20 @@ def one_run(cfg: ScheduleBenchConfig, spec, mode: str, seed: int, run_dir: Path)
     print(f"{mode}, seed {seed}", flush=True)
     launched = time.time()
     share = cfg.slow_share * min(1.0, (os.cpu_count() or 1) / spec.nodes)  # of a core: its fair part's share
-    with Slowed(spec, 1, share) if "-slow" in mode else contextlib.nullcontext():
+    watch = TargetWatch(run_dir, cfg.target) if cfg.until_target and not mode.startswith("torchft") else None
+    with (Slowed(spec, 1, share) if "-slow" in mode else contextlib.nullcontext()), (watch or contextlib.nullcontext()):
+        reached = watch.reached if watch else None
         if mode.startswith("elastic"):
             result = run_elastic(cfg, spec, train, run_dir, schedule if mode == "elastic" else None,
-                                 cfg.grace_s if mode.endswith("-grace") else None)
+                                 cfg.grace_s if mode.endswith("-grace") else None, reached)
         elif mode.startswith("torchft"):
             result = run_torchft(spec, train, run_dir, schedule if mode == "torchft" else None, local_steps,
                                  cfg.max_restarts, cfg.limit_s)
         else:
-            result = run_restarted(cfg, spec, train, run_dir, schedule if mode == "restart" else None, local_steps)
+            result = run_restarted(cfg, spec, train, run_dir, schedule if mode == "restart" else None, local_steps,
+                                   reached)
+    if result["code"] == REACHED:  # stopped there by --until-target: a run that did what was asked
+        result.update(code=0, stopped_at_target=True)
     result.update(mode=mode, seed=seed, launched=launched, wall_s=time.time() - launched, faults=schedule.log)
     final = sorted((r for r in records_of(result["dirs"]) if r["kind"] in ("eval", "epoch")), key=lambda r: r["at"])
     every = {r["at"]: r for r in [*final, *result.pop("evaluations", [])]}  # a failed launch's evaluations too
@@ -237,7 +250,7 @@ def summarise(result: dict, target: float) -> dict:
 
 
 def run_elastic(cfg: ScheduleBenchConfig, spec, train: list[str], run_dir: Path, schedule: Schedule | None,
-                grace_s: float | None = None) -> dict:
+                grace_s: float | None = None, reached: threading.Event | None = None) -> dict:
     """The coordinator on node 0, then a `--join` launch on every node (each restarts its worker alone); with
     `grace_s`, a round waits that long for a late member instead of planning a slow one's steps."""
     window = ["--join-timeout", str(grace_s)] if grace_s else []
@@ -262,7 +275,7 @@ def run_elastic(cfg: ScheduleBenchConfig, spec, train: list[str], run_dir: Path,
         reader.start()
     with (Injector(spec, schedule, lambda: all(p.poll() is None for p in launches)) if schedule
           else contextlib.nullcontext()):
-        codes = [finish(p, deadline) for p in launches]
+        codes = [finish(p, deadline, reached) for p in launches]
     coordinator.send_signal(signal.SIGTERM)
     coordinator.wait(30)
     for reader in readers:
@@ -274,7 +287,8 @@ def run_elastic(cfg: ScheduleBenchConfig, spec, train: list[str], run_dir: Path,
     lost = sum(lost_steps(rounds, fault, launches[fault["node"]].pid) for fault in faults)
     restarts = sum(1 for e in errors for line in e if "restarting it alone" in line)
     said = summary_of(dirs)
-    return {"code": max(codes, key=abs), "dirs": dirs, "boundaries": [r["at"] for r in rounds],
+    failed = [code for code in codes if code not in (0, LIMITED, REACHED)]  # a worker's own error comes first
+    return {"code": failed[0] if failed else max(codes, key=abs), "dirs": dirs, "boundaries": [r["at"] for r in rounds],
             "members": [[r["at"], len(r["members"])] for r in rounds],
             "goodput": committed / (committed + lost) if committed else None, "committed_steps": committed,
             "lost_steps_at_most": lost, "rounds": len(rounds), "restarts": restarts,
@@ -296,7 +310,7 @@ def lost_steps(rounds: list[dict], fault: dict, launcher: int) -> int:
 
 
 def run_restarted(cfg: ScheduleBenchConfig, spec, train: list[str], run_dir: Path, schedule: Schedule | None,
-                  local_steps: int) -> dict:
+                  local_steps: int, reached: threading.Event | None = None) -> dict:
     """`scalesgd testbed run -- scalesgd train`, launched again from the last checkpoint (`--resume`) each time it
     fails, as torchrun's --max-restarts would (from the start where no checkpoint was written yet)."""
     attempt_dir = run_dir / "run"
@@ -309,8 +323,8 @@ def run_restarted(cfg: ScheduleBenchConfig, spec, train: list[str], run_dir: Pat
         argv = [*train, "--run-dir", str(attempt_dir)]
         while True:
             proc = subprocess.Popen([*base, *argv])
-            code = finish(proc, deadline)
-            if code in (0, 2, LIMITED) or (attempt_dir / SUMMARY_NAME).exists() or restarts >= cfg.max_restarts:
+            code = finish(proc, deadline, reached)
+            if code in (0, 2, LIMITED, REACHED) or (attempt_dir / SUMMARY_NAME).exists() or restarts >= cfg.max_restarts:
                 break  # done (a fault after its last step failed the launch, not the run), or bad input
             restarts += 1
             watcher.read()
