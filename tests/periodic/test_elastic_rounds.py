@@ -139,6 +139,19 @@ def test_a_new_worker_joins_a_running_job_and_heals_from_a_peer(coordinator, out
     assert sizes[:3] == [2, 2, 2] and sizes[-1] == 3
 
 
+def test_a_worker_killed_between_its_quorum_and_its_group_is_dropped_and_the_others_go_on(coordinator, out):
+    """A joiner named in the next quorum dies before the group is built: the others notice its heartbeats stop,
+    ask the lighthouse again and go on (before, they waited out the rendezvous's 60 s and ended with an error)."""
+    workers = [start(f"w{i}", coordinator, out, {"await_at": (14, "joiner")}, workers=2) for i in range(2)]
+    wait_round(coordinator, "w0", 2)
+    workers.append(start("w2", coordinator, out, {"announce": "joiner", "kill_in_regroup": True}))
+    results = finished(workers, out)
+    assert workers[2].exitcode == -signal.SIGKILL and sorted(results) == ["w0", "w1"]
+    assert_equal_states(results)
+    log = results["w0"]["log"]
+    assert [entry["round"] for entry in log] == list(range(10)) and {len(e["members"]) for e in log} == {2}
+
+
 @pytest.mark.parametrize("codec", ["topk", "lowrank-acp"])
 def test_with_error_feedback_a_joiner_heals_what_members_share_and_starts_its_own_residual_at_zero(coordinator, out,
                                                                                                   codec):

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The 10 Mbit/s failure schedule's runs at 100 Mbit/s (../elastic-schedule-gpt-10mbit/run.sh): fault-free, elastic
-# rounds and torchft's DiLoCo with its own fault tolerance, under a fault every 30 s on nodes 1-3 in turn.
+# rounds, torchft's DiLoCo with its own fault tolerance and the restart of every worker, under a fault every 30 s on
+# nodes 1-3 in turn.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 source .venv/bin/activate
@@ -9,11 +10,15 @@ scalesgd testbed up --nodes 4 --bandwidth 100mbit --prefix eh
 trap 'scalesgd testbed down --prefix eh' EXIT
 train=(--workers 4 --model gpt --dataset text --samples 16384 --epochs 2 --local-steps 16 --codec fp8
        --outer-momentum 0.5 --eval-every 32)
-# measured 2026-11-29 with SEEDS=0 (each run kept as runs/MODE-SEED.json and reused by a later call)
+# measured 2026-11-29 (each run kept as runs/MODE-SEED.json and reused by a later call)
 for seed in ${SEEDS:-0 1 2}; do
   for mode in fault-free elastic torchft; do
     scalesgd bench elastic-schedule --prefix eh --modes $mode --seeds "$seed" --limit-s 600 --out $out -- "${train[@]}"
   done
+  # the restart: seed 1 given 600 s, seeds 0 and 2 240 s (4x elastic's time)
+  scalesgd bench elastic-schedule --prefix eh --modes restart --seeds "$seed" --limit-s "${RESTART_LIMIT_S:-240}" \
+    --out $out -- "${train[@]}"
 done
-scalesgd bench elastic-schedule --kept-only --modes fault-free,elastic,torchft --seeds 0,1,2 --out $out -- "${train[@]}"
+scalesgd bench elastic-schedule --kept-only --modes fault-free,elastic,torchft,restart --seeds 0,1,2 --out $out \
+  -- "${train[@]}"
 rm -r $out/runs/*/

@@ -159,7 +159,27 @@ class Elastic:
     def regroup(self, step: int, rebuild: bool = False) -> Quorum:
         """The quorum for the next round (blocking until the lighthouse issues one), asking with the rounds this
         member has committed (`step`); the default group built anew where its members changed or `rebuild` (after
-        a round that aborted). RefusedError where the most advanced members' configuration is not this one's."""
+        a round that aborted), asked again where a member dies or stops before the group is built. RefusedError
+        where the most advanced members' configuration is not this one's."""
+        while True:
+            quorum = self._issue(step, rebuild)
+            if not quorum.changed:
+                return quorum
+            self._seen = {}
+            if dist.is_initialized():
+                dist.destroy_process_group()  # returns at once, even with a collective of it stuck on a frozen peer
+            if self._gathered():
+                try:
+                    dist.init_process_group("gloo", rank=quorum.rank, world_size=quorum.size,
+                                            store=dist.PrefixStore(f"group/{self.round_key('')}", self.store),
+                                            timeout=self.group_timeout)
+                    return quorum
+                except RuntimeError:  # one died in the moment between: its rendezvous timed out; ask again
+                    pass
+            rebuild = True
+
+    def _issue(self, step: int, rebuild: bool) -> Quorum:
+        """The lighthouse's next quorum, of the members of the most advanced configuration."""
         with self._coordinator("issue the next round's members"):
             issued = self._client.quorum(replica_id=self.id, timeout=self.quorum_timeout, step=step,
                                          data={"config": self.config})
@@ -174,16 +194,28 @@ class Elastic:
         key = str(issued.quorum_id)
         same = self.quorum is not None and key == self.quorum.key
         self._attempt = (self._attempt + 1 if rebuild else self._attempt) if same else 0
-        changed = not same or rebuild
         ids = tuple(m.replica_id for m in members)
-        self.quorum = Quorum(key, ids, tuple(m.step for m in members), ids.index(self.id), changed)
-        if changed:
-            self._seen = {}
-            if dist.is_initialized():
-                dist.destroy_process_group()  # returns at once, even with a collective of it stuck on a frozen peer
-            dist.init_process_group("gloo", store=dist.PrefixStore(f"group/{self.round_key('')}", self.store),
-                                    rank=self.quorum.rank, world_size=self.quorum.size, timeout=self.group_timeout)
+        self.quorum = Quorum(key, ids, tuple(m.step for m in members), ids.index(self.id), not same or rebuild)
         return self.quorum
+
+    def _gathered(self) -> bool:
+        """Whether every member of the new quorum came to build its group: False where one stopped heartbeating
+        first (killed or frozen after the lighthouse named it), or none came within the group's timeout."""
+        key = f"arrived/{self.round_key('')}"
+        with self._coordinator("gather the round's members"):
+            self.store.add(key, 1)
+            deadline = checked = time.monotonic()
+            deadline += self.group_timeout.total_seconds()
+            while self.store.add(key, 0) < self.quorum.size:
+                now = time.monotonic()
+                if now > deadline:
+                    return False
+                if now - checked > self.heartbeat_s:
+                    checked = now
+                    if self.dead():
+                        return False
+                self._stop.wait(POLL_S)
+        return True
 
     def round_key(self, number) -> str:
         return f"{self.quorum.key}.{self._attempt}/{number}"

@@ -42,7 +42,8 @@ def model_of(name: str, width: int = 16) -> nn.Module:
 def run(name: str, address: str, out: str, steps: int, faults: dict, codec: str = "fp32", start: int = 1,
         width: int = 16, heartbeat_s: float = 0.25) -> None:
     """Train `steps` inner steps; `faults` for this worker: {"kill": step, "stop": step, "kill_in_reduce": round,
-    "stop_in_reduce": round, "await_at": (step, key), "announce": key, "late": (step, seconds)}; `start`: the workers the run starts with.
+    "stop_in_reduce": round, "await_at": (step, key), "announce": key, "late": (step, seconds), "kill_in_regroup":
+    True}; `start`: the workers the run starts with.
     Writes its rounds' log, its digest and its global parameters to `out/name.pt`, each committed round to the
     store as `progress/<name>/<round>`, and a fault's moment as `fault/<name>`."""
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
@@ -59,6 +60,8 @@ def run(name: str, address: str, out: str, steps: int, faults: dict, codec: str 
         store.set(f"fault/{name}", repr(time.time()))
         os.kill(os.getpid(), kind)
 
+    if faults.get("kill_in_regroup"):  # named in a quorum, dead before its group is built
+        members.elastic._gathered = lambda: fault(signal.SIGKILL)
     if "announce" in faults:  # heartbeating now: the others may go on
         store.set(faults["announce"], "1")
     try:
