@@ -152,6 +152,21 @@ def test_a_worker_killed_between_its_quorum_and_its_group_is_dropped_and_the_oth
     assert [entry["round"] for entry in log] == list(range(10)) and {len(e["members"]) for e in log} == {2}
 
 
+def test_a_worker_killed_inside_its_groups_rendezvous_is_dropped_and_the_others_build_one_without_it(coordinator,
+                                                                                                      out):
+    """Every member came to build the group, then the joiner died: the others' rendezvous times out (3 s here),
+    they count that group failed once for all in the store and build the next without it."""
+    quick = {"group_timeout_s": 3.0}
+    workers = [start(f"w{i}", coordinator, out, {"await_at": (14, "joiner"), **quick}, workers=2) for i in range(2)]
+    wait_round(coordinator, "w0", 2)
+    workers.append(start("w2", coordinator, out, {"announce": "joiner", "kill_in_rendezvous": True, **quick}))
+    results = finished(workers, out)
+    assert workers[2].exitcode == -signal.SIGKILL and sorted(results) == ["w0", "w1"]
+    assert_equal_states(results)
+    log = results["w0"]["log"]
+    assert [entry["round"] for entry in log] == list(range(10)) and {len(e["members"]) for e in log} == {2}
+
+
 @pytest.mark.parametrize("codec", ["topk", "lowrank-acp"])
 def test_with_error_feedback_a_joiner_heals_what_members_share_and_starts_its_own_residual_at_zero(coordinator, out,
                                                                                                   codec):

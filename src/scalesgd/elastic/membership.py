@@ -11,6 +11,7 @@ decision.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -31,6 +32,7 @@ from scalesgd.elastic.coordinator import (
     lighthouse_module,
 )
 
+log = logging.getLogger(__name__)
 FINISHED_KEY = "run/finished"  # in the store: the run's last round committed
 DONE_PREFIX = "done/"  # + a worker's name: it took the last round
 FINAL_PREFIX = "final/"  # + a member's id: the digest of the global state it ended the run with
@@ -107,7 +109,7 @@ class Elastic:
                                   "scalesgd.elastic) and give its address as it printed it") from error
         self.grace_s = float(self.store.get(TIMEOUT_KEY).decode()) if self.store.check([TIMEOUT_KEY]) else 3 * heartbeat_s
         self.quorum: Quorum | None = None
-        self._attempt = 0  # groups built for this quorum (one more after each round it aborted)
+        self._attempt = 0  # the group of this quorum being built or in use: the store's count, shared by all
         self._seen: dict[str, tuple[int, float]] = {}  # a peer's heartbeat count, and when it last moved
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._heartbeats, name="scalesgd-heartbeat", daemon=True)
@@ -174,9 +176,11 @@ class Elastic:
                                             store=dist.PrefixStore(f"group/{self.round_key('')}", self.store),
                                             timeout=self.group_timeout)
                     return quorum
-                except RuntimeError:  # one died in the moment between: its rendezvous timed out; ask again
-                    pass
-            rebuild = True
+                except RuntimeError as error:  # one died in the moment between: its rendezvous timed out
+                    log.warning("quorum %s group %d of %d members not built (%s): asking again", quorum.key,
+                                self._attempt, quorum.size, first_line(error))
+                    self._next_attempt()
+            rebuild = False  # the next attempt is the store's count: moved on already
 
     def _issue(self, step: int, rebuild: bool) -> Quorum:
         """The lighthouse's next quorum, of the members of the most advanced configuration."""
@@ -193,26 +197,44 @@ class Elastic:
                                "start it with theirs")
         key = str(issued.quorum_id)
         same = self.quorum is not None and key == self.quorum.key
-        self._attempt = (self._attempt + 1 if rebuild else self._attempt) if same else 0
+        if same and rebuild:  # after a round it aborted: past the group that round ran in
+            self._next_attempt()
+        with self._coordinator("read the round's group"):
+            counter = f"attempt/{key}"
+            self.store.compare_set(counter, "", "0")  # the quorum's first group, where none was counted yet
+            attempt = int(self.store.get(counter).decode())
+        changed = not same or attempt != self._attempt
         ids = tuple(m.replica_id for m in members)
-        self.quorum = Quorum(key, ids, tuple(m.step for m in members), ids.index(self.id), not same or rebuild)
+        self.quorum, self._attempt = Quorum(key, ids, tuple(m.step for m in members), ids.index(self.id), changed), attempt
         return self.quorum
+
+    def _next_attempt(self) -> None:
+        """Count this quorum's group `_attempt` as failed, once for all the members that saw it fail: the count is
+        the store's, so a member that saw fewer failures (stuck in a rendezvous, frozen) takes it up when it asks
+        again rather than building a group of its own."""
+        with self._coordinator("count the round's group as failed"):
+            counter = f"attempt/{self.quorum.key}"
+            self.store.compare_set(counter, str(self._attempt), str(self._attempt + 1))
 
     def _gathered(self) -> bool:
         """Whether every member of the new quorum came to build its group: False where one stopped heartbeating
         first (killed or frozen after the lighthouse named it), or none came within the group's timeout."""
-        key = f"arrived/{self.round_key('')}"
+        key, counter = f"arrived/{self.round_key('')}", f"attempt/{self.quorum.key}"
         with self._coordinator("gather the round's members"):
             self.store.add(key, 1)
             deadline = checked = time.monotonic()
             deadline += self.group_timeout.total_seconds()
             while self.store.add(key, 0) < self.quorum.size:
                 now = time.monotonic()
-                if now > deadline:
-                    return False
                 if now - checked > self.heartbeat_s:
                     checked = now
-                    if self.dead():
+                    if int(self.store.get(counter).decode()) != self._attempt:
+                        return False  # the others counted this group failed already
+                    quiet = self.dead()
+                    if now > deadline or quiet:
+                        log.warning("quorum %s group %d: %s gone before its group was built: asking again",
+                                    self.quorum.key, self._attempt, quiet or "a member")
+                        self._next_attempt()
                         return False
                 self._stop.wait(POLL_S)
         return True

@@ -9,8 +9,10 @@ member that starts again heals from a peer."""
 
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import json
+import signal
 import time
 from pathlib import Path
 
@@ -59,6 +61,7 @@ def train_member(cfg: TrainConfig, run_dir: Path, address: str, name: str) -> di
     """Train as one member until the run's shares are all dealt; the summary where this member wrote the run's
     records at the end (else None)."""
     wall = time.perf_counter()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # a member that hangs says where, when asked
     set_threads(cfg.runtime.threads)
     data, model = data_and_model(cfg)
     sampler = GlobalBatchSampler(len(data.train), cfg.recipe.batch_size, cfg.runtime.workers, 0, seed=cfg.recipe.seed)

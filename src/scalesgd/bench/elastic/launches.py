@@ -3,8 +3,10 @@ node's worker gets, a launch stopped at the run's limit, and what the runs' metr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -21,14 +23,21 @@ REACHED = -1001  # … for one stopped once the run reached its target (--until-
 POLL_S = 0.5
 
 
-def finish(proc: subprocess.Popen, deadline: float, reached: threading.Event | None = None) -> int:
+def finish(proc: subprocess.Popen, deadline: float, reached: threading.Event | None = None, stacks=None) -> int:
     """The launch's exit status, or LIMITED where it was still going at `deadline`, REACHED where `reached` was set
-    first (then stopped: SIGTERM, which our launchers pass on to their workers)."""
+    first (then stopped: SIGTERM, which our launchers pass on to their workers). `stacks()`: the process asked for
+    its threads' stacks (SIGUSR1) before a launch is stopped at `deadline`: where a run hangs."""
     while True:
         try:
             return proc.wait(max(0.0, min(POLL_S, deadline - time.monotonic())))
         except subprocess.TimeoutExpired:
-            if time.monotonic() >= deadline or (reached is not None and reached.is_set()):
+            if reached is not None and reached.is_set():
+                break
+            if time.monotonic() >= deadline:
+                if stacks is not None and (pid := stacks()) is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGUSR1)
+                    time.sleep(1.0)
                 break
     proc.terminate()
     try:

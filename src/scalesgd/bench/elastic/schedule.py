@@ -22,7 +22,7 @@ from pathlib import Path
 
 from scalesgd import checks, output
 from scalesgd.bench.elastic import figure, spread
-from scalesgd.bench.elastic.injector import FAULTS, Injector, Schedule, Slowed
+from scalesgd.bench.elastic.injector import FAULTS, Injector, Schedule, Slowed, worker_of
 from scalesgd.bench.elastic.launches import (
     LIMITED,
     REACHED,
@@ -275,7 +275,7 @@ def run_elastic(cfg: ScheduleBenchConfig, spec, train: list[str], run_dir: Path,
         reader.start()
     with (Injector(spec, schedule, lambda: all(p.poll() is None for p in launches)) if schedule
           else contextlib.nullcontext()):
-        codes = [finish(p, deadline, reached) for p in launches]
+        codes = [finish(p, deadline, reached, stacks=lambda n=i: worker_of(spec, n)) for i, p in enumerate(launches)]
     coordinator.send_signal(signal.SIGTERM)
     coordinator.wait(30)
     for reader in readers:
@@ -293,7 +293,7 @@ def run_elastic(cfg: ScheduleBenchConfig, spec, train: list[str], run_dir: Path,
             "goodput": committed / (committed + lost) if committed else None, "committed_steps": committed,
             "lost_steps_at_most": lost, "rounds": len(rounds), "restarts": restarts,
             "members_at_end": said.get("elastic", {}).get("members_at_end"),
-            "stderr": ["".join(e[-20:]) for e in errors]}
+            "stderr": ["".join(e[-20 if max(codes) != LIMITED else -400:]) for e in errors]}
 
 
 def lost_steps(rounds: list[dict], fault: dict, launcher: int) -> int:

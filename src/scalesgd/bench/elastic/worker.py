@@ -43,7 +43,7 @@ def run(name: str, address: str, out: str, steps: int, faults: dict, codec: str 
         width: int = 16, heartbeat_s: float = 0.25) -> None:
     """Train `steps` inner steps; `faults` for this worker: {"kill": step, "stop": step, "kill_in_reduce": round,
     "stop_in_reduce": round, "await_at": (step, key), "announce": key, "late": (step, seconds), "kill_in_regroup":
-    True}; `start`: the workers the run starts with.
+    True, "kill_in_rendezvous": True, "group_timeout_s": seconds}; `start`: the workers the run starts with.
     Writes its rounds' log, its digest and its global parameters to `out/name.pt`, each committed round to the
     store as `progress/<name>/<round>`, and a fault's moment as `fault/<name>`."""
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
@@ -53,7 +53,8 @@ def run(name: str, address: str, out: str, steps: int, faults: dict, codec: str 
     model = model_of(name, width)
     inner = torch.optim.SGD(model.parameters(), lr=0.01)
     members = ElasticMembership.connect(address, name, config="elastic bench", heartbeat_s=heartbeat_s,
-                                        start_workers=start, slow_tolerance=None)  # faults at set steps: lockstep
+                                        start_workers=start, slow_tolerance=None,  # faults at set steps: lockstep
+                                        group_timeout_s=faults.get("group_timeout_s", 60.0))
     store = members.elastic.store
 
     def fault(kind: int) -> None:
@@ -62,6 +63,9 @@ def run(name: str, address: str, out: str, steps: int, faults: dict, codec: str 
 
     if faults.get("kill_in_regroup"):  # named in a quorum, dead before its group is built
         members.elastic._gathered = lambda: fault(signal.SIGKILL)
+    if faults.get("kill_in_rendezvous"):  # … dead once every member came, inside the group's rendezvous
+        gathered = members.elastic._gathered
+        members.elastic._gathered = lambda: gathered() and fault(signal.SIGKILL)
     if "announce" in faults:  # heartbeating now: the others may go on
         store.set(faults["announce"], "1")
     try:
