@@ -14,7 +14,7 @@ import pytest
 from scalesgd.bench.elastic.figure import shown
 from scalesgd.bench.elastic.injector import Schedule, Slowed, inject, worker_of
 from scalesgd.bench.elastic.launches import LIMITED, REACHED, TargetWatch, finish
-from scalesgd.bench.elastic.schedule import Watcher, lost_steps, summarise
+from scalesgd.bench.elastic.schedule import Watcher, lost_steps, merged, summarise
 from scalesgd.testbed import netns
 from tests.command import scalesgd
 
@@ -163,3 +163,12 @@ def test_a_run_is_stopped_once_an_evaluation_reaches_the_target_and_not_before(t
         started = time.monotonic()
         assert finish(launch, time.monotonic() + 30, watch.reached) == REACHED
     assert time.monotonic() - started < 5 and launch.returncode == -15  # SIGTERMed, well before its deadline
+
+
+def test_evaluations_at_once_on_two_members_are_left_out_of_the_clock_once():
+    assert merged([(5.0, 8.0), (0.0, 2.0), (1.0, 3.0), (8.0, 9.0)]) == [(0.0, 3.0), (5.0, 9.0)]
+    run = {"launched": 0.0, "faults": [], "evals": [{"at": 20.0, "test_loss": 2.0, "train_s": 5.0}],
+           "evaluations": [{"at": 10.0, "eval_s": 6.0}, {"at": 12.0, "eval_s": 6.0}]}  # 4–10 and 6–12: 8 s
+    assert summarise(run, 2.2)["to_target_s"] == 12.0
+    run["boundaries"] = [11.0]  # the others committed a round during the second: it held nobody up
+    assert summarise(run, 2.2)["to_target_s"] == 14.0

@@ -216,6 +216,8 @@ def one_run(cfg: ScheduleBenchConfig, spec, mode: str, seed: int, run_dir: Path)
         else:
             result = run_restarted(cfg, spec, train, run_dir, schedule if mode == "restart" else None, local_steps,
                                    reached)
+    if mode.endswith("-grace"):  # a member left out of a round loses its steps there, which no fault accounts for
+        result["goodput"] = None
     if result["code"] == REACHED:  # stopped there by --until-target: a run that did what was asked
         result.update(code=0, stopped_at_target=True)
     result.update(mode=mode, seed=seed, launched=launched, wall_s=time.time() - launched, faults=schedule.log)
@@ -231,15 +233,17 @@ def one_run(cfg: ScheduleBenchConfig, spec, mode: str, seed: int, run_dir: Path)
 
 def summarise(result: dict, target: float) -> dict:
     """The figures of a run from what it logged: the wall seconds to `target` and from each fault to the next round,
-    with the seconds evaluations took left out of both."""
+    with the seconds evaluations held the run up left out of both."""
     launched, evals = result["launched"], result["evals"]
-    spans = [(e["at"] - e["eval_s"], e["at"]) for e in result["evaluations"]]
+    rounds = result.get("boundaries", [])
+    spans = merged([(e["at"] - e["eval_s"], e["at"]) for e in result["evaluations"]  # two writers' at once: once
+                    if not any(e["at"] - e["eval_s"] < at < e["at"] for at in rounds)])  # … and none the others
+    # trained through (a member left out of the rounds, evaluating on its own), which held nobody up
 
     def evaluating(start: float, end: float) -> float:
         return sum(max(0.0, min(end, b) - max(start, a)) for a, b in spans)
 
     hit = next((e for e in evals if (e.get("test_loss") or float("inf")) <= target), None)
-    rounds = result.get("boundaries", [])
     after = [(f["at"], min((at for at in rounds if at > f["at"]), default=None)) for f in result["faults"]]
     return {**result, "to_target_s": hit["at"] - launched - evaluating(launched, hit["at"]) if hit else None,
             "clock_to_target_s": hit.get("train_s") if hit else None,
@@ -247,6 +251,17 @@ def summarise(result: dict, target: float) -> dict:
             "eval_s": sum(b - a for a, b in spans),
             "to_round_s": [b - a - evaluating(a, b) for a, b in after if b is not None] if "boundaries" in result
             else result.get("to_round_s", [])}
+
+
+def merged(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of time spans, as disjoint spans in order."""
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
 
 
 def run_elastic(cfg: ScheduleBenchConfig, spec, train: list[str], run_dir: Path, schedule: Schedule | None,
