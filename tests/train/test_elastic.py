@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from scalesgd.bench.elastic.injector import cpu_quota
 from scalesgd.bench.elastic.train import half_speed, records
 from scalesgd.elastic.membership import DivergedError
 from scalesgd.runtime.forked import worker_pid
@@ -127,16 +128,26 @@ def test_a_worker_at_half_speed_is_planned_fewer_steps_and_every_share_is_dealt(
 def test_with_a_grace_window_a_worker_at_half_speed_is_left_out_of_the_rounds_it_is_late_for_and_heals(tmp_path):
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "scalesgd", *ELASTIC, "--local-steps", "16", "--workers", "3",
-                             "--epochs", "4", "--elastic-grace", "0.1", "--run-dir", str(run)],
+                             "--min-workers", "2", "--epochs", "6", "--elastic-grace", "0.1", "--run-dir", str(run)],
                             stderr=subprocess.PIPE, text=True)
-    slowed = threading.Thread(target=half_speed, args=(proc, 3), daemon=True)
-    slowed.start()
+    slowed = threading.Thread(target=tenth_speed, args=(proc, run), daemon=True)  # late every round, even on a
+    slowed.start()  # busy machine, where half the CPU of workers that get little would hardly slow it
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err
     log = rounds(run)
     assert all(planned == 16 for r in log for planned in r["planned"]), log  # no member planned fewer steps
     slow_in = [any(m.startswith("host-w1-") for m in r["members"]) for r in log]
     assert 0 < sum(slow_in) < len(log), slow_in  # left out of the rounds it was late for, healed back into others
-    assert [r["round"] for r in log] == list(range(len(log)))  # every round taken by the others, none discarded
-    summary = json.loads((run / "summary.json").read_text())
+    assert sorted(r["round"] for r in log) == list(range(len(log)))  # every round taken, none discarded (written
+    summary = json.loads((run / "summary.json").read_text())  # by whoever was its first member: in any order)
     assert summary["elastic"]["fewest_members"] == 2 and summary["elastic"]["members_at_end"] >= 2
+
+
+def tenth_speed(proc: subprocess.Popen, run: Path) -> None:
+    """Worker rank 1 of `proc`'s run held to a tenth of a core from the run's first round to its end."""
+    while proc.poll() is None and not rounds(run):
+        time.sleep(0.05)
+    victim = worker_pid(1, proc.pid)
+    if victim is not None:
+        with cpu_quota(victim, 0.1):
+            proc.wait()
