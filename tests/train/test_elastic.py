@@ -133,7 +133,11 @@ def test_with_a_grace_window_a_worker_at_half_speed_is_left_out_of_the_rounds_it
                             stderr=subprocess.PIPE, text=True)
     slowed = threading.Thread(target=half_speed, args=(proc, 3), daemon=True)
     slowed.start()
-    _, err = proc.communicate(timeout=240)
+    try:
+        _, err = proc.communicate(timeout=240)
+    finally:  # a run that hangs: its launcher stops its workers
+        proc.terminate()
+        proc.wait(30)
     assert proc.returncode == 0, err
     log = rounds(run)
     assert all(planned == 16 for r in log for planned in r["planned"]), log  # no member planned fewer steps
