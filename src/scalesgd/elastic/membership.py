@@ -218,7 +218,7 @@ class Elastic:
 
     def _gathered(self) -> bool:
         """Whether every member of the new quorum came to build its group: False where one stopped heartbeating
-        first (killed or frozen after the lighthouse named it), or none came within the group's timeout."""
+        first (killed or frozen after the lighthouse named it), or not all came within the group's timeout."""
         key, counter = f"arrived/{self.round_key('')}", f"attempt/{self.quorum.key}"
         with self._coordinator("gather the round's members"):
             self.store.add(key, 1)

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scalesgd.bench.elastic.background import OnThread
 from scalesgd.runtime.forked import NAME_PREFIX
 from scalesgd.testbed import netns
 from scalesgd.testbed.spec import TestbedSpec
@@ -95,22 +96,18 @@ def inject(spec: TestbedSpec, schedule: Schedule, number: int, alive) -> None:
         entry["back"] = time.time()
 
 
-class Injector:
+class Injector(OnThread):
     """The schedule run on a thread of its own for as long as `alive()` holds; every fault undone on the way out."""
 
+    name = "fault-injector"
+
     def __init__(self, spec: TestbedSpec, schedule: Schedule, alive):
+        super().__init__()
         self.spec, self.schedule, self.alive = spec, schedule, alive
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="fault-injector", daemon=True)
 
     def __enter__(self) -> Injector:
         self._start = time.monotonic()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
+        return super().__enter__()
 
     def _run(self) -> None:
         number = 0
@@ -122,23 +119,16 @@ class Injector:
             number += 1
 
 
-class Slowed:
+class Slowed(OnThread):
     """Node `node`'s worker held to `cores` of CPU time from the moment it starts until the way out (a cgroup's
     quota; `held` says whether one could be written here)."""
 
+    name = "straggler"
+
     def __init__(self, spec: TestbedSpec, node: int, cores: float):
+        super().__init__()
         self.spec, self.node, self.cores = spec, node, cores
         self.held, self.ready = False, threading.Event()  # ready: the quota tried on the worker
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="straggler", daemon=True)
-
-    def __enter__(self) -> Slowed:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
 
     def _run(self) -> None:
         victim = None

@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+from scalesgd.bench.elastic.background import OnThread
 from scalesgd.errors import UsageError
 from scalesgd.runtime.launcher import local_settings
 from scalesgd.runtime.link import NODE_DEVICE, TESTBED_VARIABLE
@@ -48,22 +49,15 @@ def finish(proc: subprocess.Popen, deadline: float, reached: threading.Event | N
     return REACHED if reached is not None and reached.is_set() else LIMITED
 
 
-class TargetWatch:
+class TargetWatch(OnThread):
     """`reached` is set once a metrics file under `folder` holds an evaluation at or below `target` (read every
     POLL_S on a thread of its own while inside)."""
 
+    name = "target-watch"
+
     def __init__(self, folder: Path, target: float):
+        super().__init__()
         self.folder, self.target, self.reached = folder, target, threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="target-watch", daemon=True)
-
-    def __enter__(self) -> TargetWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
 
     def _run(self) -> None:
         while not self.reached.is_set() and not self._stop.wait(POLL_S):

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from scalesgd import checks, output
 from scalesgd.bench.elastic import figure, spread
+from scalesgd.bench.elastic.background import OnThread
 from scalesgd.bench.elastic.injector import FAULTS, Injector, Schedule, Slowed, worker_of
 from scalesgd.bench.elastic.launches import (
     LIMITED,
@@ -125,23 +126,20 @@ def row(mode: str, runs: list[dict], everyone: list[dict]) -> list:
             spread([r.get("members_at_end") for r in runs], "{:.0f}")]
 
 
-class Watcher:
+class Watcher(OnThread):
     """The run's metrics files read every POLL_S: when each round boundary was first seen, and the highest step
     each launch reached (a killed launch's unflushed tail aside)."""
 
+    name = "metrics-watch"
+
     def __init__(self, files: list[Path], local_steps: int):
+        super().__init__()
         self.files, self.local_steps = files, local_steps
         self.attempt, self.reached, self.boundaries, self.evaluations = 0, {0: (0, 0)}, [], {}
-        self._stop, self._lock = threading.Event(), threading.Lock()  # read by its thread and at each restart
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Watcher:
-        self._thread.start()
-        return self
+        self._lock = threading.Lock()  # read by its thread and at each restart
 
     def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
+        super().__exit__(*exc)
         self.read()
 
     def _run(self) -> None:
