@@ -4,6 +4,7 @@ tests need."""
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import socket
 import tempfile
@@ -12,6 +13,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel
 
 from scalesgd.runtime.process_group import exit_process
 
@@ -39,7 +41,8 @@ def _entry(rank, fn, world_size, port, out_dir, args, backend, environ):
         result = fn(rank, world_size, *args)
         torch.save(result, Path(out_dir) / f"{rank}.pt")
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():  # unless the function tore it down itself, as a worker does
+            dist.destroy_process_group()
     exit_process(0)  # as scalesgd's workers do: no interpreter teardown under gloo's threads
 
 
@@ -57,3 +60,17 @@ def run_workers(fn, world_size: int, *args, backend: str = "gloo"):
         mp.start_processes(_entry, args=(fn, world_size, _free_port(), out, args, backend, dict(os.environ)),
                            nprocs=world_size, join=True, start_method="forkserver")
         return [torch.load(Path(out) / f"{r}.pt", weights_only=False) for r in range(world_size)]
+
+
+def ddp_wrappers_at_destroy(rank, world, run):
+    """How many DDP wrappers are alive when `run` (which ends with `process_group.close`) destroys the group."""
+    seen = []
+    destroy = dist.destroy_process_group
+
+    def counting(*args, **kwargs):
+        seen.append(sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects()))
+        return destroy(*args, **kwargs)
+
+    dist.destroy_process_group = counting
+    run(rank, world)
+    return seen

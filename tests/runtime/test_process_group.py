@@ -85,3 +85,18 @@ def test_a_rank_whose_link_is_down_says_it_is_the_one_cut_off(monkeypatch, capsy
     assert peer_lost(RuntimeError("Timed out waiting 10000ms for recv operation to complete")) == EXIT_PEER_LOST
     assert capsys.readouterr().err == ("scalesgd: error: worker rank 1 is unreachable: its network link eth0 is "
                                        "down\n")
+
+
+def _a_wrapper_kept_by_a_cycle(rank, world):
+    def train():
+        ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+        ddp(torch.ones(3, 4)).sum().backward()
+        ddp.loop = ddp  # only the collector frees it
+    train()
+    process_group.finish()
+
+
+def test_a_ddp_wrapper_kept_by_a_cycle_is_freed_before_the_group_is_destroyed():
+    # freed after, it joins gloo's threads holding the GIL one may wait for: a hang at exit
+    from tests.spawn_util import ddp_wrappers_at_destroy, run_workers
+    assert run_workers(ddp_wrappers_at_destroy, 2, _a_wrapper_kept_by_a_cycle) == [[0], [0]]

@@ -167,44 +167,51 @@ def run(cfg: TrainBenchConfig, command: str) -> int:
     prefix = os.environ.get(testbed.PREFIX_VARIABLE, "")
     original = testbed_rate(prefix) if cfg.bandwidths and env.is_main else None
     try:
-        per_rank = cfg.batch_size // env.world_size
-        batches = [(x.to(env.device), y.to(env.device)) for x, y in synthetic_batches(cfg, per_rank, env.rank)]
-        layers = layer_profile(cfg, env, batches[0])  # what `scalesgd simulate` needs of the compute
-        runners = [build_runner(cfg, mode, env, batches) for mode in modes]
-        for runner in runners:  # past each mode's own warm start once, whatever the rate
-            for i in range(runner.mode.warm_start):
-                iteration(runner, *batches[i % BATCHES], record=False)
-        results, links = [], []
-        node_size = cfg.node_size(env.world_size)
-        for rate in cfg.bandwidths or (None,):
-            if rate is not None:
-                dist.barrier()
-                if env.is_main:
-                    testbed.shape(prefix, rate)
-                dist.barrier()
-            measured = link.measure_topology(env.world_size, node_size)
-            links.append({"bandwidth": rate} | {k: v.to_dict() if v else None for k, v in measured.items()})
-            for i, runner in enumerate(runners):
-                if runner.mode.engine == "auto" and rate is not None:  # decide again on this link
-                    runner.exchange.close()
-                    runners[i] = build_runner(cfg, runner.mode, env, batches)
-            measure(cfg, runners, batches)
-            results += [{**summarize(cfg, runner, env), "bandwidth": rate} for runner in runners]
-        if env.is_main:
-            train_report.write(Path(cfg.out), f"{cfg.model}, {env.world_size} workers, global batch "
-                               f"{cfg.batch_size}", cfg.bandwidths,
-                               {"world_size": env.world_size, "config": cfg.to_dict(), "results": results,
-                                "topology": {"nodes": env.world_size // node_size, "procs_per_node": node_size},
-                                "links": links, "layers": layers}, command)
-        for runner in runners:
-            if runner.exchange is not None:
-                runner.exchange.close()
+        sweep(cfg, modes, env, prefix, command)
+        # the DDP wrappers went with sweep's frame, while the group lives: a wrapper freed after it would join
+        # gloo's threads holding the GIL one of them may be waiting for (a hang at exit, 1 run in ~30)
         process_group.finish()
         return 0
     finally:
         if original is not None:
             testbed.shape(prefix, original)
         process_group.close()
+
+
+def sweep(cfg: TrainBenchConfig, modes: list[Mode], env, prefix: str, command: str) -> None:
+    """Every mode timed at each link rate (the testbed reshaped to it first); rank 0 writes the results."""
+    per_rank = cfg.batch_size // env.world_size
+    batches = [(x.to(env.device), y.to(env.device)) for x, y in synthetic_batches(cfg, per_rank, env.rank)]
+    layers = layer_profile(cfg, env, batches[0])  # what `scalesgd simulate` needs of the compute
+    runners = [build_runner(cfg, mode, env, batches) for mode in modes]
+    for runner in runners:  # past each mode's own warm start once, whatever the rate
+        for i in range(runner.mode.warm_start):
+            iteration(runner, *batches[i % BATCHES], record=False)
+    results, links = [], []
+    node_size = cfg.node_size(env.world_size)
+    for rate in cfg.bandwidths or (None,):
+        if rate is not None:
+            dist.barrier()
+            if env.is_main:
+                testbed.shape(prefix, rate)
+            dist.barrier()
+        measured = link.measure_topology(env.world_size, node_size)
+        links.append({"bandwidth": rate} | {k: v.to_dict() if v else None for k, v in measured.items()})
+        for i, runner in enumerate(runners):
+            if runner.mode.engine == "auto" and rate is not None:  # decide again on this link
+                runner.exchange.close()
+                runners[i] = build_runner(cfg, runner.mode, env, batches)
+        measure(cfg, runners, batches)
+        results += [{**summarize(cfg, runner, env), "bandwidth": rate} for runner in runners]
+    if env.is_main:
+        train_report.write(Path(cfg.out), f"{cfg.model}, {env.world_size} workers, global batch "
+                           f"{cfg.batch_size}", cfg.bandwidths,
+                           {"world_size": env.world_size, "config": cfg.to_dict(), "results": results,
+                            "topology": {"nodes": env.world_size // node_size, "procs_per_node": node_size},
+                            "links": links, "layers": layers}, command)
+    for runner in runners:
+        if runner.exchange is not None:
+            runner.exchange.close()
 
 
 def synthetic_batches(cfg: TrainBenchConfig, per_rank: int, rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

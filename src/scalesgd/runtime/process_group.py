@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import socket
 import sys
@@ -234,5 +235,9 @@ def exit_process(code: int):
 
 
 def close() -> None:
+    """Destroy the default group. A DDP wrapper still alive then holds the group's last reference, and freeing it
+    later joins gloo's threads holding the GIL, which one of them may wait for: a hang (PyTorch issue #56297).
+    Callers let their wrappers go first; cycles among them are collected here."""
     if dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
