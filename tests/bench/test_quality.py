@@ -6,7 +6,7 @@ import json
 import pytest
 
 from scalesgd.bench.quality import EXCHANGES, QualityBenchConfig, parse_exchanges
-from scalesgd.bench.quality_report import reached, steps_to_target, summarise, target_of
+from scalesgd.bench.quality_report import checkpoints_by, reached, steps_to_target, summarise, target_of
 from scalesgd.cli import main
 from scalesgd.errors import UsageError
 from scalesgd.sim import quality
@@ -30,6 +30,16 @@ def test_time_steps_and_bytes_are_those_of_the_first_evaluation_at_the_target():
     assert reached(run("x", [3.0, 2.5, 2.0, 1.9]), 2.2, True) == (30, 6.0, 30_000)
     assert reached(run("x", [3.0, 2.5]), 2.2, True) is None
     assert reached(run("x", [3.0, 2.5], final=2.1), 2.2, True) == (20, 4.0, 20_000)  # the run's end counts
+
+
+def test_the_checkpoints_seconds_to_the_target_are_those_on_the_clock_at_its_evaluation():
+    kept = run("x", [3.0, 2.5, 2.0])
+    for e, seconds in zip(kept["evals"], (0.0, 0.4, 0.9)):  # a checkpoint between each evaluation
+        e["checkpoint_s"] = seconds
+    kept["checkpoint_s"] = 1.3  # the last one, after the run's last evaluation
+    rows = summarise([kept, run("before", [3.0, 2.0])], 2.2, True, reference_steps=30, bound_s=5.0)
+    assert [r["checkpoint_s"] for r in rows] == [[0.9], [0.0]]  # a run from before they were on the clock: none
+    assert checkpoints_by(kept, 40) == 1.3  # the run's end, not an evaluation
 
 
 def test_the_summary_counts_seeds_that_reached_and_steps_within_three_times_the_references():

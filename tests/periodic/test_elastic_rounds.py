@@ -225,7 +225,6 @@ def test_a_joiner_of_another_configuration_is_refused_and_the_others_go_on(coord
 def test_diloco_refuses_what_elastic_rounds_cannot_take_naming_it():
     from torch import nn
 
-    from scalesgd.elastic.coordinator import Address
     from scalesgd.elastic.membership import ElasticMembership
     from scalesgd.periodic import DiLoCo
 

@@ -1,4 +1,5 @@
-"""Evaluations between steps on a clock that leaves them out, and the time budget that ends a run."""
+"""Evaluations between steps on a clock that leaves them out (and keeps checkpoints in), and the time budget that ends
+a run."""
 
 import json
 import time
@@ -54,6 +55,19 @@ def test_the_links_count_leaves_out_what_was_sent_while_paused(monkeypatch):
     sent = iter([100, 150, 400, 500])  # at the start, before and after a checkpoint, at the reading
     monkeypatch.setattr("scalesgd.train.evaluation.link_bytes_sent", lambda: next(sent))
     clock = Milestones()
-    with clock.paused():  # a checkpoint gathering every rank's state sends 250 bytes
+    with clock.paused():  # an evaluation that sends 250 bytes
         pass
     assert clock.link_bytes() == 500 - 100 - 250
+
+
+def test_a_checkpoint_stays_on_the_clock_and_its_seconds_and_link_bytes_are_kept_apart(monkeypatch):
+    sent = iter([100, 150, 400, 600])  # at the start, before and after a checkpoint, at the reading
+    monkeypatch.setattr("scalesgd.train.evaluation.link_bytes_sent", lambda: next(sent))
+    clock = Milestones(checkpoint_s=2.0)  # resumed after 2 s of earlier checkpoints
+    began = time.perf_counter()
+    with clock.checkpointing():
+        time.sleep(0.2)  # the checkpoint's write
+    took = time.perf_counter() - began
+    assert 0.2 <= clock.train_s() and 2.2 <= clock.checkpoint_s <= 2.0 + took
+    assert clock.checkpoint_link_bytes == 250 and clock.link_bytes() == 500  # on the link's count as well
+    assert clock.reading()["checkpoint_s"] == clock.checkpoint_s

@@ -175,12 +175,14 @@ def test_the_exchange_the_end_of_a_run_lands_is_counted_in_its_bytes(tmp_path):
 
 def test_a_resumed_run_continues_the_training_clock_and_the_bytes_sent(tmp_path):
     """Evaluations after a resume read the training clock and the bytes where the checkpoint left them, not the wall
-    clock (which counts start-up, evaluations and checkpoints)."""
+    clock (which counts start-up and evaluations); the checkpoints' seconds go on from where it left them too."""
     run = tmp_path / "resumed"
     proc = scalesgd("train", "--workers", "2", "--epochs", "1", "--engine", "scalesgd", "--run-dir", str(run), *FAST)
     assert proc.returncode == 0, proc.stderr
     saved = load_ckpt(run)
     assert 0 < saved["train_s"] < saved["elapsed_s"] and saved["bytes_sent"] > 0
+    earlier_checkpoints_s = 1000.0  # as if the run had checkpointed for that long before
+    torch.save({**saved, "checkpoint_s": earlier_checkpoints_s}, run / "checkpoint.pt")
     proc = scalesgd("train", "--resume", str(run), "--epochs", "2", "--eval-every", "1")
     assert proc.returncode == 0, proc.stderr
     evals = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "eval"]
@@ -191,3 +193,5 @@ def test_a_resumed_run_continues_the_training_clock_and_the_bytes_sent(tmp_path)
     assert saved["train_s"] + step_s <= first["train_s"] < saved["train_s"] + step_s + left_out_s
     per_step = saved["bytes_sent"] / 12
     assert first["bytes_sent"] == pytest.approx(saved["bytes_sent"] + per_step, rel=0.05)
+    summary = json.loads((run / "summary.json").read_text())
+    assert earlier_checkpoints_s < summary["checkpoint_s"] < earlier_checkpoints_s + summary["wall_time_s"]

@@ -195,5 +195,7 @@ def read_run(run_dir: Path, label: str, seed: int, rate: str) -> dict:
             "steps": steps, "text": "final_test_perplexity" in summary,
             "final_test_loss": summary.get("final_test_loss"),
             "final_test_acc": summary["final_test_acc"], "stopped": bool(summary.get("stopped_by_time_budget")),
-            "evals": [{k: r[k] for k in ("iter", "train_s", "bytes_sent", "link_bytes_sent", "test_loss", "test_acc")
-                       if k in r} for r in evals]}
+            "checkpoint_s": summary.get("checkpoint_s", 0.0),
+            "checkpoint_link_bytes": summary.get("checkpoint_link_bytes"),
+            "evals": [{k: r[k] for k in ("iter", "train_s", "bytes_sent", "link_bytes_sent", "test_loss", "test_acc",
+                                         "checkpoint_s", "checkpoint_link_bytes") if k in r} for r in evals]}

@@ -38,6 +38,13 @@ def curve(run: dict, text: bool) -> list[tuple[int, float, float, int | None]]:
     return points
 
 
+def checkpoints_by(run: dict, steps: int) -> float:
+    """The seconds of the run's training clock its checkpoints took up to `steps` (0 where the run kept none:
+    before they were on the clock)."""
+    at = [e for e in run["evals"] if e["iter"] == steps]
+    return at[0].get("checkpoint_s", 0.0) if at else run.get("checkpoint_s", 0.0)
+
+
 def reached(run: dict, target: float, text: bool) -> tuple[int, float, int | None] | None:
     """(steps, seconds, bytes) at the first evaluation at the target; None where the run never reached it."""
     for steps, seconds, value, sent in curve(run, text):
@@ -62,10 +69,11 @@ def summarise(runs: list[dict], target: float, text: bool, reference_steps: floa
             mine = [r for r in runs if r["rate"] == rate and r["label"] == label]
             every = [reached(r, target, text) for r in mine]
             hits = [h for h in every if h is not None]
+            checkpoints = [checkpoints_by(r, h[0]) for r, h in zip(mine, every) if h is not None]
             end = [r["final_test_loss"] if text else r["final_test_acc"] for r in mine]
             finished = [(h, e) for r, h, e in zip(mine, every, end) if not r["stopped"]]
             rows.append({"rate": rate, "label": label, "seeds": len(mine), "reached": len(hits),
-                         "time_s": [h[1] for h in hits], "steps": [h[0] for h in hits],
+                         "time_s": [h[1] for h in hits], "checkpoint_s": checkpoints, "steps": [h[0] for h in hits],
                          "bytes": [h[2] for h in hits if h[2] is not None], "end": end,
                          "within_3x_steps": sum(h[0] <= 3 * reference_steps for h in hits),
                          "trained": [r["steps"] for r in mine],
@@ -105,7 +113,8 @@ def write(out: Path, cfg, reference: list[dict], runs: list[dict], budget_s: flo
     ref_steps = statistics.median(h[0] for h in hits if h) if any(hits) else float("nan")
     bound_s = statistics.median(h[1] for h in hits if h) if any(hits) else float("nan")
     rows = summarise(runs, target, text, ref_steps, bound_s)
-    columns = ["rate", "exchange", "reached", "time to target s", f"× best {REFERENCE_FAMILY}*", "× compute bound",
+    columns = ["rate", "exchange", "reached", "time to target s", "of it, checkpoints s",
+               f"× best {REFERENCE_FAMILY}*", "× compute bound",
                "steps to target", "MB to target (node 0's link)", "steps trained",
                "loss at end" if text else "accuracy at end", "≤ 3× fp32's steps"]
     table = []
@@ -117,7 +126,7 @@ def write(out: Path, cfg, reference: list[dict], runs: list[dict], budget_s: flo
         versus = (f"{best / mine:.2f}× sooner" if best and mine else
                   f"> {budget_s / mine:.2f}× sooner (none within the budget)" if mine and not family else "—")
         table.append([row["rate"], f"`{row['label']}`", f"{row['reached']}/{row['seeds']}", spread(row["time_s"]),
-                      versus, spread(row["bound_ratio"], "{:.2f}"), spread(row["steps"], "{:.0f}"),
+                      spread(row["checkpoint_s"], "{:.2f}"), versus, spread(row["bound_ratio"], "{:.2f}"), spread(row["steps"], "{:.0f}"),
                       spread([b / 1e6 for b in row["bytes"]], "{:.2f}"), spread(row["trained"], "{:.0f}"),
                       spread(row["end"], "{:.4f}"),
                       f"{row['within_3x_steps']}/{row['seeds']}"])

@@ -35,8 +35,8 @@ class OutputConfig:
                              "losses, no per-step wait); a non-finite loss stops the run at the next read",
                              runtime=True, check=checks.at_least(1))
     eval_every: int = option(0, "also evaluate every N steps: `eval` lines in metrics.jsonl with the training "
-                             "seconds so far (evaluations and checkpoints left out), the bytes this rank sent and, on "
-                             "the testbed, its link's bytes; 0: at epochs' ends only", runtime=True,
+                             "seconds so far (evaluations left out, checkpoints kept in), the bytes this rank sent "
+                             "and, on the testbed, its link's bytes; 0: at epochs' ends only", runtime=True,
                              check=checks.at_least(0))
     time_budget: float = option(0.0, "stop training after this many seconds on that clock, evaluate and finish (a "
                                 "time-to-quality comparison's budget); 0: train every epoch",

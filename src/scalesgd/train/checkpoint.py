@@ -42,8 +42,10 @@ class Progress:
     totals: tuple[float, float, float] = (0.0, 0.0, 0.0)
     epoch_s: float = 0.0
     noise: tuple[float, ...] = ()  # --noise-scale's smoothed estimates (`NoiseScale.state`)
-    train_s: float | None = None  # the training clock (evaluations and checkpoints left out); None: not kept
+    train_s: float | None = None  # the training clock (evaluations left out); None: not kept
     bytes_sent: int | None = None  # what this rank's exchange sent on that clock; None: not counted
+    checkpoint_s: float = 0.0  # of that clock, the earlier checkpoints' seconds
+    checkpoint_link_bytes: int | None = None  # what they put on rank 0's node's link; None: not measured
 
     @property
     def clock_s(self) -> float:
@@ -80,6 +82,7 @@ def save(run_dir: Path, cfg: TrainConfig, model: nn.Module, exchange: GradientEx
                      "step": progress.step, "totals": list(progress.totals), "epoch_s": progress.epoch_s,
                      "noise": list(progress.noise), "scaler": state["scaler"],
                      "train_s": progress.train_s, "bytes_sent": progress.bytes_sent,
+                     "checkpoint_s": progress.checkpoint_s, "checkpoint_link_bytes": progress.checkpoint_link_bytes,
                      "rank_states": ranks, "ranks": env.world_size}, Path(run_dir) / CHECKPOINT_NAME,
                     keep_previous=Path(run_dir) / PREVIOUS_CHECKPOINT_NAME)
         if folder is not None or ranks is not None:  # the previous checkpoint's folders stay: the fallback where
@@ -112,7 +115,8 @@ def restore(run_dir: Path, model: nn.Module, exchange: GradientExchange, schedul
     torch.set_rng_state(rng[env.rank % len(rng)])  # a new rank beyond the old ones draws as an old one did
     return Progress(state["epoch"], state["best_test_acc"], state["elapsed_s"], state.get("step", 0),
                     tuple(state.get("totals", (0.0, 0.0, 0.0))), state.get("epoch_s", 0.0),
-                    tuple(state.get("noise", ())), state.get("train_s"), state.get("bytes_sent"))
+                    tuple(state.get("noise", ())), state.get("train_s"), state.get("bytes_sent"),
+                    state.get("checkpoint_s", 0.0), state.get("checkpoint_link_bytes"))
 
 
 def own_states(state: dict, run_dir: Path, env: DistEnv) -> dict:

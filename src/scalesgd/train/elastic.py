@@ -151,6 +151,8 @@ def train_member(cfg: TrainConfig, run_dir: Path, address: str, name: str) -> di
                         record.update(train_loss=(epoch_sums[0] / epoch_sums[2]).item(),
                                       train_acc=(epoch_sums[1] / epoch_sums[2]).item())
                         epoch_sums.zero_()
+                if crossed:
+                    with clock.checkpointing():
                         save(run_dir, cfg, exchange, model, epoch)
                 best = rounds.shared["best_test_acc"] = max(best, record["test_acc"])
                 log.write(record)
@@ -162,7 +164,8 @@ def train_member(cfg: TrainConfig, run_dir: Path, address: str, name: str) -> di
             "final_test_acc": record.get("test_acc", best), "best_test_acc": best,
             **{f"final_{key}": record[key] for key in ("test_loss", "test_perplexity") if key in record},
             "wall_time_s": time.perf_counter() - wall, "startup_s": startup_s, "train_s": clock.train_s(),
-            "bytes_sent": exchange.diloco.bytes_sent, "epochs": cfg.recipe.epochs,
+            "bytes_sent": exchange.diloco.bytes_sent, "checkpoint_s": clock.checkpoint_s,  # this launch's
+            "checkpoint_link_bytes": clock.checkpoint_link_bytes, "epochs": cfg.recipe.epochs,
             "epochs_trained": cfg.recipe.epochs, "steps_per_epoch": len(sampler), "peak_lr": cfg.recipe.peak_lr,
             "world_size": cfg.runtime.workers, "run_dir": str(run_dir),
             throughput_key(data.is_text): trained / max(clock.train_s(), 1e-9),  # this member's own

@@ -18,15 +18,18 @@ from scalesgd.train.objective import Objective, throughput_key
 
 @dataclass
 class Milestones:
-    """The run's training clock (seconds since its first step, evaluations and checkpoints left out), the bytes this
-    rank's exchange sent and its node's link sent (the same left out), when to evaluate (`every` steps; 0: at epochs'
-    ends only) and when to stop (`budget_s` seconds on that clock; 0: never)."""
+    """The run's training clock (seconds since its first step, evaluations left out, checkpoints kept in: a run
+    that checkpoints reaches its target that much later), the bytes this rank's exchange sent and its node's link
+    sent (evaluations' left out), when to evaluate (`every` steps; 0: at epochs' ends only) and when to stop
+    (`budget_s` seconds on that clock; 0: never)."""
 
     every: int = 0
     budget_s: float = 0.0
     offset_s: float = 0.0  # the clock's reading where the run resumed
     bytes_sent: int | None = None  # None where the exchange does not count them (DDP's own)
     stopped: bool = False  # the budget was spent: the run ended early
+    checkpoint_s: float = 0.0  # of the clock, the checkpoints' seconds (with the resumed run's)
+    checkpoint_link_bytes: int | None = None  # what this node's link sent while checkpointing; None off the testbed
 
     def __post_init__(self):
         self._start, self._paused = time.perf_counter(), 0.0
@@ -42,8 +45,7 @@ class Milestones:
 
     @contextmanager
     def paused(self):
-        """Leave what runs inside (an evaluation, a checkpoint: periodic synchronisation gathers every rank's state)
-        off the training clock and the link's count."""
+        """Leave what runs inside (an evaluation) off the training clock and the link's count."""
         start, sent = time.perf_counter(), link_bytes_sent()
         try:
             yield
@@ -52,9 +54,24 @@ class Milestones:
             now = link_bytes_sent()
             self._link_paused += now - sent if now is not None and sent is not None else 0
 
+    @contextmanager
+    def checkpointing(self):
+        """Keep what runs inside (a checkpoint) on the clock and the link's count, and its seconds and link bytes
+        apart too, to show what checkpoints cost."""
+        start, sent = time.perf_counter(), link_bytes_sent()
+        try:
+            yield
+        finally:
+            self.checkpoint_s += time.perf_counter() - start
+            now = link_bytes_sent()
+            if now is not None and sent is not None:
+                self.checkpoint_link_bytes = (self.checkpoint_link_bytes or 0) + now - sent
+
     def reading(self) -> dict:
-        """The clock and the bytes now, as a checkpoint keeps them for the run that resumes from it."""
-        return {"train_s": self.train_s(), "bytes_sent": self.bytes_sent}
+        """The clock and the bytes now, as a checkpoint keeps them for the run that resumes from it (the one being
+        written counted by the run that writes it)."""
+        return {"train_s": self.train_s(), "bytes_sent": self.bytes_sent, "checkpoint_s": self.checkpoint_s,
+                "checkpoint_link_bytes": self.checkpoint_link_bytes}
 
     def count(self, timing: dict) -> None:
         """Add a step's bytes, where the exchange counts them."""
@@ -71,7 +88,8 @@ class Milestones:
 
 def evaluate_at(run, epoch: int, iteration: int) -> dict:
     """An evaluation between steps of the loop's `Run`, off the clock: the model as the run reports it, with the
-    training seconds, this rank's bytes and (on the testbed) its node's link's bytes so far."""
+    training seconds (and of them the checkpoints'), this rank's bytes and (on the testbed) its node's link's bytes
+    so far."""
     clock = run.milestones
     train_s, began = clock.train_s(), time.perf_counter()
     with clock.paused():
@@ -82,9 +100,11 @@ def evaluate_at(run, epoch: int, iteration: int) -> dict:
         run.model.train()
     link = clock.link_bytes()
     return {"kind": "eval", "epoch": epoch, "iter": iteration, "train_s": train_s, "at": time.time(),
-            "eval_s": time.perf_counter() - began,
+            "eval_s": time.perf_counter() - began, "checkpoint_s": clock.checkpoint_s,
             **({"bytes_sent": clock.bytes_sent} if clock.bytes_sent is not None else {}),
-            **({"link_bytes_sent": link} if link is not None else {}), **test}
+            **({"link_bytes_sent": link} if link is not None else {}),
+            **({"checkpoint_link_bytes": clock.checkpoint_link_bytes}
+               if clock.checkpoint_link_bytes is not None else {}), **test}
 
 def end_epoch(run, epoch: int, totals: torch.Tensor, images_per_s: float) -> dict:
     """Evaluate with rank 0's BN statistics (as DDP's forward would use them); the epoch's record. Every rank learns

@@ -93,7 +93,8 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
     done = checkpoint.restore(run_dir, run.model, run.exchange, run.scheduler, run.env) if resume else Progress()
     run.startup_s = time.perf_counter() - wall_start
     run.noise = NoiseScale.from_state(done.noise)
-    run.milestones = Milestones(cfg.output.eval_every, cfg.output.time_budget, done.clock_s, done.bytes_sent)
+    run.milestones = Milestones(cfg.output.eval_every, cfg.output.time_budget, done.clock_s, done.bytes_sent,
+                                checkpoint_s=done.checkpoint_s, checkpoint_link_bytes=done.checkpoint_link_bytes)
     if run.env.is_main:  # a restart from the start, too, drops what the failed attempt logged
         metrics.truncate_after(run_dir / METRICS_NAME, done.iteration(len(run.sampler)))
         checkpoint.remove_temporaries(run_dir)
@@ -141,7 +142,7 @@ def train(cfg: TrainConfig, run_dir: Path, env: DistEnv | Future, resume: bool =
             log.flush()
         if stopped:  # the budget ended it mid-epoch: the last checkpoint stays the one to resume from
             break
-        with run.milestones.paused():
+        with run.milestones.checkpointing():
             checkpoint.save(run_dir, cfg, run.model, run.exchange, run.scheduler, done, run.env)
         progress.end_epoch(record)
     if log:
@@ -273,7 +274,7 @@ def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None, progress: 
             pending = []
             run.milestones.stopped = spent and not (adascale is not None and adascale.done)  # at an epoch's end too
             if not last and not spent and (due or every_steps and i + 1 - saved_at >= every_steps):
-                with run.milestones.paused():
+                with run.milestones.checkpointing():
                     save_mid_epoch(i + 1, totals, time.perf_counter() - start)
                 last_saved, saved_at = time.perf_counter(), i + 1
         if last or run.milestones.stopped:
@@ -360,7 +361,8 @@ def finish(run: Run, done: Progress, record: dict, images_per_s: list[float], pr
         "final_test_acc": record.get("test_acc", done.best_test_acc), "best_test_acc": done.best_test_acc,
         **{f"final_{key}": record[key] for key in ("test_loss", "test_perplexity") if key in record},
         "wall_time_s": done.elapsed_s, "startup_s": run.startup_s, "train_s": run.milestones.train_s(),
-        "bytes_sent": run.milestones.bytes_sent,
+        "bytes_sent": run.milestones.bytes_sent, "checkpoint_s": run.milestones.checkpoint_s,
+        "checkpoint_link_bytes": run.milestones.checkpoint_link_bytes,
         **({"stopped_by_time_budget": True} if run.milestones.stopped else {}),
         throughput_key(run.data.is_text): statistics.fmean(images_per_s) if images_per_s else 0.0,
         "epochs": run.cfg.recipe.epochs, "epochs_trained": done.epoch, "steps_per_epoch": len(run.sampler),
