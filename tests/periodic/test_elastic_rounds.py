@@ -110,6 +110,8 @@ def test_a_stopped_worker_is_dropped_then_heals_and_rejoins(coordinator, out):
     members = [len(entry["members"]) for entry in results["w0"]["log"]]
     assert 2 in members and members[-1] == 3
     assert results["w2"]["healed_from"] in {m for e in results["w0"]["log"] for m in e["members"]}
+    back = results["w0"]["log"][members.index(2) + members[members.index(2):].index(3)]
+    assert back["late"] == 4 and back["weight"] == 3 * 4  # the round it was stopped in, its 4 steps, counted late
 
 
 def test_a_worker_stopped_inside_the_reduce_is_dropped_after_the_grace_window_then_rejoins(coordinator, out):
@@ -123,6 +125,8 @@ def test_a_worker_stopped_inside_the_reduce_is_dropped_after_the_grace_window_th
     log = {entry["round"]: entry for entry in results["w0"]["log"]}
     assert sorted(log) == list(range(10))
     assert log[3]["retries"] >= 1 and len(log[3]["members"]) == 2 and len(log[9]["members"]) == 3
+    back = next(log[r] for r in range(4, 10) if len(log[r]["members"]) == 3)
+    assert back["late"] == 4 and back["weight"] == 3 * 4  # its pseudo-gradient of round 3 reduced late, not lost
 
 
 def test_a_new_worker_joins_a_running_job_and_heals_from_a_peer(coordinator, out):

@@ -76,6 +76,7 @@ class Decision:
     weight: int = 0
     digest: str = ""  # the global state every member started the round from
     paces: tuple[float, ...] = ()  # each member's seconds an inner step in the round, in rank order (0: unmeasured)
+    late: int = 0  # of `weight`, the steps members back from a stop finished before it (their work counted late)
 
 
 class Elastic:
@@ -255,18 +256,20 @@ class Elastic:
                                   f"({first_line(error)}): the run stops here; resume from "
                                   "the last checkpoint") from error
 
-    def settle(self, exchange: Future, number: int, weight: int, digest: str = "", pace: float = 0.0) -> Decision:
+    def settle(self, exchange: Future, number: int, weight: int, digest: str = "", pace: float = 0.0,
+               late: int = 0) -> Decision:
         """Wait for this member's exchange of round `number` and take the round's decision: commit once every
         member finished its own (`weight`: the work behind this member's part, summed over the members), abort
         the moment one failed or stopped heartbeating (this member's exchange then abandoned where it is stuck).
         `digest`: the global state this member started the round from; DivergedError where the members' differ.
-        `pace`: this member's seconds an inner step, which every member reads in the decision."""
+        `pace`: this member's seconds an inner step, which every member reads in the decision; `late`: of `weight`,
+        steps it finished before a stop dropped it from an earlier round."""
         with self._coordinator(f"decide round {number}"):
-            return self._settle(exchange, number, weight, digest, pace)
+            return self._settle(exchange, number, weight, digest, pace, late)
 
-    def _settle(self, exchange: Future, number: int, weight: int, digest: str, pace: float) -> Decision:
+    def _settle(self, exchange: Future, number: int, weight: int, digest: str, pace: float, late: int) -> Decision:
         key = f"vote/{self.round_key(number)}"
-        self.store.set(f"{key}/digest/{self.quorum.rank}", f"{digest} {pace:.6f}")  # one write, read with the rest
+        self.store.set(f"{key}/digest/{self.quorum.rank}", f"{digest} {pace:.6f} {late}")  # one write, read with all
         decision = f"{key}/decision"
         while True:
             try:
@@ -302,13 +305,13 @@ class Elastic:
         taken = self.store.get(f"{key}/decision").decode()
         if taken != "commit":
             return Decision(False)
-        said = [self.store.get(f"{key}/digest/{rank}").decode().split() for rank in range(self.quorum.size)]
-        digests = {digest for digest, _ in said}
+        said = [self.store.get(f"{key}/digest/{rank}").decode().split(" ") for rank in range(self.quorum.size)]
+        digests = {digest for digest, _, _ in said}
         if len(digests) > 1:
             raise DivergedError(f"round {key}: the members started it from different global states "
                                 f"{sorted(digests)}")
         return Decision(True, self.store.add(f"{key}/weight", 0), digest=digests.pop(),
-                        paces=tuple(float(pace) for _, pace in said))
+                        paces=tuple(float(pace) for _, pace, _ in said), late=sum(int(late) for *_, late in said))
 
     def finished(self, name: str, digest: str = "") -> None:
         """Say in the store that the run's last round committed, and that `name` took it (it ends by itself; a

@@ -119,7 +119,7 @@ class ElasticRounds:
         if weight != period:
             with torch.no_grad():
                 torch._foreach_mul_(deltas, weight / period)
-        retries, rebuild = 0, False
+        retries, rebuild, late = 0, False, 0
         while True:
             quorum = self.elastic.regroup(self.step, rebuild)
             if quorum.changed:
@@ -132,16 +132,17 @@ class ElasticRounds:
                     self.elastic.abort(number if number is not None else -1)
                     retries, rebuild = retries + 1, True
                     continue
-                if source is not None:
-                    self.healed_from = quorum.members[source]
-                    weight, deltas = 0, [torch.zeros_like(delta) for delta in deltas]
+                if source is not None:  # behind: a joiner's empty pseudo-gradient, or one back from a stop
+                    self.healed_from, late = quorum.members[source], weight  # whose finished work counts late
+                    if not weight:
+                        deltas = [torch.zeros_like(delta) for delta in deltas]
                     number = d.schedule.round_of(d.steps)  # the round the others are at
                 if max(quorum.steps) == 0 or number is None:  # the run's start: nobody has work to reduce yet
                     self.synced_at, self._stepped = d.steps, [self.clock()]
                     return
             saved, digest = copy.deepcopy(d.driver.codec), self.digest()  # before the exchange reads or writes
             flight = fragment.start(number, d.weights, d.driver, d._thread, False, deltas)
-            decision = self.elastic.settle(flight.future, number, weight, digest, pace)
+            decision = self.elastic.settle(flight.future, number, weight, digest, pace, late)
             if decision.commit:
                 break
             if flight.future.done() and flight.future.exception() is None:  # it crossed the link all the same
@@ -161,7 +162,8 @@ class ElasticRounds:
         self.plan = planned_steps(decision.paces, period, self.elastic.slow_tolerance)
         self.log.append({"round": number, "members": list(quorum.members), "retries": retries,
                          "digest": decision.digest, "seconds": round(time.monotonic() - started, 4),
-                         "at": time.time(), "weight": decision.weight, "planned": list(self.plan)})
+                         "at": time.time(), "weight": decision.weight, "planned": list(self.plan),
+                         **({"late": decision.late} if decision.late else {})})
 
     def digest(self) -> str:
         """A hash of the global parameters and the outer optimizer's state: equal on every member of a round."""

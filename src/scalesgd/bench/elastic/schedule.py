@@ -297,14 +297,15 @@ def run_elastic(cfg: ScheduleBenchConfig, spec, train: list[str], run_dir: Path,
                     key=lambda r: r["round"])
     committed = sum(r.get("weight", 0) for r in rounds)
     faults = schedule.log if schedule else []
-    lost = sum(lost_steps(rounds, fault, launches[fault["node"]].pid) for fault in faults)
+    late = sum(r.get("late", 0) for r in rounds)  # charged to their fault below, yet reduced in a later round
+    lost = max(0, sum(lost_steps(rounds, fault, launches[fault["node"]].pid) for fault in faults) - late)
     restarts = sum(1 for e in errors for line in e if "restarting it alone" in line)
     said = summary_of(dirs)
     failed = [code for code in codes if code not in (0, LIMITED, REACHED)]  # a worker's own error comes first
     return {"code": failed[0] if failed else max(codes, key=abs), "dirs": dirs, "boundaries": [r["at"] for r in rounds],
             "members": [[r["at"], len(r["members"])] for r in rounds],
             "goodput": committed / (committed + lost) if committed else None, "committed_steps": committed,
-            "lost_steps_at_most": lost, "rounds": len(rounds), "restarts": restarts,
+            "lost_steps_at_most": lost, "late_steps": late, "rounds": len(rounds), "restarts": restarts,
             "members_at_end": said.get("elastic", {}).get("members_at_end"),
             "stderr": ["".join(e[-20 if max(codes) != LIMITED else -400:]) for e in errors]}
 
