@@ -100,3 +100,21 @@ def test_when_the_coordinator_dies_the_members_stop_at_the_next_round_naming_it(
     finally:
         served.kill()
         served.wait()
+
+
+def test_a_new_member_after_the_runs_last_round_is_told_the_run_finished():
+    # torchrun restarting a process at the run's end: the others left; alone it would start the run over
+    import torch.distributed as dist
+
+    from scalesgd.elastic.coordinator import Coordinator
+    from scalesgd.elastic.membership import FINISHED_KEY, ElasticMembership, RunFinished
+
+    with Coordinator(1, "127.0.0.1") as coordinator:
+        address = coordinator.address
+        dist.TCPStore(address.store_host, address.store_port, is_master=False).set(FINISHED_KEY, "1")
+        late = ElasticMembership.connect(address, "late")
+        try:
+            with pytest.raises(RunFinished, match="the run's last round committed before this worker joined"):
+                late.elastic.regroup(0)
+        finally:
+            late.elastic.close()

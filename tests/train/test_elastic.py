@@ -80,6 +80,13 @@ def test_bad_elastic_options_end_in_one_line(options, said, tmp_path):
     assert len(done.stderr.strip().splitlines()) == 1
 
 
+def test_elastic_rounds_under_torchrun_without_an_address_to_join_end_in_one_line(tmp_path):
+    torchrun = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "9"}
+    done = scalesgd(*ELASTIC, "--epochs", "1", "--run-dir", tmp_path / "run", env={**os.environ, **torchrun})
+    assert done.returncode == 2 and "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert "--elastic under torchrun: give every host's launch --join ADDRESS" in done.stderr
+
+
 def test_a_grace_window_without_elastic_rounds_ends_in_one_line(tmp_path):
     done = scalesgd(*[a for a in ELASTIC if a != "--elastic"], "--elastic-grace", "2", "--run-dir", tmp_path / "run")
     assert done.returncode == 2 and done.stderr.strip() == ("scalesgd: error: --elastic-grace 2 is the grace window "
@@ -147,3 +154,52 @@ def test_with_a_grace_window_a_worker_at_half_speed_is_left_out_of_the_rounds_it
     summary = json.loads((run / "summary.json").read_text())  # by whoever was its first member: in any order)
     assert summary["elastic"]["members_at_end"] >= 2
 
+
+
+def summary_of(*runs: Path) -> dict:
+    """The summary the run's last writer wrote, in whichever launch's run directory it ran."""
+    return next(json.loads((run / "summary.json").read_text()) for run in runs if (run / "summary.json").exists())
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(c) for c in path.read_text().split()] if path.exists() else []
+
+
+def test_under_torchrun_a_process_joins_as_a_member_and_rejoins_when_torchrun_restarts_it(tmp_path):
+    host_run, torchrun_run = tmp_path / "host", tmp_path / "torchrun"
+    host = subprocess.Popen([sys.executable, "-m", "scalesgd", *ELASTIC, "--workers", "2", "--epochs", "60",
+                             "--max-restarts", "1", "--run-dir", str(host_run)], stderr=subprocess.PIPE, text=True)
+    said = next(line for line in host.stderr if "coordinator at " in line)  # as it starts
+    address = said.split("coordinator at ")[1].split(";")[0]
+    host_err = []
+    threading.Thread(target=lambda: host_err.extend(host.stderr), daemon=True).start()
+    joined = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+                               "--max-restarts", "1", "-m", "scalesgd", *ELASTIC, "--workers", "2", "--epochs", "60",
+                               "--join", address, "--run-dir", str(torchrun_run)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        def torchrun_members() -> set[str]:
+            logged = rounds(host_run) + rounds(torchrun_run)
+            return {m for r in logged for m in r["members"] if not m.startswith("host-w")}
+
+        deadline = time.monotonic() + 120
+        while not torchrun_members() and time.monotonic() < deadline and joined.poll() is None:
+            time.sleep(0.05)
+        first = torchrun_members()
+        workers = _children(joined.pid)
+        assert len(first) == 1 and len(workers) == 1, (first, workers)
+        os.kill(workers[0], signal.SIGKILL)
+        _, joined_err = joined.communicate(timeout=120)
+        host.wait(timeout=120)
+    finally:
+        host.kill()
+        joined.kill()
+    assert joined.returncode == 0 and host.returncode == 0, (joined_err[-3000:], "".join(host_err)[-3000:])
+    logged = sorted(rounds(host_run) + rounds(torchrun_run), key=lambda r: r["round"])
+    assert [r["round"] for r in logged] == list(range(len(logged)))  # no round lost or repeated across writers
+    joiners = [{m for m in r["members"] if not m.startswith("host-w")} for r in logged]
+    last = max(i for i, now in enumerate(joiners) if now == first)
+    later = [now for now in joiners[last + 1:] if now]
+    assert joiners[last + 1] == set() and later and first not in later  # dropped at the kill; a new incarnation back
+    assert len(logged[-1]["members"]) == 3 and summary_of(host_run, torchrun_run)["elastic"]["members_at_end"] == 3

@@ -105,9 +105,10 @@ def elastic(cfg) -> None:
     held in memory, and the options a member can decide alone (nothing the loop would share between rounds)."""
 
     p, x = cfg.periodic, cfg.exchange
-    if checks.launched():
-        raise UsageError("`elastic` runs start their own workers and restart them one by one: start each host's "
-                         "with `scalesgd train … --join ADDRESS`, not under torchrun")
+    if checks.launched() and not p.join:
+        raise UsageError("`elastic` under torchrun: give every host's launch `join` ADDRESS, the address the run's "
+                         "coordinator printed (`python -m scalesgd.elastic`, or a first `scalesgd train --elastic` "
+                         "outside torchrun); each process is then one member")
     if p.join:
         try:
             Address.parse(p.join)

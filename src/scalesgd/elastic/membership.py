@@ -52,6 +52,10 @@ class DivergedError(RuntimeError):
     """A round's members started it from different global states."""
 
 
+class RunFinished(RuntimeError):
+    """The run's last round committed before this new member took part in one: nothing is left for it to do."""
+
+
 @dataclass(frozen=True)
 class Quorum:
     """A round's members (their ids in rank order, and the rounds each had committed: `steps`), this member's rank,
@@ -166,6 +170,8 @@ class Elastic:
         where the most advanced members' configuration is not this one's."""
         while True:
             quorum = self._issue(step, rebuild)
+            if step == 0 and self._run_finished():  # a new member, late: the others ended the run and left
+                raise RunFinished("the run's last round committed before this worker joined; nothing left to do")
             if not quorum.changed:
                 return quorum
             self._seen = {}
@@ -182,6 +188,10 @@ class Elastic:
                                 self._attempt, quorum.size, first_line(error))
                     self._next_attempt()
             rebuild = False  # the next attempt is the store's count: moved on already
+
+    def _run_finished(self) -> bool:
+        with self._coordinator("hear whether the run finished"):
+            return self.store.check([FINISHED_KEY])
 
     def _issue(self, step: int, rebuild: bool) -> Quorum:
         """The lighthouse's next quorum, of the members of the most advanced configuration."""

@@ -14,7 +14,7 @@ from scalesgd.data.config import absolute_paths
 from scalesgd.errors import UsageError, as_flags
 from scalesgd.options import Options, nested, option
 from scalesgd.runtime import process_group
-from scalesgd.train import checkpoint, rundir, worker
+from scalesgd.train import checkpoint, elastic_worker, rundir, worker
 
 
 @dataclass
@@ -33,7 +33,7 @@ class TrainCommand(Options):
         resume = given.pop("resume", "")
         if "engine" in given:
             given["engine"] = engine_named(given["engine"])
-        if process_group.launched_by_torchrun():
+        if process_group.launched_by_torchrun() and not given.get("join"):  # a joiner's `workers` are the run's
             world = int(os.environ["WORLD_SIZE"])
             if given.get("workers", world) != world:
                 raise UsageError(f"`workers` {given['workers']} contradicts the launch's WORLD_SIZE {world}")
@@ -54,6 +54,8 @@ def run(command: TrainCommand, argv: list[str]) -> int:
         for line in rules.advice(cfg):
             print(f"scalesgd: warning: {as_flags(line)}", file=sys.stderr)
     if process_group.launched_by_torchrun():
+        if cfg.periodic.join:  # each process one member of the elastic run
+            return elastic_worker.run_under_torchrun(cfg)
         return worker.run(cfg, *torchrun_run_dir(cfg, resume_dir))
     if resume_dir is not None:
         rundir.write_config(cfg, resume_dir)

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 from pathlib import Path
 
+from scalesgd.config import TrainConfig
 from scalesgd.data import DataError
-from scalesgd.elastic.membership import CoordinatorLost, DivergedError, RefusedError
+from scalesgd.elastic.membership import CoordinatorLost, DivergedError, RefusedError, RunFinished
 from scalesgd.errors import (
     EXIT_NON_FINITE,
     EXIT_PEER_LOST,
@@ -19,7 +21,9 @@ from scalesgd.errors import (
     UsageError,
     as_flags,
 )
+from scalesgd.elastic.coordinator import Address
 from scalesgd.runtime import launcher, process_group
+from scalesgd.runtime.launcher import local_settings
 from scalesgd.train import rundir
 from scalesgd.train.elastic import ADDRESS_ENV, MEMBER_ENV, train_member
 
@@ -39,6 +43,25 @@ def run(run_dir: Path) -> int:
         return _say(name, f"error: {err}; stopped, resume from the last checkpoint in {run_dir}", EXIT_NON_FINITE)
     except DivergedError as err:
         return _say(name, f"error: {err}", 1)
+    except RunFinished as err:  # torchrun restarted it at the run's end: done, as the others are
+        return _say(name, str(err), 0)
+
+
+def run_under_torchrun(cfg: TrainConfig) -> int:
+    """This torchrun process as one member of the elastic run at `cfg`'s `--join` address, named by its host and
+    rank: torchrun (`--max-restarts`) restarts a host's processes when one fails, and each rejoins at a round
+    boundary and heals from a peer, as a member our launcher restarts does. The run directory is `--run-dir`, else
+    runs/torchrun-<its run id>, shared by the host's members (the round's first member writes the records)."""
+    run_dir = Path(cfg.output.run_dir or f"runs/torchrun-{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg.output.run_dir = str(run_dir)
+    rundir.write_config(cfg, run_dir)  # the same on every process of the launch: written whole by each
+    launch = os.environ.get("TORCHELASTIC_RUN_ID", "")[:8]  # two launches on one host apart
+    os.environ.update({ADDRESS_ENV: cfg.periodic.join,
+                       MEMBER_ENV: f"{socket.gethostname()}-{launch}-r{os.environ['RANK']}"})
+    os.environ.update(local_settings(dict(os.environ), int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+                                     Address.parse(cfg.periodic.join).store_host))  # gloo on loopback for 127.x
+    return run(run_dir)
 
 
 def _say(name: str, line: str, code: int) -> int:
