@@ -126,7 +126,8 @@ def write(out: Path, cfg, reference: list[dict], runs: list[dict], budget_s: flo
         versus = (f"{best / mine:.2f}× sooner" if best and mine else
                   f"> {budget_s / mine:.2f}× sooner (none within the budget)" if mine and not family else "—")
         table.append([row["rate"], f"`{row['label']}`", f"{row['reached']}/{row['seeds']}", spread(row["time_s"]),
-                      spread(row["checkpoint_s"], "{:.2f}"), versus, spread(row["bound_ratio"], "{:.2f}"), spread(row["steps"], "{:.0f}"),
+                      spread(row["checkpoint_s"], "{:.2f}"), versus, spread(row["bound_ratio"], "{:.2f}"),
+                      spread(row["steps"], "{:.0f}"),
                       spread([b / 1e6 for b in row["bytes"]], "{:.2f}"), spread(row["trained"], "{:.0f}"),
                       spread(row["end"], "{:.4f}"),
                       f"{row['within_3x_steps']}/{row['seeds']}"])

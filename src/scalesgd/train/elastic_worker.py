@@ -30,10 +30,11 @@ from scalesgd.train.elastic import ADDRESS_ENV, MEMBER_ENV, train_member
 EXIT_COORDINATOR_LOST = EXIT_PEER_LOST
 
 
-def run(run_dir: Path) -> int:
+def run(run_dir: Path, cfg: TrainConfig | None = None) -> int:
+    """Train as the member the environment names, with `cfg` (else the run directory's)."""
     name = os.environ.get(MEMBER_ENV, "w")
     try:
-        train_member(rundir.read_config(run_dir), run_dir, os.environ[ADDRESS_ENV], name)
+        train_member(cfg or rundir.read_config(run_dir), run_dir, os.environ[ADDRESS_ENV], name)
         return 0
     except (UsageError, DataError, RefusedError) as err:
         return _say(name, f"error: {err}", EXIT_USAGE)
@@ -57,11 +58,10 @@ def run_under_torchrun(cfg: TrainConfig) -> int:
     cfg.output.run_dir = str(run_dir)
     rundir.write_config(cfg, run_dir)  # the same on every process of the launch: written whole by each
     launch = os.environ.get("TORCHELASTIC_RUN_ID", "")[:8]  # two launches on one host apart
-    os.environ.update({ADDRESS_ENV: cfg.periodic.join,
-                       MEMBER_ENV: f"{socket.gethostname()}-{launch}-r{os.environ['RANK']}"})
-    os.environ.update(local_settings(dict(os.environ), int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+    member = {ADDRESS_ENV: cfg.periodic.join, MEMBER_ENV: f"{socket.gethostname()}-{launch}-r{os.environ['RANK']}"}
+    os.environ.update(local_settings({**os.environ, **member}, int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
                                      Address.parse(cfg.periodic.join).store_host))  # gloo on loopback for 127.x
-    return run(run_dir)
+    return run(run_dir, cfg)
 
 
 def _say(name: str, line: str, code: int) -> int:

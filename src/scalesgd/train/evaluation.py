@@ -43,29 +43,33 @@ class Milestones:
     def train_s(self) -> float:
         return self.offset_s + time.perf_counter() - self._start - self._paused
 
-    @contextmanager
     def paused(self):
         """Leave what runs inside (an evaluation) off the training clock and the link's count."""
-        start, sent = time.perf_counter(), link_bytes_sent()
-        try:
-            yield
-        finally:
-            self._paused += time.perf_counter() - start
-            now = link_bytes_sent()
-            self._link_paused += now - sent if now is not None and sent is not None else 0
+        return self._measured(self._leave_out)
 
-    @contextmanager
     def checkpointing(self):
         """Keep what runs inside (a checkpoint) on the clock and the link's count, and its seconds and link bytes
         apart too, to show what checkpoints cost."""
+        return self._measured(self._tally_checkpoint)
+
+    @contextmanager
+    def _measured(self, add):
+        """`add(seconds, link bytes)` of what runs inside (link bytes None off the testbed), however it ends."""
         start, sent = time.perf_counter(), link_bytes_sent()
         try:
             yield
         finally:
-            self.checkpoint_s += time.perf_counter() - start
             now = link_bytes_sent()
-            if now is not None and sent is not None:
-                self.checkpoint_link_bytes = (self.checkpoint_link_bytes or 0) + now - sent
+            add(time.perf_counter() - start, now - sent if now is not None and sent is not None else None)
+
+    def _leave_out(self, seconds: float, link_bytes: int | None) -> None:
+        self._paused += seconds
+        self._link_paused += link_bytes or 0
+
+    def _tally_checkpoint(self, seconds: float, link_bytes: int | None) -> None:
+        self.checkpoint_s += seconds
+        if link_bytes is not None:
+            self.checkpoint_link_bytes = (self.checkpoint_link_bytes or 0) + link_bytes
 
     def reading(self) -> dict:
         """The clock and the bytes now, as a checkpoint keeps them for the run that resumes from it (the one being
