@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import signal
 import tempfile
+from concurrent.futures import Future
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,6 +17,7 @@ import torch
 
 from scalesgd.bench.elastic import worker as elastic_worker
 from scalesgd.elastic import Coordinator
+from scalesgd.elastic.heal import Healing
 from scalesgd.periodic import elastic_rounds
 from scalesgd.periodic.elastic_rounds import planned_steps
 
@@ -141,6 +143,47 @@ def test_a_new_worker_joins_a_running_job_and_heals_from_a_peer(coordinator, out
     assert results["w2"]["steps"] == STEPS and results["w2"]["healed_from"] is not None
     sizes = [len(entry["members"]) for entry in results["w0"]["log"]]
     assert sizes[:3] == [2, 2, 2] and sizes[-1] == 3
+
+
+def test_healing_behind_a_joiner_sits_out_until_its_state_lands_and_ends_on_the_others_state(coordinator, out):
+    """The others wait for none of its state: the round after it joins plans it no steps; once its state has
+    landed (the rounds committed meanwhile replayed on it) it takes every step again."""
+    behind = {"heal_behind": True}
+    workers = [start(f"w{i}", coordinator, out, {**behind, "await_at": (14, "joiner")}, codec="fp8", workers=2)
+               for i in range(2)]
+    wait_round(coordinator, "w0", 2)
+    workers.append(start("w2", coordinator, out, {**behind, "announce": "joiner"}, codec="fp8"))
+    results = finished(workers, out)
+    assert sorted(results) == ["w0", "w1", "w2"]
+    assert_equal_states(results)
+    log = results["w0"]["log"]
+    joined = next(i for i, entry in enumerate(log) if len(entry["members"]) == 3)
+    rank = log[joined]["members"].index(next(m for m in log[joined]["members"] if m.startswith("w2-")))
+    assert log[joined]["planned"][rank] == 0 and log[-1]["planned"][rank] == 4, log
+
+
+def test_healing_behind_a_sender_killed_before_the_state_crossed_is_replaced_by_another(coordinator, out):
+    """w0 (the first up to date, in rank order: the joiner's sender) dies once the joiner has its counters: the
+    round is retried without it and the joiner heals from w1."""
+    behind = {"heal_behind": True, "await_at": (14, "joiner")}
+    workers = [start("w0", coordinator, out, {**behind, "kill_sending_heal": True}, workers=2),
+               start("w1", coordinator, out, behind, workers=2)]
+    wait_round(coordinator, "w0", 2)
+    workers.append(start("w2", coordinator, out, {"heal_behind": True, "announce": "joiner"}))
+    results = finished(workers, out)
+    assert workers[0].exitcode == -signal.SIGKILL and sorted(results) == ["w1", "w2"]
+    assert_equal_states(results)
+    assert results["w2"]["healed_from"].startswith("w1-")
+
+
+def test_a_state_that_never_crossed_leaves_the_member_holding_nothing_and_its_next_group_built_anew():
+    rounds = elastic_rounds.ElasticRounds(SimpleNamespace(members=SimpleNamespace(elastic=None)))
+    never: Future = Future()
+    never.set_exception(RuntimeError("Connection closed by peer"))
+    rounds.synced_at, rounds._healing = 8, Healing({"digest": "0" * 16}, never, source=1)
+    assert not rounds.holds_state and rounds.step == 0  # still crossing: it says it holds nothing
+    rounds.land()
+    assert not rounds.holds_state and rounds.step == 0 and rounds._lost  # healed again, in a group built anew
 
 
 def test_a_worker_killed_between_its_quorum_and_its_group_is_dropped_and_the_others_go_on(coordinator, out):

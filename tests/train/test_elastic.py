@@ -56,6 +56,9 @@ def test_a_killed_worker_is_restarted_alone_and_rejoins_while_the_others_go_on(t
     new = [r for r in log if r["at"] > killed_at and not set(r["members"]) & set(log[0]["members"]) - set(survivors)]
     assert new and all(len(r["members"]) in (2, 3) for r in log), log  # a new host-w1 took part after the kill
     assert any(m.startswith("host-w1-") for m in new[-1]["members"]) and len(log[-1]["members"]) == 3
+    joined = next(r for r in new if any(m.startswith("host-w1-") for m in r["members"]))
+    joiner = [m.startswith("host-w1-") for m in joined["members"]].index(True)
+    assert joined["planned"][joiner] == 0  # its state crossed behind the next round: no steps of its own in it
     summary = json.loads((run / "summary.json").read_text())
     assert summary["elastic"]["rounds"] == len(log)
     assert summary["elastic"]["members_at_end"] == 3  # each of the last round's members ended with the writer's state

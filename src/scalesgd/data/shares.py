@@ -6,7 +6,8 @@ whoever is slow, every share is dealt once. The data position is one
 counter the members share (and a joiner heals with), the learning-rate schedule reads the global step a share
 belongs to, and every sample of an epoch is trained on once whatever the membership — except the shares of a member
 that dies before its round commits (skipped in that epoch: at most one round's) and, at the run's very end, the
-fewer than W shares left over when W members cannot take a step each."""
+fewer than W shares left over when W members cannot take a step each. A member whose state is still crossing to it
+is planned no steps, so dealt none."""
 
 from __future__ import annotations
 
@@ -51,10 +52,12 @@ class Dealer:
 
     def round_plan(self, start: int, plan: tuple[int, ...]) -> tuple[int, ...]:
         """The inner steps each member takes in the round starting at share `start`: `plan`'s, or at the run's end
-        the same number for all that the shares left allow (none: the run is over)."""
+        the same number for all planned any that the shares left allow (none: the run is over)."""
         if self.total - start >= sum(plan):
             return plan
-        return (max(0, (self.total - start) // len(plan)),) * len(plan)
+        stepping = sum(1 for steps in plan if steps) or len(plan)
+        return tuple(max(0, (self.total - start) // stepping) if steps or stepping == len(plan) else 0
+                     for steps in plan)
 
 
 def round_shares(start: int, plan: tuple[int, ...], rank: int) -> list[int]:

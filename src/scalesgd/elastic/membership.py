@@ -88,16 +88,19 @@ class Elastic:
     the store its peers watch), the quorum it is in and the group built for it, and each round's decision. A peer
     whose counter has not moved for the coordinator's heartbeat timeout is dead to this member as to the
     lighthouse. A member more than `slow_tolerance` times slower a step than the fastest is planned fewer steps a
-    round, so it arrives with the others (None: every member takes every step, the slowest setting the pace)."""
+    round, so it arrives with the others (None: every member takes every step, the slowest setting the pace).
+    `heal_behind`: a member behind receives the global state while the rounds go on (a loop that deals it no inner
+    steps until it lands, as the CLI's does), rather than every member waiting at the boundary while it crosses."""
 
     def __init__(self, address: Address | str, name: str, config: str = "", heartbeat_s: float = HEARTBEAT_S,
                  start_workers: int = 1, quorum_timeout_s: float = 600.0, group_timeout_s: float = 60.0,
-                 connect_timeout_s: float = 30.0, slow_tolerance: float | None = SLOW_TOLERANCE):
+                 connect_timeout_s: float = 30.0, slow_tolerance: float | None = SLOW_TOLERANCE,
+                 heal_behind: bool = False):
         if slow_tolerance is not None and (isinstance(slow_tolerance, bool) or
                                            not isinstance(slow_tolerance, (int, float)) or slow_tolerance < 1):
             raise ValueError(f"slow_tolerance {slow_tolerance!r}: give a ratio of at least 1 (a member that much "
                              "slower than the fastest still takes every step), or None (every member every step)")
-        self.slow_tolerance = slow_tolerance
+        self.slow_tolerance, self.heal_behind = slow_tolerance, bool(heal_behind)
         self.address = Address.parse(address) if isinstance(address, str) else address
         self.id = f"{name}-{uuid.uuid4().hex[:8]}"
         self.config, self.heartbeat_s = config, heartbeat_s
@@ -316,11 +319,11 @@ class Elastic:
         if taken != "commit":
             return Decision(False)
         said = [self.store.get(f"{key}/digest/{rank}").decode().split(" ") for rank in range(self.quorum.size)]
-        digests = {digest for digest, _, _ in said}
+        digests = {digest for digest, _, _ in said if digest}  # none from a member whose state is still crossing
         if len(digests) > 1:
             raise DivergedError(f"round {key}: the members started it from different global states "
                                 f"{sorted(digests)}")
-        return Decision(True, self.store.add(f"{key}/weight", 0), digest=digests.pop(),
+        return Decision(True, self.store.add(f"{key}/weight", 0), digest=digests.pop() if digests else "",
                         paces=tuple(float(pace) for _, pace, _ in said), late=sum(int(late) for *_, late in said))
 
     def finished(self, name: str, digest: str = "") -> None:

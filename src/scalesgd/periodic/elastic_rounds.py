@@ -7,7 +7,13 @@ state as the round found it (as PCCL retries, rather than torchft's discarding t
 its members start it from the same global state (a digest through the store) and logs who took part.
 
 The codec's state is what every member shares (fp8's agreed ranges and the steps they are measured at): a joiner
-takes it from the peer it heals from. Codecs that carry gradients across rounds (error-feedback residuals: top-k,
+takes it from the peer it heals from. Where the membership heals behind the rounds (`heal_behind`, the CLI's), a
+member behind receives the counters and the codec's state at the boundary and the global state on a thread while
+the rounds go on: until it lands, the member takes each round's reduce with no work of its own (planned no inner
+steps, voting no digest), keeps the means committed, and replays them on the state when it arrives (its digest
+checked against the sender's) — the others wait for none of it. A codec that encodes relative to the weights (fp8)
+decodes with them too: there the global parameters come at the boundary (half the state) and the member waits for
+the outer state before the next round's reduce, so the others wait for part of it. Codecs that carry gradients across rounds (error-feedback residuals: top-k,
 PowerSGD, 1-bit) are refused here: a member's residual would die with it and a joiner's copy would send the
 source's twice."""
 
@@ -23,11 +29,14 @@ from concurrent.futures import Future
 import torch
 import torch.distributed as dist
 
+from scalesgd.comm.codecs.registry import entry_of
 from scalesgd.comm.engine.driver import open_channel
-from scalesgd.elastic.heal import heal
+from scalesgd.elastic.heal import Healing, heal, heal_behind
+from scalesgd.elastic.membership import DivergedError
 from scalesgd.periodic.rounds import Fragment
 
 PACE_WINDOW = 12  # a member's pace: the mean of its last this many inner steps (across rounds)
+HEALING = -1.0  # the pace a member votes while its state is still crossing to it: planned no inner steps
 
 
 class DaemonThreads:
@@ -65,11 +74,20 @@ class ElasticRounds:
         self.clock = time.monotonic  # what paces are read on (`timed_by`)
         self._stepped: list[float] = []  # when this round began (its commit) and each of its inner steps ended
         self._gaps: deque[float] = deque(maxlen=PACE_WINDOW)  # seconds of its latest inner steps
+        self.writer = 0  # the rank that writes the run's records: the first whose vote said it holds the state
+        self._healing: Healing | None = None  # the global state still crossing to this member (`heal_behind`)
+        self._owed: list[tuple[object, bool]] = []  # the rounds committed meanwhile (their means, `average`)
+        self._lost = False  # the state that was crossing never came (its sender gone): to be healed again
 
     @property
     def step(self) -> int:
         """What this member tells the lighthouse: the rounds it committed, plus one (0: it holds no global state)."""
-        return 0 if self.synced_at is None else self.diloco.rounds + 1
+        return 0 if self.synced_at is None or self._healing is not None else self.diloco.rounds + 1
+
+    @property
+    def holds_state(self) -> bool:
+        """Whether this member holds the run's global state (not: it has none yet, or it is still crossing)."""
+        return self.synced_at is not None and self._healing is None
 
     def plan_of(self, members: int) -> tuple[int, ...]:
         """Each member's inner steps in the coming round of `members`: the plan, or H for all (before any, or for
@@ -101,6 +119,12 @@ class ElasticRounds:
         self._gaps.extend(b - a for a, b in zip(self._stepped, self._stepped[1:]))
         return sum(self._gaps) / len(self._gaps) if self._gaps else 0.0
 
+    def sit_out(self, average: bool = False) -> None:
+        """Take the round this member was planned no inner steps in (its state still crossing to it); `average`:
+        the run's last, cut short (`DiLoCo.finish`'s)."""
+        self.round(self.diloco.fragments[0],
+                   self.diloco.schedule.round_of(self.synced_at + self.diloco.schedule.local_steps), average)
+
     def join(self) -> None:
         """Into the first quorum: healed where behind, and into the round the others are at (with no work of its
         own) where the run is under way."""
@@ -110,16 +134,18 @@ class ElasticRounds:
         """Round `number` of `fragment` among the members alive, retried among the survivors until one commits
         (`average`: the mean Δ replaces the outer step, as `DiLoCo.finish` asks)."""
         d, started = self.diloco, time.monotonic()
+        sat_out = self._healing is not None  # planned no steps in this round: its state was crossing
+        self.land(wait=self._reads_weights())  # a codec that decodes with the weights: this round's, to take part
         period = d.schedule.local_steps
-        weight = 0 if self.synced_at is None else d.steps - self.synced_at
-        if 0 < weight < period and not average:  # its plan was fewer steps: the round's count is the others'
-            d.steps = self.synced_at + period
-        pace = self.pace()
+        weight = d.steps - self.synced_at if self.holds_state else 0
+        if (0 < weight < period or sat_out and self.synced_at is not None) and not average:
+            d.steps = self.synced_at + period  # its plan was fewer steps (or none): the round's count is the others'
         deltas = fragment.deltas(d.weights)
         if weight != period:
             with torch.no_grad():
                 torch._foreach_mul_(deltas, weight / period)
-        retries, rebuild, late = 0, False, 0
+        retries, rebuild, late = 0, self._lost, 0
+        self._lost = False
         while True:
             quorum = self.elastic.regroup(self.step, rebuild)
             if quorum.changed:
@@ -127,7 +153,7 @@ class ElasticRounds:
                 # group must not post into the new one when its frozen peer comes back
                 d.driver.channel = open_channel(d.codec, dist.group.WORLD)
                 try:
-                    source = heal(quorum.steps, quorum.rank, self._state, self._load)
+                    source = self._heal(quorum)
                 except RuntimeError:  # a peer gone while healing: the round is aborted for everyone in it
                     self.elastic.abort(number if number is not None else -1)
                     retries, rebuild = retries + 1, True
@@ -140,7 +166,8 @@ class ElasticRounds:
                 if max(quorum.steps) == 0 or number is None:  # the run's start: nobody has work to reduce yet
                     self.synced_at, self._stepped = d.steps, [self.clock()]
                     return
-            saved, digest = copy.deepcopy(d.driver.codec), self.digest()  # before the exchange reads or writes
+            saved = copy.deepcopy(d.driver.codec)  # before the exchange reads or writes it
+            digest, pace = (self.digest(), self.pace()) if self._healing is None else ("", HEALING)
             flight = fragment.start(number, d.weights, d.driver, d._thread, False, deltas)
             decision = self.elastic.settle(flight.future, number, weight, digest, pace, late)
             if decision.commit:
@@ -156,10 +183,14 @@ class ElasticRounds:
             if decision.weight != total:
                 with torch.no_grad():
                     torch._foreach_mul_(flight.means, total / decision.weight)
-            fragment.commit(flight, d.weights, average)
+            if self._healing is None:
+                fragment.commit(flight, d.weights, average)
+            else:  # replayed on the global state once it has crossed
+                self._owed.append((flight, average))
         d.rounds += 1
         self.synced_at, self._stepped = d.steps, [self.clock()]
         self.plan = planned_steps(decision.paces, period, self.elastic.slow_tolerance)
+        self.writer = next((rank for rank, pace in enumerate(decision.paces) if pace >= 0), 0)
         self.log.append({"round": number, "members": list(quorum.members), "retries": retries,
                          "digest": decision.digest, "seconds": round(time.monotonic() - started, 4),
                          "at": time.time(), "weight": decision.weight, "planned": list(self.plan),
@@ -173,6 +204,67 @@ class ElasticRounds:
         return hasher.hexdigest()[:16]
 
     # ---- what a joiner is healed with --------------------------------------------------------------
+    def _heal(self, quorum) -> int | None:
+        """Heal the members of `quorum` behind (collective): the rank this member healed from, else None."""
+        if not self.elastic.heal_behind or max(quorum.steps) == 0:  # the run's start: nobody trains meanwhile
+            return heal(quorum.steps, quorum.rank, self._state, self._load)
+        healing = heal_behind(quorum.steps, quorum.rank, self._header, self._body)
+        if healing is None:
+            return None
+        self._load_header(healing.header)
+        self._healing, self._owed = healing, []
+        return healing.source
+
+    def land(self, wait: bool = False) -> None:
+        """Take the global state that crossed behind the rounds where it has arrived (`wait`: once it has): the
+        state the sender held at the boundary, then the rounds committed since, replayed. Where it never came (its
+        sender gone), this member holds nothing and its next round's group is built anew to heal it again."""
+        healing = self._healing
+        if healing is None or not (wait or healing.body.done()):
+            return
+        self._healing = None
+        try:
+            body = healing.body.result()
+        except Exception:  # noqa: BLE001 - the sender died or its group was replaced: healed again
+            self.synced_at, self._owed, self._lost = None, [], True
+            return
+        d = self.diloco
+        if "global" in body:
+            d._copy(body["global"], d.global_params)
+            d._copy(body["global"], d.params)
+        d.outer.load_state_dict(body["outer"])
+        if self.digest() != healing.header["digest"]:
+            raise DivergedError(f"the global state healed from rank {healing.source} is not the one it said it sent "
+                                f"({self.digest()} against {healing.header['digest']})")
+        for flight, average in self._owed:
+            d.fragments[0].commit(flight, d.weights, average)
+        self._owed = []
+
+    def _reads_weights(self) -> bool:
+        """Whether the codec encodes (and decodes) relative to the global parameters (its registration says)."""
+        entry = entry_of(self.diloco.driver.codec)
+        return entry is not None and entry.reads_weights
+
+    def _header(self) -> dict:
+        d = self.diloco
+        weights = {"global": [p.detach().clone() for p in d.global_params]} if self._reads_weights() else {}
+        return {"steps": d.steps, "rounds": d.rounds, "codec": d.driver.shared_state_dict(),
+                "shared": dict(self.shared), "digest": self.digest(), **weights}
+
+    def _body(self) -> dict:
+        weights = {} if self._reads_weights() else {"global": [p.detach().clone() for p in self.diloco.global_params]}
+        return {"outer": self.diloco.outer.state_dict(), **weights}
+
+    def _load_header(self, header: dict) -> None:
+        d = self.diloco
+        self.shared = dict(header["shared"])
+        d.steps, d.rounds = header["steps"], header["rounds"]
+        d.driver.load_state_dict(header["codec"])
+        if "global" in header:
+            d._copy(header["global"], d.global_params)
+            d._copy(header["global"], d.params)
+        self.synced_at = d.steps
+
     def _state(self) -> dict:
         d = self.diloco
         return {"steps": d.steps, "rounds": d.rounds, "global": [p.detach().clone() for p in d.global_params],
@@ -203,9 +295,9 @@ def planned_steps(paces: tuple[float, ...], local_steps: int, tolerance: float |
     """Each member's inner steps in the next round from its pace: H for the fastest and those within `tolerance` of
     it (the jitter of a shared machine), else as many as it takes in the fastest's H steps' time, at least one (Liu
     et al. 2024, "Asynchronous Local-SGD Training for Language Modeling": local updates by each worker's speed);
-    unmeasured (0), or no tolerance given: H."""
+    unmeasured (0), or no tolerance given: H; none for a member still healing (`HEALING`)."""
     fastest = min((p for p in paces if p > 0), default=0.0)
-    return tuple(local_steps if tolerance is None or not fastest or p <= tolerance * fastest
+    return tuple(0 if p < 0 else local_steps if tolerance is None or not fastest or p <= tolerance * fastest
                  else max(1, round(local_steps * fastest / p)) for p in paces)
 
 

@@ -79,7 +79,8 @@ def train_member(cfg: TrainConfig, run_dir: Path, address: str, name: str) -> di
     make_codec(cfg.exchange.codec, settings)  # its kernels built before joining: the first round holds everyone
     membership = ElasticMembership.connect(address, name, member_config(cfg), start_workers=cfg.runtime.workers,
                                            group_timeout_s=min(cfg.runtime.timeout, 60.0),
-                                           slow_tolerance=None if cfg.periodic.elastic_grace else SLOW_TOLERANCE)
+                                           slow_tolerance=None if cfg.periodic.elastic_grace else SLOW_TOLERANCE,
+                                           heal_behind=True)
     elastic = membership.elastic
     try:
         setup = cfg.exchange_setup(membership, None, Tracer(False), None, len(sampler))
@@ -97,13 +98,14 @@ def train_member(cfg: TrainConfig, run_dir: Path, address: str, name: str) -> di
             start = rounds.shared.get("cursor", 0)
             wanted = rounds.plan_of(quorum.size)
             plan = dealer.round_plan(start, wanted)
-            if not plan[0]:
+            if not any(plan):
                 break
             if plan != wanted:  # the run's last round, cut short for all: it ends at `DiLoCo.finish`, not a plan
                 rounds.plan = ()
             rounds.shared["cursor"] = start + sum(plan)  # dealt: a joiner healed in this round goes on
             pending, healed, done = [], rounds.healed_from, exchange.diloco.rounds
-            for share in round_shares(start, plan, quorum.rank):
+            mine = round_shares(start, plan, quorum.rank)
+            for share in mine:
                 global_step = dealer.global_step(share)
                 lr = at_step(scheduler, global_step)
                 indices = dealer.indices(share)
@@ -113,16 +115,19 @@ def train_member(cfg: TrainConfig, run_dir: Path, address: str, name: str) -> di
                 epoch_sums += torch.tensor([loss * len(indices) * per_sample, correct, len(indices) * per_sample])
                 pending.append({"kind": "iter", "epoch": dealer.epoch_of(share), "iter": global_step + 1, "lr": lr,
                                 "loss": loss})
-            if exchange.diloco.rounds == done:  # the run's last round, cut short: its mean lands now
+            if not mine:  # planned none: its state is still crossing to it
+                rounds.sit_out(average=plan != wanted)
+            elif exchange.diloco.rounds == done:  # the run's last round, cut short: its mean lands now
                 exchange.settle()
             if rounds.healed_from != healed:  # dropped while stopped, and healed: the run's clock and records
                 clock = training_clock(rounds, rounds.shared["train_s"])
                 best = rounds.shared.get("best_test_acc", best)
             cursor = rounds.shared["cursor"]
-            last = not dealer.round_plan(cursor, rounds.plan_of(elastic.quorum.size))[0]
+            last = not any(dealer.round_plan(cursor, rounds.plan_of(elastic.quorum.size)))
             if last:  # said at once: the launcher ends its workers that did not take the last round
-                elastic.finished(name, rounds.digest())
-            if elastic.quorum.rank != 0:
+                rounds.land(wait=True)
+                elastic.finished(name, rounds.digest() if rounds.holds_state else "")
+            if elastic.quorum.rank != rounds.writer:
                 logged = None  # another member writes the records
                 continue
             log = log or metrics.MetricsLog(run_dir / METRICS_NAME)
@@ -157,7 +162,7 @@ def train_member(cfg: TrainConfig, run_dir: Path, address: str, name: str) -> di
                 best = rounds.shared["best_test_acc"] = max(best, record["test_acc"])
                 log.write(record)
             log.flush()
-        if elastic.quorum.rank != 0:
+        if elastic.quorum.rank != rounds.writer:
             return None
         ended = ended_alike(elastic.final_digests(), rounds.digest())
         summary = {

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from scalesgd.comm.codecs import CodecSettings, LowrankOptions, TopkOptions
-from scalesgd.elastic import ElasticMembership
+from scalesgd.elastic import ElasticMembership, heal
 from scalesgd.elastic.membership import CoordinatorLost
 from scalesgd.periodic import DiLoCo
 
@@ -43,7 +43,8 @@ def run(name: str, address: str, out: str, steps: int, faults: dict, codec: str 
         width: int = 16, heartbeat_s: float = 0.25) -> None:
     """Train `steps` inner steps; `faults` for this worker: {"kill": step, "stop": step, "kill_in_reduce": round,
     "stop_in_reduce": round, "await_at": (step, key), "announce": key, "late": (step, seconds), "kill_in_regroup":
-    True, "kill_in_rendezvous": True, "group_timeout_s": seconds}; `start`: the workers the run starts with.
+    True, "kill_in_rendezvous": True, "kill_sending_heal": True, "group_timeout_s": seconds, "heal_behind": True};
+    `start`: the workers the run starts with.
     Writes its rounds' log, its digest and its global parameters to `out/name.pt`, each committed round to the
     store as `progress/<name>/<round>`, and a fault's moment as `fault/<name>`."""
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
@@ -54,7 +55,8 @@ def run(name: str, address: str, out: str, steps: int, faults: dict, codec: str 
     inner = torch.optim.SGD(model.parameters(), lr=0.01)
     members = ElasticMembership.connect(address, name, config="elastic bench", heartbeat_s=heartbeat_s,
                                         start_workers=start, slow_tolerance=None,  # faults at set steps: lockstep
-                                        group_timeout_s=faults.get("group_timeout_s", 60.0))
+                                        group_timeout_s=faults.get("group_timeout_s", 60.0),
+                                        heal_behind=faults.get("heal_behind", False))
     store = members.elastic.store
 
     def fault(kind: int) -> None:
@@ -66,6 +68,8 @@ def run(name: str, address: str, out: str, steps: int, faults: dict, codec: str 
     if faults.get("kill_in_rendezvous"):  # … dead once every member came, inside the group's rendezvous
         gathered = members.elastic._gathered
         members.elastic._gathered = lambda: gathered() and fault(signal.SIGKILL)
+    if faults.get("kill_sending_heal"):  # dead once a joiner has its counters, before its global state crossed
+        heal._on_thread = lambda work: fault(signal.SIGKILL)
     if "announce" in faults:  # heartbeating now: the others may go on
         store.set(faults["announce"], "1")
     try:
@@ -84,6 +88,9 @@ def _train(name, model, inner, members, steps, faults, codec, width, fault) -> d
         own_at_join = own_norm(diloco.driver.state_dict())
         _inside_rounds(diloco, faults, fault)
         while diloco.steps < steps:
+            if not diloco.elastic.planned:  # its global state still crossing (heal_behind): no steps of its own
+                diloco.elastic.sit_out()
+                continue
             if diloco.steps == faults.get("kill"):
                 fault(signal.SIGKILL)
             if diloco.steps == faults.get("stop") and not faults.get("stopped"):
