@@ -19,7 +19,7 @@ from scalesgd.bench.elastic import worker as elastic_worker
 from scalesgd.elastic import Coordinator
 from scalesgd.elastic.heal import Healing
 from scalesgd.periodic import elastic_rounds
-from scalesgd.periodic.elastic_rounds import planned_steps
+from scalesgd.periodic.elastic_rounds import HEALING, planned_steps
 
 pytest.importorskip("torchft")
 
@@ -176,6 +176,17 @@ def test_healing_behind_a_sender_killed_before_the_state_crossed_is_replaced_by_
     assert results["w2"]["healed_from"].startswith("w1-")
 
 
+def test_healing_behind_a_joiner_whose_only_sender_dies_stops_rather_than_start_the_run_over(coordinator, out):
+    sender = {"heal_behind": True, "await_at": (14, "joiner"), "kill_sending_heal": True}
+    workers = [start("w0", coordinator, out, sender, workers=1)]
+    wait_round(coordinator, "w0", 2)
+    workers.append(start("w1", coordinator, out, {"heal_behind": True, "announce": "joiner"}, workers=1))
+    finished(workers, out)
+    assert workers[0].exitcode == -signal.SIGKILL and workers[1].exitcode == 3
+    said = torch.load(Path(out) / "w1.pt", weights_only=False)["error"]
+    assert "every member that held the run's global state left" in said and "last checkpoint" in said
+
+
 def test_a_state_that_never_crossed_leaves_the_member_holding_nothing_and_its_next_group_built_anew():
     rounds = elastic_rounds.ElasticRounds(SimpleNamespace(members=SimpleNamespace(elastic=None)))
     never: Future = Future()
@@ -284,10 +295,12 @@ def test_diloco_refuses_what_elastic_rounds_cannot_take_naming_it():
                group=ElasticMembership(elastic=object()))
 
 
-def test_a_slower_member_is_planned_the_steps_it_takes_in_the_fastest_ones_time():
-    assert planned_steps((0.10, 0.20, 0.11, 0.0), 16, 1.25) == (16, 8, 16, 16)  # jitter, the unmeasured: H
-    assert planned_steps((0.1, 5.0), 4, 1.25) == (4, 1)  # at least one step
+def test_a_slower_member_is_planned_the_steps_it_takes_in_the_typical_ones_time():
+    assert planned_steps((0.10, 0.20, 0.11, 0.0), 16, 1.25) == (16, 9, 16, 16)  # jitter, the unmeasured: H
+    assert planned_steps((0.1, 5.0), 4, 1.25) == (4, 1)  # of two, the faster sets the pace; at least one step
     assert planned_steps((0.1, 5.0), 4, None) == (4, 4)  # lockstep
+    assert planned_steps((0.05, 0.11, 0.10, HEALING), 16, 1.25) == (16, 16, 16, 0)  # one alone on the cores: not
+    # the pace of the others, who are not slow; one healing: none
 
 
 def test_a_worker_stopped_part_of_every_period_is_paced_by_its_mean_step(monkeypatch):

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 FINISHED_KEY = "run/finished"  # in the store: the run's last round committed
 DONE_PREFIX = "done/"  # + a worker's name: it took the last round
 FINAL_PREFIX = "final/"  # + a member's id: the digest of the global state it ended the run with
-SLOW_TOLERANCE = 1.25  # a member this much slower than the fastest still takes every inner step of a round
+SLOW_TOLERANCE = 1.25  # a member this much slower than the typical one still takes every inner step of a round
 POLL_S = 0.02  # how often a member that finished its exchange looks for the round's decision
 
 
@@ -50,6 +50,11 @@ class CoordinatorLost(RuntimeError):
 
 class DivergedError(RuntimeError):
     """A round's members started it from different global states."""
+
+
+class StateLost(RuntimeError):
+    """Every member that held the run's global state left while it was crossing to this one: the run goes on from
+    its last checkpoint, not from this member's part of it."""
 
 
 class RunFinished(RuntimeError):
@@ -87,7 +92,7 @@ class Elastic:
     """This member's side of the coordinator: a heartbeat every `heartbeat_s` (to the lighthouse, and a counter in
     the store its peers watch), the quorum it is in and the group built for it, and each round's decision. A peer
     whose counter has not moved for the coordinator's heartbeat timeout is dead to this member as to the
-    lighthouse. A member more than `slow_tolerance` times slower a step than the fastest is planned fewer steps a
+    lighthouse. A member more than `slow_tolerance` times slower a step than the typical one is planned fewer steps a
     round, so it arrives with the others (None: every member takes every step, the slowest setting the pace).
     `heal_behind`: a member behind receives the global state while the rounds go on (a loop that deals it no inner
     steps until it lands, as the CLI's does), rather than every member waiting at the boundary while it crosses."""
@@ -99,7 +104,7 @@ class Elastic:
         if slow_tolerance is not None and (isinstance(slow_tolerance, bool) or
                                            not isinstance(slow_tolerance, (int, float)) or slow_tolerance < 1):
             raise ValueError(f"slow_tolerance {slow_tolerance!r}: give a ratio of at least 1 (a member that much "
-                             "slower than the fastest still takes every step), or None (every member every step)")
+                             "slower than the typical member still takes every step), or None (every member every step)")
         self.slow_tolerance, self.heal_behind = slow_tolerance, bool(heal_behind)
         self.address = Address.parse(address) if isinstance(address, str) else address
         self.id = f"{name}-{uuid.uuid4().hex[:8]}"

@@ -52,7 +52,7 @@ class PeriodicConfig:
                                   "on without it (that worker's steps lost, and it heals from a peer at the next "
                                   "round: a minimum quorum and a grace window, as Decoupled DiLoCo's, without its "
                                   "late merge), every worker taking --local-steps steps; 0: none is left out, each "
-                                  "worker is planned the steps its pace fits in the fastest's --local-steps",
+                                  "worker is planned the steps its pace fits in the typical worker's --local-steps",
                                   check=checks.at_least(0))
     join: str = option("", "with --local-steps: join the elastic run whose coordinator printed this address "
                        "(http://HOST:PORT,HOST:PORT) with this launch's --workers", runtime=True)

@@ -13,9 +13,10 @@ the rounds go on: until it lands, the member takes each round's reduce with no w
 steps, voting no digest), keeps the means committed, and replays them on the state when it arrives (its digest
 checked against the sender's) — the others wait for none of it. A codec that encodes relative to the weights (fp8)
 decodes with them too: there the global parameters come at the boundary (half the state) and the member waits for
-the outer state before the next round's reduce, so the others wait for part of it. Codecs that carry gradients across rounds (error-feedback residuals: top-k,
-PowerSGD, 1-bit) are refused here: a member's residual would die with it and a joiner's copy would send the
-source's twice."""
+the outer state before the next round's reduce, so the others wait for part of it.
+
+Codecs that carry gradients across rounds (error-feedback residuals: top-k, PowerSGD, 1-bit) are refused here: a
+member's residual would die with it and a joiner's copy would send the source's twice."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ import torch.distributed as dist
 from scalesgd.comm.codecs.registry import entry_of
 from scalesgd.comm.engine.driver import open_channel
 from scalesgd.elastic.heal import Healing, heal, heal_behind
-from scalesgd.elastic.membership import DivergedError
+from scalesgd.elastic.membership import DivergedError, StateLost
 from scalesgd.periodic.rounds import Fragment
 
 PACE_WINDOW = 12  # a member's pace: the mean of its last this many inner steps (across rounds)
@@ -152,6 +153,9 @@ class ElasticRounds:
                 # the group itself, not None (the default group at each call): an exchange abandoned in the old
                 # group must not post into the new one when its frozen peer comes back
                 d.driver.channel = open_channel(d.codec, dist.group.WORLD)
+                if max(quorum.steps) == 0 and d.rounds and not self.holds_state:  # not the run's start: its end
+                    raise StateLost(f"every member that held the run's global state left while it crossed to this "
+                                    f"one (round {d.rounds}): resume the run from its last checkpoint")
                 try:
                     source = self._heal(quorum)
                 except RuntimeError:  # a peer gone while healing: the round is aborted for everyone in it
@@ -292,13 +296,16 @@ class ElasticRounds:
 
 
 def planned_steps(paces: tuple[float, ...], local_steps: int, tolerance: float | None) -> tuple[int, ...]:
-    """Each member's inner steps in the next round from its pace: H for the fastest and those within `tolerance` of
-    it (the jitter of a shared machine), else as many as it takes in the fastest's H steps' time, at least one (Liu
-    et al. 2024, "Asynchronous Local-SGD Training for Language Modeling": local updates by each worker's speed);
-    unmeasured (0), or no tolerance given: H; none for a member still healing (`HEALING`)."""
-    fastest = min((p for p in paces if p > 0), default=0.0)
-    return tuple(0 if p < 0 else local_steps if tolerance is None or not fastest or p <= tolerance * fastest
-                 else max(1, round(local_steps * fastest / p)) for p in paces)
+    """Each member's inner steps in the next round from its pace: H for those within `tolerance` of the typical
+    member (the lower median of the measured paces: the fastest of two), else as many as it takes in the typical
+    member's H steps' time, at least one (Liu et al. 2024, "Asynchronous Local-SGD Training for Language Modeling":
+    local updates by each worker's speed); unmeasured (0), or no tolerance given: H; none for a member still healing
+    (`HEALING`). The median, not the fastest: on shared cores one member runs alone while the others wait (the one
+    that evaluates between rounds, or while a restarted one builds), and its pace would cut every other's steps."""
+    measured = sorted(p for p in paces if p > 0)
+    typical = measured[(len(measured) - 1) // 2] if measured else 0.0
+    return tuple(0 if p < 0 else local_steps if tolerance is None or not typical or p <= tolerance * typical
+                 else max(1, round(local_steps * typical / p)) for p in paces)
 
 
 def _tensors(state: dict) -> list[torch.Tensor]:

@@ -2,10 +2,10 @@
 sitting: each member steps alone on the shares the round deals it (`data.shares`), at the learning rate of the
 global step those shares belong to, and every H steps `DiLoCo` takes the round among whoever is alive. Between rounds
 nothing crosses between members: no per-window sums, evaluation or checkpoint collectives. The round's first member
-(rank 0 of its quorum) writes the run's records — its own steps' losses, each round's members, retries and digest,
+holding the global state writes the run's records — its own steps' losses, each round's members, retries and digest,
 evaluations of the global model on the whole test set — and the checkpoint: the global state alone, written where
 it runs (nothing crosses the link for it); a member's local parameters and inner optimizer state are its own, and a
-member that starts again heals from a peer."""
+member that starts again heals from a peer, behind the rounds (dealt no shares until its state lands)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from scalesgd.config import TrainConfig
 from scalesgd.data import DataError
-from scalesgd.elastic.membership import CoordinatorLost, DivergedError, RefusedError, RunFinished
+from scalesgd.elastic.membership import CoordinatorLost, DivergedError, RefusedError, RunFinished, StateLost
 from scalesgd.errors import (
     EXIT_NON_FINITE,
     EXIT_PEER_LOST,
@@ -42,7 +42,7 @@ def run(run_dir: Path, cfg: TrainConfig | None = None) -> int:
         return _say(name, f"error: {err}", EXIT_COORDINATOR_LOST)
     except NonFiniteLoss as err:
         return _say(name, f"error: {err}; stopped, resume from the last checkpoint in {run_dir}", EXIT_NON_FINITE)
-    except DivergedError as err:
+    except (DivergedError, StateLost) as err:
         return _say(name, f"error: {err}", 1)
     except RunFinished as err:  # torchrun restarted it at the run's end: done, as the others are
         return _say(name, str(err), 0)

@@ -17,7 +17,7 @@ from torch import nn
 
 from scalesgd.comm.codecs import CodecSettings, LowrankOptions, TopkOptions
 from scalesgd.elastic import ElasticMembership, heal
-from scalesgd.elastic.membership import CoordinatorLost
+from scalesgd.elastic.membership import CoordinatorLost, StateLost
 from scalesgd.periodic import DiLoCo
 
 H = 4  # inner steps a round
@@ -74,7 +74,7 @@ def run(name: str, address: str, out: str, steps: int, faults: dict, codec: str 
         store.set(faults["announce"], "1")
     try:
         result = _train(name, model, inner, members, steps, faults, codec, width, fault)
-    except CoordinatorLost as lost:  # the one way a run stops here on purpose: said, and a status of its own
+    except (CoordinatorLost, StateLost) as lost:  # the ways a run stops here on purpose: said, a status of its own
         torch.save({"error": str(lost)}, Path(out) / f"{name}.pt")
         os._exit(3)
     torch.save(result, Path(out) / f"{name}.pt")
