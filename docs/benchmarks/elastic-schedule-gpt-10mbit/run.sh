@@ -10,8 +10,9 @@ scalesgd testbed up --nodes 4 --bandwidth 10mbit --prefix eg
 trap 'scalesgd testbed down --prefix eg' EXIT
 train=(--workers 4 --model gpt --dataset text --samples 16384 --epochs 2 --local-steps 16 --codec fp8
        --outer-momentum 0.5 --eval-every 32)
-# measured 2026-11-29 (fault-free and elastic again on 2026-11-30, a stopped member's pseudo-gradient reduced late;
-# the earlier fault-free runs in earlier/), each run kept as runs/MODE-SEED.json and reused by a later call; the restart never reaches
+# measured 2026-11-29 (fault-free and elastic again on 2026-11-30, a joiner healed behind the rounds, a round's pace
+# from the typical member; the earlier fault-free runs in earlier/), each run kept as runs/MODE-SEED.json and reused
+# by a later call; the restart never reaches
 # the target, so seeds 1 and 2 stop it at 450 s (seed 0: 900 s)
 for seed in ${SEEDS:-0 1 2}; do
   scalesgd bench elastic-schedule --prefix eg --modes fault-free,elastic,torchft --seeds "$seed" --limit-s 900 \

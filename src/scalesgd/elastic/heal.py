@@ -10,7 +10,6 @@ on a thread while the rounds go on without waiting for them."""
 from __future__ import annotations
 
 import io
-import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -18,6 +17,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from scalesgd.elastic.threads import DaemonThreads
+
+_THREADS = DaemonThreads("scalesgd-heal")  # a body crossing: abandoned where its peer froze
 HEAL_TAG = 1 << 20  # the state's bytes behind a round: apart from the tags its exchange's pieces use beside them
 
 
@@ -72,7 +74,7 @@ def heal_behind(steps: tuple[int, ...], rank: int, header: Callable[[], dict],
             group = dist.group.WORLD  # this quorum's: the thread must not post into the next one's
             dist.send(torch.tensor([head.numel(), rest.numel()], dtype=torch.int64), dst=receiver)
             dist.send(head, dst=receiver)
-            _on_thread(lambda rest=rest, receiver=receiver, group=group:
+            _THREADS.submit(lambda rest=rest, receiver=receiver, group=group:
                        dist.send(rest, dst=receiver, group=group, tag=HEAL_TAG))
         elif rank == receiver:
             sizes = torch.empty(2, dtype=torch.int64)
@@ -80,23 +82,9 @@ def heal_behind(steps: tuple[int, ...], rank: int, header: Callable[[], dict],
             head = torch.empty(int(sizes[0]), dtype=torch.uint8)
             dist.recv(head, src=sender)
             rest, group = torch.empty(int(sizes[1]), dtype=torch.uint8), dist.group.WORLD
-            healing = Healing(_decode(head), _on_thread(
+            healing = Healing(_decode(head), _THREADS.submit(
                 lambda: (dist.recv(rest, src=sender, group=group, tag=HEAL_TAG), _decode(rest))[1]), sender)
     return healing
-
-
-def _on_thread(work: Callable[[], object]) -> Future:
-    """`work()` on a daemon thread of its own (one stuck on a peer that froze keeps nobody from exiting)."""
-    future: Future = Future()
-
-    def run() -> None:
-        try:
-            future.set_result(work())
-        except BaseException as error:  # noqa: BLE001 - handed to whoever waits for it
-            future.set_exception(error)
-
-    threading.Thread(target=run, name="scalesgd-heal", daemon=True).start()
-    return future
 
 
 def _encode(state: dict) -> torch.Tensor:

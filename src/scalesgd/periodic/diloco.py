@@ -33,7 +33,8 @@ from scalesgd.comm.engine.agreement import check_ranks_agree, check_settings, co
 from scalesgd.comm.engine.driver import BucketDriver, open_channel
 from scalesgd.comm.wire.groups import own_group
 from scalesgd.comm.wire.membership import Membership
-from scalesgd.periodic.elastic_rounds import DaemonThreads, ElasticRounds
+from scalesgd.elastic.threads import DaemonThreads
+from scalesgd.periodic.elastic_rounds import ElasticRounds
 from scalesgd.periodic.fragments import split
 from scalesgd.periodic.outer import outer_sgd
 from scalesgd.periodic.rounds import Fragment, Round, Weights

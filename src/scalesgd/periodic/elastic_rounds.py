@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import threading
 import time
 from collections import deque
-from concurrent.futures import Future
 
 import torch
 import torch.distributed as dist
@@ -38,27 +36,6 @@ from scalesgd.periodic.rounds import Fragment
 
 PACE_WINDOW = 12  # a member's pace: the mean of its last this many inner steps (across rounds)
 HEALING = -1.0  # the pace a member votes while its state is still crossing to it: planned no inner steps
-
-
-class DaemonThreads:
-    """Each exchange on a daemon thread of its own: one abandoned on a frozen peer blocks neither the round's
-    retry nor the interpreter's exit."""
-
-    def submit(self, work) -> Future:
-        future: Future = Future()
-
-        def run() -> None:
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(work())
-                except BaseException as error:  # noqa: BLE001 - handed to whoever waits on the round
-                    future.set_exception(error)
-
-        threading.Thread(target=run, name="scalesgd-elastic-round", daemon=True).start()
-        return future
-
-    def shutdown(self, wait: bool = True) -> None:
-        """Nothing to stop: an exchange under way is the round's, and one abandoned is left where it is stuck."""
 
 
 class ElasticRounds:
