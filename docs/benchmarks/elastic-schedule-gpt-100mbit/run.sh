@@ -10,7 +10,8 @@ scalesgd testbed up --nodes 4 --bandwidth 100mbit --prefix eh
 trap 'scalesgd testbed down --prefix eh' EXIT
 train=(--workers 4 --model gpt --dataset text --samples 16384 --epochs 2 --local-steps 16 --codec fp8
        --outer-momentum 0.5 --eval-every 32)
-# measured 2026-11-29 (each run kept as runs/MODE-SEED.json and reused by a later call)
+# measured 2026-11-29, fault-free, elastic and torchft again on 2026-11-30 (each run kept as runs/MODE-SEED.json and
+# reused by a later call)
 for seed in ${SEEDS:-0 1 2}; do
   for mode in fault-free elastic torchft; do
     scalesgd bench elastic-schedule --prefix eh --modes $mode --seeds "$seed" --limit-s 600 --out $out -- "${train[@]}"
