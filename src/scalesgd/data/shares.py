@@ -55,9 +55,9 @@ class Dealer:
         the same number for all planned any that the shares left allow (none: the run is over)."""
         if self.total - start >= sum(plan):
             return plan
-        stepping = sum(1 for steps in plan if steps) or len(plan)
-        return tuple(max(0, (self.total - start) // stepping) if steps or stepping == len(plan) else 0
-                     for steps in plan)
+        stepping = [bool(steps) for steps in plan] if any(plan) else [True] * len(plan)
+        each = max(0, (self.total - start) // sum(stepping))
+        return tuple(each if steps else 0 for steps in stepping)
 
 
 def round_shares(start: int, plan: tuple[int, ...], rank: int) -> list[int]:

@@ -75,7 +75,7 @@ def heal_behind(steps: tuple[int, ...], rank: int, header: Callable[[], dict],
             dist.send(torch.tensor([head.numel(), rest.numel()], dtype=torch.int64), dst=receiver)
             dist.send(head, dst=receiver)
             _THREADS.submit(lambda rest=rest, receiver=receiver, group=group:
-                       dist.send(rest, dst=receiver, group=group, tag=HEAL_TAG))
+                            dist.send(rest, dst=receiver, group=group, tag=HEAL_TAG))
         elif rank == receiver:
             sizes = torch.empty(2, dtype=torch.int64)
             dist.recv(sizes, src=sender)

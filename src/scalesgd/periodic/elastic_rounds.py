@@ -211,8 +211,7 @@ class ElasticRounds:
             return
         d = self.diloco
         if "global" in body:
-            d._copy(body["global"], d.global_params)
-            d._copy(body["global"], d.params)
+            self._take_global(body["global"])
         d.outer.load_state_dict(body["outer"])
         if self.digest() != healing.header["digest"]:
             raise DivergedError(f"the global state healed from rank {healing.source} is not the one it said it sent "
@@ -221,6 +220,14 @@ class ElasticRounds:
             d.fragments[0].commit(flight, d.weights, average)
         self._owed = []
 
+    def _global_copy(self) -> list[torch.Tensor]:
+        return [p.detach().clone() for p in self.diloco.global_params]
+
+    def _take_global(self, values: list[torch.Tensor]) -> None:
+        """The global parameters, and the local ones with them, from a peer's."""
+        self.diloco._copy(values, self.diloco.global_params)
+        self.diloco._copy(values, self.diloco.params)
+
     def _reads_weights(self) -> bool:
         """Whether the codec encodes (and decodes) relative to the global parameters (its registration says)."""
         entry = entry_of(self.diloco.driver.codec)
@@ -228,12 +235,12 @@ class ElasticRounds:
 
     def _header(self) -> dict:
         d = self.diloco
-        weights = {"global": [p.detach().clone() for p in d.global_params]} if self._reads_weights() else {}
+        weights = {"global": self._global_copy()} if self._reads_weights() else {}
         return {"steps": d.steps, "rounds": d.rounds, "codec": d.driver.shared_state_dict(),
                 "shared": dict(self.shared), "digest": self.digest(), **weights}
 
     def _body(self) -> dict:
-        weights = {} if self._reads_weights() else {"global": [p.detach().clone() for p in self.diloco.global_params]}
+        weights = {} if self._reads_weights() else {"global": self._global_copy()}
         return {"outer": self.diloco.outer.state_dict(), **weights}
 
     def _load_header(self, header: dict) -> None:
@@ -242,13 +249,12 @@ class ElasticRounds:
         d.steps, d.rounds = header["steps"], header["rounds"]
         d.driver.load_state_dict(header["codec"])
         if "global" in header:
-            d._copy(header["global"], d.global_params)
-            d._copy(header["global"], d.params)
+            self._take_global(header["global"])
         self.synced_at = d.steps
 
     def _state(self) -> dict:
         d = self.diloco
-        return {"steps": d.steps, "rounds": d.rounds, "global": [p.detach().clone() for p in d.global_params],
+        return {"steps": d.steps, "rounds": d.rounds, "global": self._global_copy(),
                 "outer": d.outer.state_dict(), "codec": d.driver.shared_state_dict(), "shared": dict(self.shared)}
 
     def restore(self, state: dict) -> None:
@@ -264,8 +270,7 @@ class ElasticRounds:
         d = self.diloco
         self.shared = dict(state["shared"])
         d.steps, d.rounds = state["steps"], state["rounds"]
-        d._copy(state["global"], d.global_params)
-        d._copy(state["global"], d.params)
+        self._take_global(state["global"])
         d.outer.load_state_dict(state["outer"])
         # what every member shares (fp8's ranges, low rank's factors); its own residuals start at zero
         d.driver.load_state_dict(state["codec"])
