@@ -114,7 +114,7 @@ def test_a_new_member_after_the_runs_last_round_is_told_the_run_finished():
         dist.TCPStore(address.store_host, address.store_port, is_master=False).set(FINISHED_KEY, "1")
         late = ElasticMembership.connect(address, "late")
         try:
-            with pytest.raises(RunFinished, match="the run's last round committed before this worker joined"):
+            with pytest.raises(RunFinished, match="the run.s last round committed without this worker"):
                 late.elastic.regroup(0)
         finally:
             late.elastic.close()

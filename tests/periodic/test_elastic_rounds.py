@@ -197,6 +197,20 @@ def test_a_state_that_never_crossed_leaves_the_member_holding_nothing_and_its_ne
     assert not rounds.holds_state and rounds.step == 0 and rounds._lost  # healed again, in a group built anew
 
 
+def test_a_member_whose_newer_state_is_still_crossing_is_not_healed_from_an_older_one(monkeypatch):
+    """Named behind (it says it holds nothing yet) in a quorum whose best holds round 3, while round 5's state
+    crosses to it: taking round 3's would lose rounds 3 and 4, so it refuses (the round asked again once it lands)."""
+    crossing = Healing({"rounds": 5, "digest": "1" * 16}, Future(), source=2)
+    older = Healing({"rounds": 3, "digest": "0" * 16}, Future(), source=0)
+    monkeypatch.setattr(elastic_rounds, "heal_behind", lambda *args: older)
+    rounds = elastic_rounds.ElasticRounds(SimpleNamespace(members=SimpleNamespace(
+        elastic=SimpleNamespace(heal_behind=True)), rounds=5))
+    rounds.synced_at, rounds._healing = 20, crossing
+    with pytest.raises(elastic_rounds.NewerCrossing, match="older than the one still crossing"):
+        rounds._heal(SimpleNamespace(steps=(4, 0), rank=1))
+    assert rounds._healing is crossing and rounds.synced_at == 20  # nothing of the older state taken
+
+
 def test_a_worker_killed_between_its_quorum_and_its_group_is_dropped_and_the_others_go_on(coordinator, out):
     """A joiner named in the next quorum dies before the group is built: the others notice its heartbeats stop,
     ask the lighthouse again and go on (before, they waited out the rendezvous's 60 s and ended with an error)."""

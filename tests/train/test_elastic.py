@@ -134,8 +134,6 @@ def test_a_worker_at_half_speed_is_planned_fewer_steps_and_every_share_is_dealt(
     assert 4 * summary["steps_per_epoch"] * 2 - dealt < 2  # every share but fewer than one a member at the end
 
 
-@pytest.mark.xfail(reason="known, open: with a 0.1 s grace window a run can stall for minutes (1 of 3 runs on a quiet "
-                          "machine waited 2 min and ended with one member; one at --min-workers 2 hung)", strict=False)
 def test_with_a_grace_window_a_worker_at_half_speed_is_left_out_of_the_rounds_it_is_late_for_and_heals(tmp_path):
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "scalesgd", *ELASTIC, "--local-steps", "16", "--workers", "3",
@@ -150,7 +148,7 @@ def test_with_a_grace_window_a_worker_at_half_speed_is_left_out_of_the_rounds_it
         proc.wait(30)
     assert proc.returncode == 0, err
     log = rounds(run)
-    assert all(planned == 16 for r in log for planned in r["planned"]), log  # no member planned fewer steps
+    assert all(planned in (0, 16) for r in log for planned in r["planned"]), log  # none fewer, but while healing
     slow_in = [any(m.startswith("host-w1-") for m in r["members"]) for r in log]
     assert 0 < sum(slow_in) < len(log), slow_in  # left out of the rounds it was late for, healed back into others
     assert sorted(r["round"] for r in log) == list(range(len(log)))  # every round taken, none discarded (written

@@ -37,6 +37,7 @@ FINISHED_KEY = "run/finished"  # in the store: the run's last round committed
 DONE_PREFIX = "done/"  # + a worker's name: it took the last round
 FINAL_PREFIX = "final/"  # + a member's id: the digest of the global state it ended the run with
 SLOW_TOLERANCE = 1.25  # a member this much slower than the typical one still takes every inner step of a round
+LATE = "the run's last round committed without this worker; nothing left for it to do"
 POLL_S = 0.02  # how often a member that finished its exchange looks for the round's decision
 
 
@@ -58,7 +59,8 @@ class StateLost(RuntimeError):
 
 
 class RunFinished(RuntimeError):
-    """The run's last round committed before this new member took part in one: nothing is left for it to do."""
+    """The run's last round committed without this member (a new one, or one left out of the last rounds): nothing
+    is left for it to do."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,7 @@ class Decision:
     digest: str = ""  # the global state every member started the round from
     paces: tuple[float, ...] = ()  # each member's seconds an inner step in the round, in rank order (0: unmeasured)
     late: int = 0  # of `weight`, the steps members back from a stop finished before it (their work counted late)
+    last: bool = False  # the run's last round, cut short: its mean replaces the outer step
 
 
 class Elastic:
@@ -177,9 +180,11 @@ class Elastic:
         a round that aborted), asked again where a member dies or stops before the group is built. RefusedError
         where the most advanced members' configuration is not this one's."""
         while True:
+            if self._run_finished():  # late (a new member, or one left out of the last rounds): the others ended it
+                raise RunFinished(LATE)
             quorum = self._issue(step, rebuild)
-            if step == 0 and self._run_finished():  # a new member, late: the others ended the run and left
-                raise RunFinished("the run's last round committed before this worker joined; nothing left to do")
+            if self._run_finished():
+                raise RunFinished(LATE)
             if not quorum.changed:
                 return quorum
             self._seen = {}
@@ -275,19 +280,21 @@ class Elastic:
                                   "the last checkpoint") from error
 
     def settle(self, exchange: Future, number: int, weight: int, digest: str = "", pace: float = 0.0,
-               late: int = 0) -> Decision:
+               late: int = 0, last: bool | None = False) -> Decision:
         """Wait for this member's exchange of round `number` and take the round's decision: commit once every
         member finished its own (`weight`: the work behind this member's part, summed over the members), abort
         the moment one failed or stopped heartbeating (this member's exchange then abandoned where it is stuck).
         `digest`: the global state this member started the round from; DivergedError where the members' differ.
         `pace`: this member's seconds an inner step, which every member reads in the decision; `late`: of `weight`,
-        steps it finished before a stop dropped it from an earlier round."""
+        steps it finished before a stop dropped it from an earlier round. `last`: whether this member takes the
+        round for the run's last, cut short (None: it cannot say, having been healed into it: a left-out member's
+        count of the data dealt is the others' only from here); the members that can say decide, and must agree."""
         with self._coordinator(f"decide round {number}"):
-            return self._settle(exchange, number, weight, digest, pace, late)
+            return self._settle(exchange, number, weight, f"{digest} {pace:.6f} {late} {_said(last)}")
 
-    def _settle(self, exchange: Future, number: int, weight: int, digest: str, pace: float, late: int) -> Decision:
+    def _settle(self, exchange: Future, number: int, weight: int, vote: str) -> Decision:
         key = f"vote/{self.round_key(number)}"
-        self.store.set(f"{key}/digest/{self.quorum.rank}", f"{digest} {pace:.6f} {late}")  # one write, read with all
+        self.store.set(f"{key}/digest/{self.quorum.rank}", vote)  # one write, read with all
         decision = f"{key}/decision"
         while True:
             try:
@@ -324,12 +331,16 @@ class Elastic:
         if taken != "commit":
             return Decision(False)
         said = [self.store.get(f"{key}/digest/{rank}").decode().split(" ") for rank in range(self.quorum.size)]
-        digests = {digest for digest, _, _ in said if digest}  # none from a member whose state is still crossing
+        digests = {digest for digest, *_ in said if digest}  # none from a member whose state is still crossing
         if len(digests) > 1:
             raise DivergedError(f"round {key}: the members started it from different global states "
                                 f"{sorted(digests)}")
+        last = {flag for *_, flag in said if flag != "-"}
+        if len(last) > 1:
+            raise DivergedError(f"round {key}: the members holding the state disagree whether it is the run's last")
         return Decision(True, self.store.add(f"{key}/weight", 0), digest=digests.pop() if digests else "",
-                        paces=tuple(float(pace) for _, pace, _ in said), late=sum(int(late) for *_, late in said))
+                        paces=tuple(float(pace) for _, pace, *_ in said), late=sum(int(late) for *_, late, _ in said),
+                        last=last == {"1"})
 
     def finished(self, name: str, digest: str = "") -> None:
         """Say in the store that the run's last round committed, and that `name` took it (it ends by itself; a
@@ -374,6 +385,11 @@ class ElasticMembership(Membership):
     @property
     def may_abort(self) -> bool:
         return True
+
+
+def _said(flag: bool | None) -> str:
+    """A yes, no or no-say in a vote."""
+    return "-" if flag is None else str(int(flag))
 
 
 def first_line(error: Exception) -> str:

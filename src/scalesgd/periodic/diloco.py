@@ -185,8 +185,7 @@ class DiLoCo:
         started = self.schedule.starts(self.steps)
         if self.elastic is not None:  # a slower member's round ends after the fewer steps planned for it
             if self.elastic.stepped():
-                boundary = self.elastic.synced_at + self.schedule.local_steps
-                self.elastic.round(self.fragments[0], self.schedule.round_of(boundary))
+                self.elastic.round(self.fragments[0])
             return
         if started is not None:
             self._start(self.fragments[started], self.schedule.round_of(self.steps + self.schedule.overlap_steps))
@@ -200,7 +199,7 @@ class DiLoCo:
         rounds, would carry a few steps' pseudo-gradient too far), so every rank holds them (collective)."""
         if self.elastic is not None:
             if self.steps % self.schedule.local_steps:
-                self.elastic.round(self.fragments[0], self.schedule.round_of(self.steps) + 1, average=True)
+                self.elastic.round(self.fragments[0], average=True)
             self._copy(self.global_params, self.params)
             return
         for fragment, number in self.in_flight:

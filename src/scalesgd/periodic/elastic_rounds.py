@@ -38,6 +38,11 @@ PACE_WINDOW = 12  # a member's pace: the mean of its last this many inner steps 
 HEALING = -1.0  # the pace a member votes while its state is still crossing to it: planned no inner steps
 
 
+class NewerCrossing(RuntimeError):
+    """A member whose state is still crossing to it was named behind a member older than that state: were it
+    healed from that member, the rounds between would be lost."""
+
+
 class ElasticRounds:
     """The rounds of `diloco` (one fragment, no overlap) in its membership's quorums; `log`: one entry a committed
     round (its number, members, retries, the digest it started from, seconds from its boundary to its commit)."""
@@ -100,17 +105,19 @@ class ElasticRounds:
     def sit_out(self, average: bool = False) -> None:
         """Take the round this member was planned no inner steps in (its state still crossing to it); `average`:
         the run's last, cut short (`DiLoCo.finish`'s)."""
-        self.round(self.diloco.fragments[0],
-                   self.diloco.schedule.round_of(self.synced_at + self.diloco.schedule.local_steps), average)
+        self.round(self.diloco.fragments[0], average)
 
     def join(self) -> None:
         """Into the first quorum: healed where behind, and into the round the others are at (with no work of its
         own) where the run is under way."""
-        self.round(self.diloco.fragments[0], None)
+        self.round(self.diloco.fragments[0], joining=True)
 
-    def round(self, fragment: Fragment, number: int | None, average: bool = False) -> None:
-        """Round `number` of `fragment` among the members alive, retried among the survivors until one commits
-        (`average`: the mean Δ replaces the outer step, as `DiLoCo.finish` asks)."""
+    def round(self, fragment: Fragment, average: bool = False, joining: bool = False) -> None:
+        """The next round of `fragment` among the members alive, retried among the survivors until one commits.
+        Its number is the rounds committed so far, which every member holding the state agrees on (a member
+        behind takes the count with it), not its inner steps: a member left out of a round, or the run's last
+        rounds cut short, count steps apart. `average`: this member takes it for the run's last, cut short (the
+        mean Δ replaces the outer step, as `DiLoCo.finish` asks); the round's members holding the state decide."""
         d, started = self.diloco, time.monotonic()
         sat_out = self._healing is not None  # planned no steps in this round: its state was crossing
         self.land(wait=self._reads_weights())  # a codec that decodes with the weights: this round's, to take part
@@ -122,7 +129,7 @@ class ElasticRounds:
         if weight != period:
             with torch.no_grad():
                 torch._foreach_mul_(deltas, weight / period)
-        retries, rebuild, late = 0, self._lost, 0
+        retries, rebuild, late, held = 0, self._lost, 0, True  # held: the state before this round, not healed in it
         self._lost = False
         while True:
             quorum = self.elastic.regroup(self.step, rebuild)
@@ -135,22 +142,26 @@ class ElasticRounds:
                                     f"one (round {d.rounds}): resume the run from its last checkpoint")
                 try:
                     source = self._heal(quorum)
-                except RuntimeError:  # a peer gone while healing: the round is aborted for everyone in it
-                    self.elastic.abort(number if number is not None else -1)
+                except RuntimeError as error:  # a peer gone while healing: the round is aborted for everyone in it
+                    self.elastic.abort(d.rounds)
+                    if isinstance(error, NewerCrossing):  # asked again once it holds that state, to send it on
+                        self.land(wait=True)
                     retries, rebuild = retries + 1, True
                     continue
                 if source is not None:  # behind: a joiner's empty pseudo-gradient, or one back from a stop
-                    self.healed_from, late = quorum.members[source], weight  # whose finished work counts late
+                    self.healed_from, late, held = quorum.members[source], weight, False  # its work counts late
+                    joining = False  # into the round the others are at
                     if not weight:
                         deltas = [torch.zeros_like(delta) for delta in deltas]
-                    number = d.schedule.round_of(d.steps)  # the round the others are at
-                if max(quorum.steps) == 0 or number is None:  # the run's start: nobody has work to reduce yet
+                if max(quorum.steps) == 0 or joining:  # the run's start: nobody has work to reduce yet
                     self.synced_at, self._stepped = d.steps, [self.clock()]
                     return
+            number = d.rounds  # the round the others are at, where this member was behind
             saved = copy.deepcopy(d.driver.codec)  # before the exchange reads or writes it
             digest, pace = (self.digest(), self.pace()) if self._healing is None else ("", HEALING)
             flight = fragment.start(number, d.weights, d.driver, d._thread, False, deltas)
-            decision = self.elastic.settle(flight.future, number, weight, digest, pace, late)
+            decision = self.elastic.settle(flight.future, number, weight, digest, pace, late,
+                                           last=average if held else None)
             if decision.commit:
                 break
             if flight.future.done() and flight.future.exception() is None:  # it crossed the link all the same
@@ -165,9 +176,9 @@ class ElasticRounds:
                 with torch.no_grad():
                     torch._foreach_mul_(flight.means, total / decision.weight)
             if self._healing is None:
-                fragment.commit(flight, d.weights, average)
+                fragment.commit(flight, d.weights, decision.last)
             else:  # replayed on the global state once it has crossed
-                self._owed.append((flight, average))
+                self._owed.append((flight, decision.last))
         d.rounds += 1
         self.synced_at, self._stepped = d.steps, [self.clock()]
         self.plan = planned_steps(decision.paces, period, self.elastic.slow_tolerance)
@@ -192,6 +203,9 @@ class ElasticRounds:
         healing = heal_behind(quorum.steps, quorum.rank, self._header, self._body)
         if healing is None:
             return None
+        if self._healing is not None and healing.header["rounds"] < self.diloco.rounds:
+            raise NewerCrossing(f"round {self.diloco.rounds}: rank {healing.source} holds round "
+                                f"{healing.header['rounds']}'s state, older than the one still crossing to this member")
         self._load_header(healing.header)
         self._healing, self._owed = healing, []
         return healing.source
@@ -205,7 +219,7 @@ class ElasticRounds:
             return
         self._healing = None
         try:
-            body = healing.body.result()
+            body = healing.body.result(timeout=self.elastic.group_timeout.total_seconds())  # its sender frozen
         except Exception:  # noqa: BLE001 - the sender died or its group was replaced: healed again
             self.synced_at, self._owed, self._lost = None, [], True
             return

@@ -80,9 +80,7 @@ def train_member(cfg: TrainConfig, run_dir: Path, address: str, name: str) -> di
     membership = ElasticMembership.connect(address, name, member_config(cfg), start_workers=cfg.runtime.workers,
                                            group_timeout_s=min(cfg.runtime.timeout, 60.0),
                                            slow_tolerance=None if cfg.periodic.elastic_grace else SLOW_TOLERANCE,
-                                           # with a grace window the quorum changes nearly every round; its known
-                                           # stall came in 2 of 2 test runs healing behind, 2 of 4 without: at once
-                                           heal_behind=not cfg.periodic.elastic_grace)
+                                           heal_behind=True)
     elastic = membership.elastic
     try:
         setup = cfg.exchange_setup(membership, None, Tracer(False), None, len(sampler))
