@@ -148,7 +148,7 @@ def test_with_a_grace_window_a_worker_at_half_speed_is_left_out_of_the_rounds_it
         proc.wait(30)
     assert proc.returncode == 0, err
     log = rounds(run)
-    assert all(planned in (0, 16) for r in log for planned in r["planned"]), log  # none fewer, but while healing
+    assert all(planned == 16 for r in log for planned in r["planned"]), log  # no member planned fewer steps
     slow_in = [any(m.startswith("host-w1-") for m in r["members"]) for r in log]
     assert 0 < sum(slow_in) < len(log), slow_in  # left out of the rounds it was late for, healed back into others
     assert sorted(r["round"] for r in log) == list(range(len(log)))  # every round taken, none discarded (written

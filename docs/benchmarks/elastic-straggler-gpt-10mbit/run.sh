@@ -11,7 +11,7 @@ scalesgd testbed up --nodes 4 --bandwidth 10mbit --prefix eg
 trap 'scalesgd testbed down --prefix eg' EXIT
 train=(--workers 4 --model gpt --dataset text --samples 16384 --epochs 2 --local-steps 16 --codec fp8
        --outer-momentum 0.5 --eval-every 32)
-# measured 2026-11-29 (each run kept as runs/MODE-SEED.json and reused by a later call)
+# measured 2026-11-30, lockstep (fault-free-slow) 2026-11-29 (each run kept as runs/MODE-SEED.json and reused by a later call)
 for seed in 0 1 2; do
   for mode in fault-free elastic-slow fault-free-slow; do
     scalesgd bench elastic-schedule --prefix eg --modes $mode --seeds $seed --until-target --limit-s 900 --out $out \
