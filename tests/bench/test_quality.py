@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from scalesgd.bench.quality import EXCHANGES, QualityBenchConfig, parse_exchanges
+from scalesgd.bench.quality import EXCHANGES, QualityBenchConfig, link_of, parse_exchanges
 from scalesgd.bench.quality_report import checkpoints_by, reached, steps_to_target, summarise, target_of
 from scalesgd.cli import main
 from scalesgd.errors import UsageError
@@ -94,11 +94,17 @@ def test_an_exchange_that_sets_what_the_bench_sets_is_refused_before_any_run(giv
     (("--reference", "bogus"), "--reference 'bogus': 'bogus' is no known exchange"),
     (("--exchanges", "a=--local-steps 'x"), "--exchanges 'a': its options \"--local-steps 'x\" do not split (No "
                                             "closing quotation)"),
+    (("--rates", "10mbit@soon"), "--rates 10mbit@soon: '10mbit@soon': --latency 'soon': use 0 or a tc delay"),
+    (("--rates", "fast@25ms"), "--rates fast@25ms: 'fast@25ms': --bandwidth 'fast'"),
 ])
 def test_a_bad_exchange_or_reference_is_one_line_naming_it(capsys, argv, words):
     code = main(["bench", "quality", *argv])  # in this process: a traceback would fail the test
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and words in err, err
+
+
+def test_a_rate_takes_an_added_latency_after_an_at_sign():
+    assert link_of("10mbit@25ms") == ("10mbit", "25ms") and link_of("100mbit") == ("100mbit", "0")
 
 
 def test_a_short_bench_on_local_workers_writes_the_table_and_the_plot(tmp_path):

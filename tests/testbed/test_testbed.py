@@ -169,3 +169,28 @@ def test_a_link_taken_down_at_the_switch_is_seen_down_by_its_node_alone_and_come
     finally:
         netns.set_link(spec, 1, up=True)
     assert in_node(f"{testbed}-n1", "cat", "/sys/class/net/eth0/operstate").strip() == "up"
+
+
+def forwarders() -> list[str]:
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout.splitlines()
+    return [line for line in ps if "scalesgd.testbed.delay" in line and f"{PREFIX}p" in line]
+
+
+def test_latency_adds_its_round_trip_keeps_the_rate_and_its_forwarders_end_with_the_testbed(tmp_path):
+    up = scalesgd("testbed", "up", "--nodes", "2", "--bandwidth", "50mbit", "--latency", "10ms", "--prefix", PREFIX)
+    assert up.returncode == 0, up.stderr
+    try:
+        assert len(forwarders()) == 2  # one a node
+        proc = scalesgd("testbed", "run", "--prefix", PREFIX, "--", "scalesgd", "bench", "link", "--megabytes", "4",
+                        "--repeats", "3", "--out", str(tmp_path))
+        assert proc.returncode == 0, proc.stderr
+        result = json.loads((tmp_path / "link.json").read_text())["result"]
+        assert 20 <= result["rtt_ms"] <= 30  # 10 ms each way, each node's uplink (and a loaded machine's ms)
+        assert abs(result["best_one_way_mbit_s"] - 50) <= 5  # the shaper's rate, through the delay
+        shaped = scalesgd("testbed", "shape", "--bandwidth", "20mbit", "--latency", "0", "--prefix", PREFIX)
+        assert shaped.returncode == 0 and "links now 20mbit, 0 added latency" in shaped.stdout, shaped.stderr
+        assert forwarders() == [] and json.loads(scalesgd("testbed", "status", "--prefix", PREFIX).stdout)["spec"][
+            "latency"] == "0"  # rebuilt without them
+    finally:
+        scalesgd("testbed", "down", "--prefix", PREFIX)
+    assert leftovers() == [] and forwarders() == []

@@ -65,6 +65,22 @@ def parse_exchanges(text: str) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+def link_of(entry: str) -> tuple[str, str]:
+    """A `--rates` entry's (rate, one-way latency): 10mbit@25ms → (10mbit, 25ms); no @: no latency."""
+    rate, _, latency = entry.partition("@")
+    return rate, latency or "0"
+
+
+def _rates_problem(rates: tuple[str, ...]) -> str | None:
+    for entry in rates:
+        rate, latency = link_of(entry)
+        try:
+            testbed.TestbedSpec(bandwidth=rate, latency=latency).validate()
+        except ValueError as err:
+            return f"{entry!r}: {err}"
+    return checks.distinct(rates) if rates else None
+
+
 def _exchanges_problem(given: tuple[tuple[str, str], ...]) -> str | None:
     if not given:
         return "give one exchange or more (LABEL or LABEL=OPTIONS, ';'-separated)"
@@ -84,9 +100,9 @@ class QualityBenchConfig(Options):
                             "on local workers is the compute-only bound (LABEL=OPTIONS or a label)")
     seeds: tuple[int, ...] = option((0, 1, 2), "each exchange trains once per seed", parse=ints,
                                     check=checks.all_of(checks.distinct, checks.each(checks.seed)))
-    rates: tuple[str, ...] = option((), "testbed link rates, each a run of every exchange (e.g. 10mbit,100mbit); "
-                                    "none: local workers on loopback", parse=words,
-                                    check=lambda rates: checks.distinct(rates) if rates else None)
+    rates: tuple[str, ...] = option((), "testbed links, each a run of every exchange: a rate, and an added one-way "
+                                    "latency after @ (e.g. 10mbit,10mbit@25ms,100mbit); none: local workers on "
+                                    "loopback", parse=words, check=lambda rates: _rates_problem(rates))
     prefix: str = option("ssgd", "the testbed (`scalesgd testbed up --nodes WORKERS`) the rates are set on")
     eval_every: int = option(16, "steps between evaluations", check=checks.at_least(1))
     budget: float = option(3.0, "each run's training time at most this × the reference's on local workers",
@@ -145,7 +161,7 @@ def run(cfg: QualityBenchConfig, command: str) -> int:
             for label, given in cfg.exchanges:  # in turn: a slow spell of the machine hits every one alike
                 run_dir = out / rate / f"{label}-seed{seed}"
                 if not shaped and not (run_dir / SUMMARY_NAME).exists():  # finished runs need no testbed
-                    testbed.shape(cfg.prefix, rate)
+                    testbed.shape(cfg.prefix, *link_of(rate))
                     shaped = True
                 code = train_on(cfg, rate, argv_of(cfg, given, seed, budget_s), run_dir,
                                 f"{rate} · {label} · seed {seed}")

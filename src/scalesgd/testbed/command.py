@@ -33,7 +33,8 @@ class TestbedUp(Options):
     nodes: int = option(2, "nodes (network namespaces)")
     procs_per_node: int = option(1, "worker processes per node")
     bandwidth: str = option("1gbit", "each node's link rate, both ways")
-    latency: str = option("0", "one-way delay added to each node's uplink, needs netem")
+    latency: str = option("0", "one-way delay added to each node's uplink, such as 25ms (a forwarder of ours in "
+                               "user space: this kernel has no netem)")
     burst: str = option("256kb", "bytes a link sends at line rate after an idle spell (tc's token bucket): a real "
                         "link has none, so small rounds pay the link only with a burst of a few ms of its rate; "
                         "below ~4 ms tbf falls short of the rate (16kb at 500mbit gave 395 Mbit/s each way)")
@@ -79,12 +80,14 @@ class TestbedShape(Options):
     """`scalesgd testbed shape`: the running testbed's new link rate."""
 
     bandwidth: str = option("", "each node's link rate, both ways (a tc rate: 300mbit)", required=True)
+    latency: str = option("", "one-way delay added to each node's uplink; a change rebuilds the links (connections "
+                          "through them end)", shown_default="unchanged")
     prefix: str = option("ssgd", PREFIX_HELP)
 
 
 def shape(cfg: TestbedShape, argv: list[str]) -> int:
-    spec = _said_once(lambda: netns.shape(cfg.prefix, cfg.bandwidth))
-    print(f"testbed {spec.prefix}: links now {spec.bandwidth}")
+    spec = _said_once(lambda: netns.shape(cfg.prefix, cfg.bandwidth, cfg.latency or None))
+    print(f"testbed {spec.prefix}: links now {spec.bandwidth}, {spec.latency} added latency")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Building and removing a testbed with `ip` and `tc`: namespaces, a bridge, veth links, shaping."""
+"""Building and removing a testbed with `ip` and `tc`: namespaces, a bridge, veth links, shaping, and a delay
+forwarder a delayed node's link passes through on its way to the bridge."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
 from scalesgd.runtime.link import NODE_DEVICE
@@ -70,6 +73,7 @@ def up(spec: TestbedSpec) -> TestbedSpec:
         _build(spec, created)
         _write_hosts(spec)
     except BaseException:  # a failed command or Ctrl-C: leave nothing behind
+        _stop_delays(spec.prefix)
         _remove(created)
         _remove_hosts(created)
         raise
@@ -91,13 +95,56 @@ def _build(spec: TestbedSpec, created: list[str]) -> None:
         sh("ip", "netns", "add", node)
         created.append(node)
         sh("ip", "link", "add", port, "netns", sw, "type", "veth", "peer", "name", DEVICE, "netns", node)
-        sh("ip", "-n", sw, "link", "set", port, "master", "br0", "up")
+        if spec.delayed:  # port → forwarder → delay_port ↔ bridge_port on the bridge
+            sh("ip", "-n", sw, "link", "add", spec.delay_port(i), "type", "veth", "peer", "name", spec.bridge_port(i))
+            sh("ip", "-n", sw, "link", "set", spec.bridge_port(i), "master", "br0", "up")
+            sh("ip", "-n", sw, "link", "set", spec.delay_port(i), "up")
+            sh("ip", "-n", sw, "link", "set", port, "up")
+        else:
+            sh("ip", "-n", sw, "link", "set", port, "master", "br0", "up")
         sh("ip", "-n", node, "addr", "add", f"{spec.address(i)}/24", "dev", DEVICE)
         sh("ip", "-n", node, "link", "set", DEVICE, "up")
         sh("ip", "-n", node, "link", "set", "lo", "up")
-        if spec.delayed:
-            _tc_netem(node, spec.latency)
         _shape_node(spec, i, "add")
+    if spec.delayed:
+        _start_delays(spec)
+
+
+def _start_delays(spec: TestbedSpec) -> None:
+    """A forwarder a node, in the switch's namespace, holding what the node sends for the latency; their process
+    ids in the state folder (for `down`), each started once its sockets are bound."""
+    pids = []
+    try:
+        for i in range(spec.nodes):
+            proc = subprocess.Popen(["ip", "netns", "exec", spec.switch, sys.executable, "-m", "scalesgd.testbed.delay",
+                                     spec.switch_port(i), spec.delay_port(i), str(spec.latency_s)],
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                    start_new_session=True)
+            pids.append(proc.pid)
+            said = proc.stdout.readline().strip()
+            proc.stdout.close()
+            if said != "ready":
+                raise TestbedError(f"the delay forwarder of node {i} did not start (exit {proc.wait()})")
+    finally:
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        delays_file(spec.prefix).write_text(json.dumps(pids))
+
+
+def delays_file(prefix: str) -> Path:
+    return STATE_DIR / f"testbed-{prefix}.delays"
+
+
+def _stop_delays(prefix: str) -> None:
+    """End the forwarders `_start_delays` recorded (before their namespace goes: a process keeps one alive)."""
+    path = delays_file(prefix)
+    if not path.exists():
+        return
+    for pid in json.loads(path.read_text()):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+    path.unlink()
 
 
 def _write_hosts(spec: TestbedSpec) -> None:
@@ -123,23 +170,25 @@ def _remove_hosts(names: list[str]) -> None:
 
 
 def _shape_node(spec: TestbedSpec, i: int, verb: str) -> None:
-    """Upload: (delay, then) rate on the node's side; download: rate on the switch's side."""
+    """Upload: rate on the node's side (the delay after it, in the switch); download: rate on the switch's side."""
     rate = ["tbf", "rate", spec.bandwidth, "burst", spec.burst, "latency", TBF_LATENCY]
-    where = ["parent", "1:", "handle", "2:"] if spec.delayed else ["root"]
-    sh("tc", "-n", spec.node(i), "qdisc", verb, "dev", DEVICE, *where, *rate)
+    sh("tc", "-n", spec.node(i), "qdisc", verb, "dev", DEVICE, "root", *rate)
     sh("tc", "-n", spec.switch, "qdisc", verb, "dev", spec.switch_port(i), "root", *rate)
 
 
-def shape(prefix: str, bandwidth: str) -> TestbedSpec:
-    """Change the running testbed's link rate in place (its workers keep their connections); the new spec."""
+def shape(prefix: str, bandwidth: str, latency: str | None = None) -> TestbedSpec:
+    """Change the running testbed's link rate in place (its workers keep their connections); a new `latency`
+    rebuilds it (the links change: connections through them end); the new spec."""
     check_host()
     spec = read_state(prefix)
     if spec is None:
         raise TestbedError(f"no testbed {prefix!r} is up; start one with `scalesgd testbed up --prefix {prefix}`")
     try:
-        spec = dataclasses.replace(spec, bandwidth=bandwidth).validate()
+        spec = dataclasses.replace(spec, bandwidth=bandwidth, latency=latency or spec.latency).validate()
     except ValueError as err:
         raise TestbedError(str(err)) from None
+    if spec.latency_s != read_state(prefix).latency_s:
+        return up(spec)
     for i in range(spec.nodes):
         _shape_node(spec, i, "change")
     state_file(prefix).write_text(json.dumps(spec.to_dict()))
@@ -153,17 +202,6 @@ def set_link(spec: TestbedSpec, node: int, up: bool) -> None:
     sh("ip", "-n", spec.switch, "link", "set", spec.switch_port(node), "up" if up else "down")
 
 
-def _tc_netem(node: str, latency: str) -> None:
-    """Added delay needs the kernel's netem qdisc; without it, say so instead of a raw tc error."""
-    try:
-        sh("tc", "-n", node, "qdisc", "add", "dev", DEVICE, "root", "handle", "1:", "netem", "delay", latency)
-    except TestbedError as err:
-        if "unknown" in str(err).lower():
-            raise TestbedError(f"--latency {latency} needs the kernel's netem qdisc, which this kernel lacks; "
-                               "use --latency 0 (rate shaping with tbf still works)") from None
-        raise
-
-
 def down(prefix: str) -> list[str]:
     """Remove the namespaces (and so every link and qdisc) this prefix's state file lists; returns what was removed.
 
@@ -173,6 +211,7 @@ def down(prefix: str) -> list[str]:
     spec = read_state(prefix)
     if spec is None:
         return []
+    _stop_delays(prefix)
     removed = _remove(spec.namespaces())
     _remove_hosts(spec.namespaces())
     state_file(prefix).unlink(missing_ok=True)

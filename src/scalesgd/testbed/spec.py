@@ -47,8 +47,13 @@ class TestbedSpec:
 
     @property
     def delayed(self) -> bool:
-        """Whether links get an added delay (netem) besides the rate limit (tbf)."""
-        return float(re.sub(r"[a-z]+$", "", self.latency)) > 0
+        """Whether links get an added delay (a forwarder of ours) besides the rate limit (tbf)."""
+        return self.latency_s > 0
+
+    @property
+    def latency_s(self) -> float:
+        number, unit = re.fullmatch(r"(\d+(?:\.\d+)?)(us|ms|s)?", self.latency).groups()
+        return float(number) * {"us": 1e-6, "ms": 1e-3, "s": 1.0, None: 0.0}[unit]
 
     @property
     def burst_bytes(self) -> int:
@@ -72,6 +77,14 @@ class TestbedSpec:
 
     def switch_port(self, i: int) -> str:
         return f"{self.prefix}p{i}"
+
+    def delay_port(self, i: int) -> str:
+        """The switch's end of node i's delay forwarder (where delayed frames leave it)."""
+        return f"{self.prefix}d{i}"
+
+    def bridge_port(self, i: int) -> str:
+        """The bridge's port behind node i's delay forwarder."""
+        return f"{self.prefix}b{i}"
 
     def address(self, i: int) -> str:
         return f"{SUBNET.format(index=self.subnet_index)}.{i + 1}"
