@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from scalesgd.runtime.link import NODE_DEVICE
@@ -19,6 +20,7 @@ STATE_DIR = Path("/run/scalesgd")
 NETNS_ETC = Path("/etc/netns")  # `ip netns exec NAME` mounts the files of NETNS_ETC/NAME over /etc's
 DEVICE = NODE_DEVICE  # every node's link, also what gloo binds to (GLOO_SOCKET_IFNAME)
 TBF_LATENCY = "100ms"
+STOP_S = 5.0  # a delay forwarder's time to end on SIGTERM before it is killed
 
 
 class TestbedError(RuntimeError):
@@ -112,21 +114,24 @@ def _build(spec: TestbedSpec, created: list[str]) -> None:
 
 def _start_delays(spec: TestbedSpec) -> None:
     """A forwarder a node, in the switch's namespace, holding what the node sends for the latency; their process
-    ids in the state folder (for `down`), each started once its sockets are bound."""
+    ids in the state folder (for `down`), each started once its sockets are bound, what one says on failing in
+    STATE_DIR/testbed-PREFIX-delayI.log."""
     pids = []
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
     try:
         for i in range(spec.nodes):
-            proc = subprocess.Popen(["ip", "netns", "exec", spec.switch, sys.executable, "-m", "scalesgd.testbed.delay",
-                                     spec.switch_port(i), spec.delay_port(i), str(spec.latency_s)],
-                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                    start_new_session=True)
+            with open(STATE_DIR / f"testbed-{spec.prefix}-delay{i}.log", "w") as said_to:
+                proc = subprocess.Popen(["ip", "netns", "exec", spec.switch, sys.executable, "-m",
+                                         "scalesgd.testbed.delay", spec.switch_port(i), spec.delay_port(i),
+                                         str(spec.latency_s)],
+                                        stdout=subprocess.PIPE, stderr=said_to, text=True, start_new_session=True)
             pids.append(proc.pid)
             said = proc.stdout.readline().strip()
             proc.stdout.close()
             if said != "ready":
-                raise TestbedError(f"the delay forwarder of node {i} did not start (exit {proc.wait()})")
+                raise TestbedError(f"the delay forwarder of node {i} did not start (exit {proc.wait()}; "
+                                   f"{STATE_DIR}/testbed-{spec.prefix}-delay{i}.log says why)")
     finally:
-        STATE_DIR.mkdir(parents=True, exist_ok=True)
         delays_file(spec.prefix).write_text(json.dumps(pids))
 
 
@@ -139,12 +144,35 @@ def _stop_delays(prefix: str) -> None:
     path = delays_file(prefix)
     if not path.exists():
         return
-    for pid in json.loads(path.read_text()):
+    pids = json.loads(path.read_text())
+    for pid in pids:
         try:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             continue
+    deadline = time.monotonic() + STOP_S
+    for pid in pids:  # gone before `down` returns: a loaded machine runs a SIGTERM's handler late
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
     path.unlink()
+    for log in STATE_DIR.glob(f"testbed-{prefix}-delay*.log"):
+        log.unlink()
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` still runs (one of this process's own children, ended, is reaped here)."""
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    except ChildProcessError:  # not ours: started by an earlier `testbed up`
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _write_hosts(spec: TestbedSpec) -> None:
@@ -180,14 +208,14 @@ def shape(prefix: str, bandwidth: str, latency: str | None = None) -> TestbedSpe
     """Change the running testbed's link rate in place (its workers keep their connections); a new `latency`
     rebuilds it (the links change: connections through them end); the new spec."""
     check_host()
-    spec = read_state(prefix)
-    if spec is None:
+    current = read_state(prefix)
+    if current is None:
         raise TestbedError(f"no testbed {prefix!r} is up; start one with `scalesgd testbed up --prefix {prefix}`")
     try:
-        spec = dataclasses.replace(spec, bandwidth=bandwidth, latency=latency or spec.latency).validate()
+        spec = dataclasses.replace(current, bandwidth=bandwidth, latency=latency or current.latency).validate()
     except ValueError as err:
         raise TestbedError(str(err)) from None
-    if spec.latency_s != read_state(prefix).latency_s:
+    if spec.latency_s != current.latency_s:
         return up(spec)
     for i in range(spec.nodes):
         _shape_node(spec, i, "change")
