@@ -1,4 +1,5 @@
-"""Link rates as tc writes them (300mbit, 1gbit, 125mbps): what the testbed shapes and the simulator prices."""
+"""Link rates and delays as tc writes them (300mbit, 1gbit, 125mbps; 5us, 25ms): what the testbed shapes and the
+simulator prices."""
 
 from __future__ import annotations
 
@@ -13,3 +14,16 @@ def mbit_s(rate: str) -> float:
     """A tc rate (300mbit, 1gbit, 125mbps) in Mbit/s."""
     number, unit = RATE.match(rate).groups()
     return float(number) * MBIT_PER_UNIT[unit]
+
+
+LATENCY_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def seconds(text: str) -> float:
+    """A latency such as 5us, 0.2ms or 0: seconds (ValueError otherwise)."""
+    for unit in sorted(LATENCY_UNITS, key=len, reverse=True):
+        if text.endswith(unit):
+            return float(text[:-len(unit)]) * LATENCY_UNITS[unit]
+    if text == "0":
+        return 0.0
+    raise ValueError(text)

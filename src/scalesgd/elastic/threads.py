@@ -8,8 +8,7 @@ from concurrent.futures import Future
 
 
 class DaemonThreads:
-    """Each exchange on a daemon thread of its own: one abandoned on a frozen peer blocks neither the round's
-    retry nor the interpreter's exit."""
+    """`submit(work)`: a Future of `work()`, run on a daemon thread of its own (as an executor's, never joined)."""
 
     def __init__(self, name: str = "scalesgd-elastic-round"):
         self.name = name

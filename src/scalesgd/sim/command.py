@@ -22,21 +22,9 @@ from scalesgd.sim.exchange import Costs, check_modelled
 from scalesgd.sim.failures import Failures
 from scalesgd.sim.modes import SHARDED, parse_mode
 from scalesgd.sim.network import Cluster
-from scalesgd.units import RATE, mbit_s
+from scalesgd.units import RATE, mbit_s, seconds
 
 DEFAULT_MODES = ("ddp", "ddp-fp16", "scalesgd-fp16", "scalesgd-fp8", "scalesgd-topk@0.01")
-LATENCY_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
-
-
-def seconds(text: str) -> float:
-    """A latency such as 5us, 0.2ms or 0: seconds (ValueError otherwise)."""
-    for unit in sorted(LATENCY_UNITS, key=len, reverse=True):
-        if text.endswith(unit):
-            return float(text[:-len(unit)]) * LATENCY_UNITS[unit]
-    if text == "0":
-        return 0.0
-    raise ValueError(text)
-
 
 def _latency(text: str) -> str | None:
     try:

@@ -115,12 +115,12 @@ def _build(spec: TestbedSpec, created: list[str]) -> None:
 def _start_delays(spec: TestbedSpec) -> None:
     """A forwarder a node, in the switch's namespace, holding what the node sends for the latency; their process
     ids in the state folder (for `down`), each started once its sockets are bound, what one says on failing in
-    STATE_DIR/testbed-PREFIX-delayI.log."""
+    its `delay_log`."""
     pids = []
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     try:
         for i in range(spec.nodes):
-            with open(STATE_DIR / f"testbed-{spec.prefix}-delay{i}.log", "w") as said_to:
+            with open(delay_log(spec.prefix, i), "w") as said_to:
                 proc = subprocess.Popen(["ip", "netns", "exec", spec.switch, sys.executable, "-m",
                                          "scalesgd.testbed.delay", spec.switch_port(i), spec.delay_port(i),
                                          str(spec.latency_s)],
@@ -130,13 +130,18 @@ def _start_delays(spec: TestbedSpec) -> None:
             proc.stdout.close()
             if said != "ready":
                 raise TestbedError(f"the delay forwarder of node {i} did not start (exit {proc.wait()}; "
-                                   f"{STATE_DIR}/testbed-{spec.prefix}-delay{i}.log says why)")
+                                   f"{delay_log(spec.prefix, i)} says why)")
     finally:
         delays_file(spec.prefix).write_text(json.dumps(pids))
 
 
 def delays_file(prefix: str) -> Path:
     return STATE_DIR / f"testbed-{prefix}.delays"
+
+
+def delay_log(prefix: str, node: int | str) -> Path:
+    """Where node `node`'s forwarder says why it failed ("*": every node's, as a pattern)."""
+    return STATE_DIR / f"testbed-{prefix}-delay{node}.log"
 
 
 def _stop_delays(prefix: str) -> None:
@@ -157,7 +162,7 @@ def _stop_delays(prefix: str) -> None:
         if _alive(pid):
             os.kill(pid, signal.SIGKILL)
     path.unlink()
-    for log in STATE_DIR.glob(f"testbed-{prefix}-delay*.log"):
+    for log in STATE_DIR.glob(delay_log(prefix, "*").name):
         log.unlink()
 
 

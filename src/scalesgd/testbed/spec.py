@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
-from scalesgd.units import RATE, mbit_s
+from scalesgd.units import RATE, mbit_s, seconds
 
 DELAY = re.compile(r"^(0|\d+(\.\d+)?(us|ms|s))$")
 BURST = re.compile(r"^(\d+)(b|kb|mb)$")
@@ -52,8 +52,7 @@ class TestbedSpec:
 
     @property
     def latency_s(self) -> float:
-        number, unit = re.fullmatch(r"(\d+(?:\.\d+)?)(us|ms|s)?", self.latency).groups()
-        return float(number) * {"us": 1e-6, "ms": 1e-3, "s": 1.0, None: 0.0}[unit]
+        return seconds(self.latency)
 
     @property
     def burst_bytes(self) -> int:
