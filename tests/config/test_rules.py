@@ -7,6 +7,7 @@ import pytest
 
 from scalesgd.config import TrainConfig, rules
 from scalesgd.errors import UsageError, as_flags
+from tests.command import scalesgd
 
 
 def test_auto_drops_the_exchanges_that_cannot_carry_the_momentum_the_optimizer_leaves_to_them():
@@ -84,3 +85,24 @@ def test_a_sparse_pseudo_gradient_under_adamw_gets_no_warning_of_gradient_spikes
     periodic = TrainConfig.from_argv(["--model", "gpt", "--dataset", "text", "--local-steps", "8", "--codec", "topk"])
     assert any("rare spikes" in line for line in rules.advice(per_step))
     assert not any("rare spikes" in line for line in rules.advice(periodic))
+
+
+@pytest.mark.parametrize("argv,words", [
+    (("--engine", "scalesgd", "--codec", "topk", "--momentum-correction"),
+     ("--momentum-correction moves the optimizer's momentum into the exchange, and muon orthogonalises each weight "
+      "matrix's own momentum before it steps: it needs --optimizer sgd")),
+    (("--engine", "scalesgd", "--codec", "onebit"),
+     ("--optimizer onebit-adam and --codec onebit go together (the codec sends Adam's momentum, the optimizer steps "
+      "with it); got --optimizer muon")),
+    (("--engine", "scalesgd", "--codec", "topk", "--freeze-variance", "--compress-after", "5"),
+     "--freeze-variance freezes AdamW's variance where compression starts: it needs --optimizer adamw"),
+    (("--engine", "scalesgd-fsdp"), ("--optimizer muon orthogonalises each whole weight matrix, and --engine "
+                                     "scalesgd-fsdp steps shards of them: give --engine scalesgd or ddp")),
+    (("--nesterov",), "--nesterov is momentum SGD's (sgd, lars); muon's matrices take torch Muon's Nesterov"),
+], ids=["momentum-correction", "onebit", "freeze-variance", "sharded", "nesterov"])
+def test_muon_with_an_exchange_that_carries_its_momentum_or_shards_its_matrices_is_one_line_and_exit_2(tmp_path, argv,
+                                                                                                      words):
+    proc = scalesgd("train", "--optimizer", "muon", *argv, "--run-dir", "run", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("scalesgd: error: ") and words in proc.stderr, proc.stderr
+    assert not (tmp_path / "run").exists()

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from scalesgd.comm.codecs import CodecSettings, TopkOptions
+from scalesgd.comm.codecs.sparseloco import SparseLocoOptions
 from scalesgd.comm.engine.optimizer import DistributedOptimizer
 from scalesgd.comm.wire.groups import own_group
 from scalesgd.comm.wire.membership import Membership
@@ -154,6 +155,33 @@ def test_topk_error_feedback_owes_exactly_what_a_round_did_not_send():
         density = (mean != 0).float().mean().item()
         assert 0.05 <= density <= 2 * 0.05 + 0.01  # top-k sent its share, from each rank
         assert left[0].abs().sum() > 0.5 * delta[0].abs().sum()  # most of Δ is owed, not lost
+
+
+def sparseloco_rounds(rank, world, rounds):
+    model = net()
+    inner = adamw(model.parameters())
+    settings = CodecSettings(SparseLocoOptions(chunk=64, top=4, decay=0.9))
+    d = DiLoCo(model, inner, 2, codec="sparseloco", settings=settings)  # its recipe's outer step: plain averaging
+    seen = []
+    for r in range(rounds):
+        inner_step(model, inner, rank, 2 * r)
+        d.after_inner_step()
+        inner_step(model, inner, rank, 2 * r + 1)
+        owed, before = residual(d), flat(d.global_params).clone()
+        delta = before - flat(model.parameters())
+        d.after_inner_step()
+        seen.append((delta, owed, residual(d), before - flat(d.global_params)))
+    return seen
+
+
+def test_sparseloco_averages_what_each_rank_sent_from_its_decayed_error_feedback():
+    ranks = run_workers(sparseloco_rounds, WORLD, 3)
+    for r in range(3):
+        delta, owed, left, _ = zip(*(rank[r] for rank in ranks))
+        mean = ranks[0][r][3]
+        assert torch.equal(mean, ranks[1][r][3])
+        sent = sum(d + 0.9 * o - kept for d, o, kept in zip(delta, owed, left))  # e ← β·e + Δ, less what it keeps
+        torch.testing.assert_close(sent, WORLD * mean, rtol=0, atol=1e-6)  # θ moved by the mean sent: lr 1, no momentum
 
 
 # ---- a checkpoint mid-round, an exchange in flight -----------------------------------------------------------

@@ -239,7 +239,7 @@ def test_a_worker_killed_inside_its_groups_rendezvous_is_dropped_and_the_others_
     assert [entry["round"] for entry in log] == list(range(10)) and {len(e["members"]) for e in log} == {2}
 
 
-@pytest.mark.parametrize("codec", ["topk", "lowrank-acp"])
+@pytest.mark.parametrize("codec", ["topk", "sparseloco", "lowrank-acp"])
 def test_with_error_feedback_a_joiner_heals_what_members_share_and_starts_its_own_residual_at_zero(coordinator, out,
                                                                                                   codec):
     """Top-k's residuals and thresholds are each member's: the joiner's start at zero and its empty first round sends
@@ -253,7 +253,7 @@ def test_with_error_feedback_a_joiner_heals_what_members_share_and_starts_its_ow
     results = finished(workers, out)
     assert sorted(results) == ["w0", "w1", "w2"] and results["w2"]["healed_from"] is not None
     assert_equal_states(results)  # every round's mean decoded alike
-    if codec == "topk":
+    if codec in ("topk", "sparseloco"):
         assert results["w2"]["own_at_join"] == 0.0  # not the peer's residual it healed from
     assert all(r["own_at_end"] != 0.0 for r in results.values())  # each member kept what it has not yet sent
 

@@ -57,7 +57,7 @@ def test_help_shows_what_each_model_and_optimizer_brings(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "(default 0.1; lamb: 0.032; adamw, onebit-adam: 0.001)" in text
-    assert "(default sgd; gpt: adamw)" in text and "(default 0.9,0.999; adamw, onebit-adam: 0.9,0.95)" in text
+    assert "(default 0.1; lamb: 0.032; adamw, onebit-adam, muon: 0.001)" in text
+    assert "(default sgd; gpt: adamw)" in text and "(default 0.9,0.999; adamw, onebit-adam, muon: 0.9,0.95)" in text
     assert "(default resnet8; gpt brings --optimizer adamw, --batch-size 64, --base-batch 64, --samples 16384" in text
-    assert all(name in OPTIMIZERS for name in ("adamw", "onebit-adam", "lamb"))
+    assert all(name in OPTIMIZERS for name in ("adamw", "onebit-adam", "lamb", "muon"))

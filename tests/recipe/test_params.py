@@ -3,7 +3,7 @@ import torch
 from torch import nn
 
 from scalesgd.models import build_model
-from scalesgd.recipe import build_sgd, param_groups
+from scalesgd.recipe import build_optimizer, build_sgd, param_groups
 
 
 def _ids(group):
@@ -62,3 +62,24 @@ def test_build_optimizer_gives_lars_the_same_groups_and_refuses_unknown_names():
     assert [len(g["params"]) for g in opt.param_groups] == [len(g["params"]) for g in sgd_groups]
     with pytest.raises(ValueError, match="choose from sgd, lars"):
         build_optimizer(model, "adam", 0.5, 0.9, False, 1e-4)
+
+
+def test_muon_groups_mark_the_hidden_weights_and_keep_an_untied_head_embeddings_and_filters_on_adamw():
+    from scalesgd.optim import MUON
+
+    model = nn.Sequential(nn.Embedding(10, 8), nn.Conv1d(8, 8, 3), nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 10))
+    embedding, conv, hidden, _norm, head = model
+    plain = param_groups(model, 0.1, bias_decay=False)
+    assert all(MUON not in g for g in plain) and len(plain) == 2  # the other optimizers' groups, as they were
+    marked, free, apart = param_groups(model, 0.1, bias_decay=False, muon=True)
+    assert marked[MUON] is True and _ids(marked) == {id(conv.weight), id(hidden.weight)}
+    assert _ids(free) == _ids(plain[1]) and MUON not in free
+    # the head is a Linear of its own here (the GPT's is its embedding, never decayed under Adam's kinds)
+    assert _ids(apart) == {id(embedding.weight), id(head.weight)} and apart["weight_decay"] == 0.1 and MUON not in apart
+
+    opt = build_optimizer(model, "muon", lr=1e-3, momentum=0.9, nesterov=False, weight_decay=0.1)
+    muon, adamw = opt.inner
+    assert {id(p) for g in muon.param_groups for p in g["params"]} == {id(hidden.weight)}  # 2-D and hidden alone
+    assert {id(p) for g in adamw.param_groups for p in g["params"]} == {id(p) for p in model.parameters()} - {
+        id(hidden.weight)}
+    assert [g["weight_decay"] for g in adamw.param_groups] == [0.1, 0.0, 0.1]  # the filter, the rest, the head

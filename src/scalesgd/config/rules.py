@@ -201,6 +201,10 @@ def manual(cfg) -> None:
         raise UsageError(f"`freeze_variance` freezes AdamW's variance where compression starts: it needs `optimizer` "
                          f"adamw and dense steps first (`compress_after`); got {r.optimizer} with "
                          f"`compress_after` {x.compress_after}")
+    if x.codec_options["topk"].momentum_correction and r.optimizer == "muon":
+        raise UsageError("`momentum_correction` moves the optimizer's momentum into the exchange, and muon "
+                         "orthogonalises each weight matrix's own momentum before it steps: it needs `optimizer` sgd "
+                         "with `momentum` above 0, or adamw with dense steps first (`compress_after`)")
     carried = (r.optimizer == "sgd" and r.momentum > 0
                or r.optimizer == "adamw" and dense_start(cfg))
     if x.codec_options["topk"].momentum_correction and not carried:
@@ -221,6 +225,9 @@ def sharded(cfg) -> None:
                          f"{SHARDED_ENGINE}")
     if cfg.periodic.on and cfg.periodic.peer:
         raise UsageError(f"`peer` {cfg.periodic.peer} synchronises whole models; drop it with `engine` {engine}")
+    if r.optimizer == "muon":
+        raise UsageError(f"`optimizer` muon orthogonalises each whole weight matrix, and `engine` {engine} steps "
+                         "shards of them: give `engine` scalesgd or ddp, or `optimizer` adamw")
     if r.precision == "fp16":
         raise UsageError(f"`precision` fp16 with `engine` {engine}: a loss scaler over shards is not built; give bf16 "
                          "(FSDP's mixed precision: bf16 compute, fp32 shards) or fp32")
@@ -259,6 +266,9 @@ def batch(cfg) -> None:
         raise UsageError("`nesterov` needs `momentum` above 0")
     if r.nesterov and r.optimizer == "lamb":
         raise UsageError("`nesterov` is momentum SGD's (sgd, lars); lamb takes Adam's moments")
+    if r.nesterov and r.optimizer == "muon":
+        raise UsageError("`nesterov` is momentum SGD's (sgd, lars); muon's matrices take torch Muon's Nesterov "
+                         "momentum 0.95 always, the rest Adam's moments")
 
 
 def schedule(cfg) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from torch import nn
 
 from scalesgd import checks
-from scalesgd.comm.codecs import CodecSettings
+from scalesgd.comm.codecs import CODECS, CodecSettings
 from scalesgd.comm.config import ExchangeConfig
 from scalesgd.comm.engine.exchange import RENAMED, ExchangeSetup, engine_named
 from scalesgd.config import rules
@@ -143,7 +143,7 @@ class TrainConfig:
         unknown = sorted(set(d) - known)
         if unknown:
             raise UsageError(f"unknown configuration keys {unknown}; this version accepts {sorted(known)}")
-        d = {**brought(d, field_default(ModelConfig, "name"), field_default(RecipeConfig, "optimizer")), **d}
+        d = {**brought(d, field_default(ModelConfig, "name"), field_default(RecipeConfig, "optimizer"), CODECS), **d}
         if d.get("engine") in RENAMED:  # a run directory of an earlier version, or its name typed (warned of there)
             d["engine"] = engine_named(d["engine"], warn=False)
         if d.get("milestones") is not None:

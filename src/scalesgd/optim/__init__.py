@@ -1,5 +1,6 @@
 """Optimizers by name: torch's momentum SGD and AdamW, LARS and LAMB for very large minibatches, 1-bit Adam for a
-momentum that travels as signs; SGD for an exchange that carries the momentum (DGC's momentum correction)."""
+momentum that travels as signs, torch's Muon on the hidden matrices with AdamW on the rest; SGD for an exchange that
+carries the momentum (DGC's momentum correction)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from scalesgd.optim.lamb import LAMB
 from scalesgd.optim.lars import LARS, NaiveLARS
 from scalesgd.optim.momentum_corrected import MomentumCorrectedSGD
+from scalesgd.optim.muon import MUON, MuonAdamW
 from scalesgd.optim.onebit_adam import EarlyFreezeWarning, OneBitAdam, early_freeze, variance_horizon
 from scalesgd.registry import Registry
 
@@ -59,8 +61,15 @@ OPTIMIZERS.add("adamw", OptimizerEntry(
 OPTIMIZERS.add("onebit-adam", OptimizerEntry(
     lambda groups, s: OneBitAdam(groups, lr=s.lr, betas=s.betas, freeze_step=s.freeze_step), ADAM_RECIPE,
     freezes_variance=True))
+# Muon's update RMS matched to AdamW's (0.2·√max(A, B) for an A×B matrix; Liu et al. 2025, "Muon is Scalable for LLM
+# Training"), so AdamW's rate and weight decay carry over and muon brings Adam's recipe; torch's momentum 0.95 with
+# Nesterov, as Keller Jordan's recipe and MuLoCo (Thérien et al. 2025) run it. The groups mark the hidden matrices
+# (`param_groups(..., muon=True)`): the output head, embeddings, biases and norms stay on AdamW.
+OPTIMIZERS.add("muon", OptimizerEntry(lambda groups, s: MuonAdamW(groups, lr=s.lr, betas=s.betas), ADAM_RECIPE))
 
-ADAPTIVE = ("lamb", "adamw", "onebit-adam")  # Adam's per-coordinate moments: β1,β2 apply, momentum does not
+# Adam's per-coordinate moments: β1,β2 apply, momentum does not (muon: its AdamW part's; its matrices' is Muon's own)
+ADAPTIVE = ("lamb", "adamw", "onebit-adam", "muon")
 
-__all__ = ["ADAPTIVE", "EarlyFreezeWarning", "LAMB", "LARS", "OPTIMIZERS", "MomentumCorrectedSGD", "NaiveLARS",
-           "OneBitAdam", "OptimizerEntry", "OptimizerSettings", "early_freeze", "variance_horizon"]
+__all__ = ["ADAPTIVE", "EarlyFreezeWarning", "LAMB", "LARS", "MUON", "OPTIMIZERS", "MomentumCorrectedSGD",
+           "MuonAdamW", "NaiveLARS", "OneBitAdam", "OptimizerEntry", "OptimizerSettings", "early_freeze",
+           "variance_horizon"]

@@ -7,9 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scalesgd import checks
+from scalesgd.comm.codecs import CODECS
 from scalesgd.options import option
 from scalesgd.periodic.outer import OUTER_LR, OUTER_MOMENTUM
 from scalesgd.periodic.schedule import MAX_LOCAL_STEPS, Schedule
+from scalesgd.recipe.defaults import shown
 
 PEERS = ("", "torchft")  # whose implementation synchronises: ours, or a peer's run in our loop for comparison
 REPLICAS = ("process", "node")  # what one DiLoCo worker is: each process alone, or each node's processes together
@@ -25,8 +27,9 @@ class PeriodicConfig:
                               "every step", check=checks.within(0, MAX_LOCAL_STEPS))
     outer_lr: float = option(OUTER_LR, "with --local-steps: the outer optimizer's rate (DiLoCo's Nesterov SGD; 1 "
                              "with --outer-momentum 0 averages the workers' parameters)",
-                             check=checks.within(0, 10, low_open=True))
+                             shown_default=shown("outer_lr", CODECS), check=checks.within(0, 10, low_open=True))
     outer_momentum: float = option(OUTER_MOMENTUM, "with --local-steps: the outer optimizer's Nesterov momentum",
+                                   shown_default=shown("outer_momentum", CODECS),
                                    check=checks.within(0, 1, high_open=True))
     fragments: int = option(1, "with --local-steps: the model in this many fragments of whole layers, one "
                             "synchronised every local-steps/fragments steps (Streaming DiLoCo); must divide "

@@ -29,6 +29,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from scalesgd.comm.codecs import Codec, CodecSettings
+from scalesgd.comm.codecs.registry import entry_of
 from scalesgd.comm.engine.agreement import check_ranks_agree, check_settings, codec_from
 from scalesgd.comm.engine.driver import BucketDriver, open_channel
 from scalesgd.comm.wire.groups import own_group
@@ -36,7 +37,7 @@ from scalesgd.comm.wire.membership import Membership
 from scalesgd.elastic.threads import DaemonThreads
 from scalesgd.periodic.elastic_rounds import ElasticRounds
 from scalesgd.periodic.fragments import split
-from scalesgd.periodic.outer import outer_sgd
+from scalesgd.periodic.outer import OUTER_LR, OUTER_MOMENTUM, outer_sgd
 from scalesgd.periodic.rounds import Fragment, Round, Weights
 from scalesgd.periodic.schedule import Schedule
 
@@ -49,7 +50,7 @@ class DiLoCo:
     `update` where one is given, while the context is entered; or `after_inner_step()` called by the loop): the
     pseudo-gradient through `codec` (a registered name or a `Codec`), the global parameters stepped by
     `outer_optimizer` (an optimizer built over the model's parameters, or a function building it over the parameters
-    given; by default DiLoCo's Nesterov SGD, lr 0.7, momentum 0.9).
+    given; by default DiLoCo's Nesterov SGD, lr 0.7, momentum 0.9, or the codec's recipe: SparseLoCo averages).
 
     A model sharded by FSDP2 within each node (`comm.engine.fsdp.shard_model` on the node's mesh) synchronises its
     shards: each rank's pseudo-gradient is its shards', exchanged in `group` among the ranks that hold the same ones
@@ -87,9 +88,9 @@ class DiLoCo:
         self.model, self.inner, self.scaler = model, inner_optimizer, scaler
         with torch.no_grad():
             params = [_own(p) for part in parts for p in part]  # what this rank holds of each
-        outer = _outer(outer_optimizer, params, model)
         check_settings(settings)
         self.codec = codec_from(codec, settings)
+        outer = _outer(outer_optimizer, params, model, self.codec)
         self.driver = BucketDriver(self.codec, None)
         with torch.no_grad():
             self.weights = Weights(params, [p.detach().clone() for p in params], outer, mix)
@@ -333,11 +334,14 @@ def _fragments(model: nn.Module, fragments, local_steps, overlap_steps) -> list[
     return parts
 
 
-def _outer(outer_optimizer, params: list[torch.Tensor], model: nn.Module) -> torch.optim.Optimizer:
-    """The outer optimizer over this rank's parameters: built here, or as given where it steps the model's own."""
-    if outer_optimizer is None or (callable(outer_optimizer) and not isinstance(outer_optimizer,
-                                                                                torch.optim.Optimizer)):
-        return (outer_optimizer or outer_sgd)(params)
+def _outer(outer_optimizer, params: list[torch.Tensor], model: nn.Module, codec: Codec) -> torch.optim.Optimizer:
+    """The outer optimizer over this rank's parameters: built here (by default DiLoCo's, at the codec's recipe where
+    it brings one: SparseLoCo's plain averaging), or as given where it steps the model's own."""
+    if outer_optimizer is None:
+        recipe = entry.recipe if (entry := entry_of(codec)) is not None else {}
+        return outer_sgd(params, recipe.get("outer_lr", OUTER_LR), recipe.get("outer_momentum", OUTER_MOMENTUM))
+    if callable(outer_optimizer) and not isinstance(outer_optimizer, torch.optim.Optimizer):
+        return outer_optimizer(params)
     if not isinstance(outer_optimizer, torch.optim.Optimizer):
         raise TypeError(f"outer_optimizer {type(outer_optimizer).__name__}: give a torch optimizer over the model's "
                         "parameters, or a function building one over the parameters it is given")

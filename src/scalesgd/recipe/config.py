@@ -68,17 +68,20 @@ class RecipeConfig:
                                         parse=float, shown_default="half of --epochs")
     arccot_slope: float = option(1.0, "arccot schedule: a in arccot(a·(epoch − e))/π", check=checks.positive)
     optimizer: str = option("sgd", "momentum SGD, LARS's per-layer rate, LAMB (Adam with LARS's per-layer ratio), "
-                            "AdamW (torch's; no decay on norms, biases and embeddings), or 1-bit Adam (AdamW "
+                            "AdamW (torch's; no decay on norms, biases and embeddings), 1-bit Adam (AdamW "
                             "while --compress-after's steps are dense, then the momentum travels as signs: "
-                            "needs --codec onebit)", choices=OPTIMIZERS, shown_default=shown("optimizer"))
-    betas: tuple[float, ...] = option((0.9, 0.999), "Adam's β1,β2 (lamb, adamw, onebit-adam)",
+                            "needs --codec onebit), or muon (torch's Muon on the hidden weight matrices, its update "
+                            "at AdamW's RMS, with AdamW on the embeddings, output head, biases and norms)",
+                            choices=OPTIMIZERS, shown_default=shown("optimizer"))
+    betas: tuple[float, ...] = option((0.9, 0.999), "Adam's β1,β2 (lamb, adamw, onebit-adam, muon's AdamW part)",
                                       parse=floats_of("decay rates β1,β2, each in [0, 1), e.g. 0.9,0.95"),
                                       check=checks.betas, shown_default=shown("betas"))
     freeze_variance: bool = option(False, "adamw: Adam's variance frozen at its value where compression starts "
                                    "(--compress-after), as 1-bit Adam does: an error-fed sparse gradient arrives in "
                                    "rare large spikes, which inflate the variance and shrink Adam's steps")
     trust_coefficient: float = option(0.001, "LARS trust coefficient", check=checks.positive)
-    momentum: float = option(0.9, "momentum coefficient μ of SGD (and LARS), in [0, 1); lamb ignores it",
+    momentum: float = option(0.9, "momentum coefficient μ of SGD (and LARS), in [0, 1); lamb ignores it, muon "
+                             "keeps torch Muon's 0.95",
                              check=checks.within(0, 1, high_open=True))
     nesterov: bool = option(False, "Nesterov momentum (sgd, lars)")
     weight_decay: float = option(1e-4, "L2 weight decay (never on BN γ/β)", check=checks.finite_non_negative,

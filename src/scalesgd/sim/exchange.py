@@ -77,7 +77,7 @@ def nominal_sparse_bytes(mode: Mode, profile: ComputeProfile, workers: int) -> f
     cost = cost_of(mode)
     groups = grouping(mode, profile, lambda n: 0.0, lambda n: 0.0)
     entries = sum(math.ceil(cost.density * sum(profile.sizes[i] for i in g)) for g in groups)
-    return (workers - 1) * entries * network.SPARSE_ENTRY_BYTES[cost.entry_wire]
+    return (workers - 1) * entries * (cost.entry_bytes or network.SPARSE_ENTRY_BYTES[cost.entry_wire])
 
 
 def grouping(mode: Mode, profile: ComputeProfile, channel, inline) -> list[list[int]]:

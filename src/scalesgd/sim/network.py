@@ -90,14 +90,16 @@ def dense_allreduce(nbytes: float, algorithm: str, cluster: Cluster) -> float:
     raise ValueError(f"allreduce algorithm {algorithm!r} has no cost model")
 
 
-def sparse_allgather(entries: float, ranks: int, link: LinkCost, share: int = 1, wire: str = "compact") -> float:
+def sparse_allgather(entries: float, ranks: int, link: LinkCost, share: int = 1, wire: str = "compact",
+                     entry_bytes: float = 0.0) -> float:
     """Counts first, then p−1 ring steps each passing one rank's entries: plain, its indices and values (two
-    messages); compact, one message of 4 bytes an entry."""
+    messages); compact, one message of 4 bytes an entry; another wire, one message of `entry_bytes` an entry."""
     if ranks <= 1:
         return 0.0
     counts = math.ceil(math.log2(ranks)) * link.alpha_s
     messages = 2 if wire == "plain" else 1
-    return counts + (ranks - 1) * link.seconds(entries * SPARSE_ENTRY_BYTES[wire] * share, messages=messages)
+    nbytes = entries * (entry_bytes or SPARSE_ENTRY_BYTES[wire]) * share
+    return counts + (ranks - 1) * link.seconds(nbytes, messages=messages)
 
 
 def node_sparse(numel: float, density: float, cluster: Cluster, wire: str = "compact") -> float:

@@ -33,7 +33,7 @@ def wire_time(mode: Mode, numel: float, cluster: network.Cluster, density_scale:
         if entry.needs_topology:  # topk-nodes: dense in the node, sparse across nodes
             return network.node_sparse(numel, density, cluster, cost.entry_wire)
         return network.sparse_allgather(math.ceil(density * numel), cluster.workers, cluster.ring_link,
-                                        wire=cost.entry_wire)
+                                        wire=cost.entry_wire, entry_bytes=cost.entry_bytes)
     nbytes = numel * cost.element_bytes
     if entry.needs_topology:  # fp8's two-stage sum: in the node, across nodes, back
         return network.hierarchical(nbytes, cluster)

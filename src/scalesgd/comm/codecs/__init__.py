@@ -2,10 +2,10 @@
 engine drives). The registries (`registry.CODECS`, `registry.CODEC_OPTIONS`) are the one list of codecs and their
 options; each codec's module registers it: `cast` (fp32, fp16, bf16), `pytorch` (PowerSGD, PyTorch's own hook),
 `fp8/` (fp8 and its ablations), `topk/` (topk, topk-global, topk-nodes, lags), `lowrank/` (PowerSGD's
-algorithm as ours), `onebit/` (1-bit Adam's).
+algorithm as ours), `onebit/` (1-bit Adam's), `sparseloco/` (SparseLoCo's sparse two-bit pseudo-gradients).
 """
 
-from scalesgd.comm.codecs import cast, fp8, lowrank, onebit, pytorch, topk  # noqa: F401  (each registers its codecs)
+from scalesgd.comm.codecs import cast, fp8, lowrank, onebit, pytorch, sparseloco, topk  # noqa: F401  (each registers its codecs)
 from scalesgd.comm.codecs.base import BucketView, Channel, Codec, Exchange, Piece, Scratch
 from scalesgd.comm.codecs.cast import CastCodec
 from scalesgd.comm.codecs.fp8.codec import Fp8Codec

@@ -12,7 +12,7 @@ is read: every process of a run, the launcher's workers included, then knows it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -70,6 +70,7 @@ class SparseCost:
 
     density: float
     entry_wire: str
+    entry_bytes: float = 0.0  # bytes an entry costs on the wire (0: the wire's table, `sim.network.SPARSE_ENTRY_BYTES`)
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,9 @@ class CodecEntry:
     # a rank may join its exchange mid-run: its state splits into what every rank shares (a joiner heals with it)
     # and each rank's own residuals (a joiner's start at zero; a dead rank's go with it)
     joinable: bool = True
+    # the `scalesgd train` options (by flat name) it runs at unless given, as an optimizer's recipe: SparseLoCo's
+    # error feedback stands in for the outer momentum, so its outer step is plain averaging
+    recipe: dict = field(default_factory=dict)
 
     def runs_on(self, engine: str) -> bool:
         """Whether `engine` (or `CROSS_NODE_SHARDS`) takes it."""
