@@ -187,6 +187,14 @@ def test_latency_adds_its_round_trip_keeps_the_rate_and_its_forwarders_end_with_
         result = json.loads((tmp_path / "link.json").read_text())["result"]
         assert 20 <= result["rtt_ms"] <= 30  # 10 ms each way, each node's uplink (and a loaded machine's ms)
         assert abs(result["best_one_way_mbit_s"] - 50) <= 5  # the shaper's rate, through the delay
+        run = tmp_path / "auto"  # auto measures the link on the run's own group: it sees the delay
+        proc = scalesgd("testbed", "run", "--prefix", PREFIX, "--", "scalesgd", "train", "--exchange", "auto",
+                        "--auto-codecs", "fp32,fp16", "--workers", "2", "--dataset", "synthetic", "--samples", "256",
+                        "--image-size", "12", "--model", "resnet8", "--epochs", "1", "--warmup", "none", "--quiet",
+                        "--run-dir", str(run))
+        assert proc.returncode == 0, proc.stderr
+        alpha = json.loads((run / "auto.json").read_text())["link"]["inter"]["alpha_s"]
+        assert 0.009 <= alpha <= 0.015  # half the round trip
         shaped = scalesgd("testbed", "shape", "--bandwidth", "20mbit", "--latency", "0", "--prefix", PREFIX)
         assert shaped.returncode == 0 and "links now 20mbit, 0 added latency" in shaped.stdout, shaped.stderr
         assert forwarders() == [] and json.loads(scalesgd("testbed", "status", "--prefix", PREFIX).stdout)["spec"][

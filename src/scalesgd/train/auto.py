@@ -85,6 +85,7 @@ class Decision:
     finalists: list[Candidate] = field(default_factory=list)  # best first
     measured: list[float] = field(default_factory=list)  # each finalist's trial iteration ([]: chosen by the model)
     periodic: list[dict] = field(default_factory=list)  # {"mode", "options", "to_target_s"}: listed, not chosen
+    link: dict = field(default_factory=dict)  # the links measured on the run's group ({"inter"/"intra": LinkCost's})
 
     @property
     def measured_s(self) -> float | None:
@@ -107,7 +108,7 @@ class Decision:
                 "trial_s": self.measured_s,
                 "finalists": [f.to_dict(groups=True) | ({"measured_s": m} if self.measured else {})
                               for f, m in zip(self.finalists, self.measured or [None] * len(self.finalists))],
-                "candidates": [row.to_dict() for row in self.table], "periodic": self.periodic}
+                "candidates": [row.to_dict() for row in self.table], "periodic": self.periodic, "link": self.link}
 
     @classmethod
     def from_dict(cls, d: dict) -> Decision:
@@ -123,7 +124,7 @@ class Decision:
                                settings=settings)
             chosen = next((f for f in finals if (f.exchange, f.plan) == (chosen.exchange, chosen.plan)), chosen)
         return cls(chosen, [Candidate.from_dict(row) for row in d["candidates"]], finals,
-                   measured if len(measured) == len(finals) else [], d.get("periodic", []))
+                   measured if len(measured) == len(finals) else [], d.get("periodic", []), d.get("link", {}))
 
     def tried(self, measured_s: list[float]) -> Decision:
         """The finalist measured soonest to the target (`measured_s`: each finalist's trial iteration, in order, × its
@@ -182,7 +183,8 @@ def decide(model: nn.Module, batch, loss_fn, weighed: Weighed) -> Decision:
         best = pick(table)
         decision = Decision(best, table, finalists(table, best) if not best.periodic and w.shard is None else [],
                             periodic=periodic_options(w.steps_table, compute, cluster, costs, w.periodic)
-                            if w.shard != "" else [])  # every rank's shards: no node to synchronise periodically
+                            if w.shard != "" else [],  # every rank's shards: no node to synchronise periodically
+                            link={"inter": cluster.inter.to_dict(), "intra": cluster.intra.to_dict()})
     return broadcast_object(decision, group=w.group)
 
 
