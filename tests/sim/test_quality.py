@@ -33,3 +33,27 @@ def test_the_shipped_table_has_the_reference_at_one_and_no_peer_among_what_auto_
     text = quality.table("text")
     assert text["ddp"].factor == 1.0
     assert all(row.runs >= 1 and (row.factor is None or row.factor > 0) for row in text.values())
+
+
+def test_rows_at_other_worker_counts_fold_into_one_and_round_trip(tmp_path):
+    two = StepsToTarget("periodic@16-fp8", "--local-steps 16", 1.0, 2.1, 3, "a")
+    eight = StepsToTarget("periodic@16-fp8", "--local-steps 16", 1.44, 2.2, 3, "b", workers=8)
+    four = StepsToTarget("periodic@16-fp8", "--local-steps 16", 1.2, 2.15, 1, "c", workers=4)
+    rows = quality.merged([{two.key: two}, {eight.key: eight}, {four.key: four}])
+    assert rows[two.key].factor == 1.0 and rows[two.key].by_workers == {4: 1.2, 8: 1.44}
+    again = quality.merged([rows, {two.key: StepsToTarget(two.key, "", 1.3, 2.2, 3, "d", workers=4)}])
+    assert again[two.key].by_workers == {4: 1.3, 8: 1.44}  # measured again at 4: the new row's
+    path = tmp_path / "steps.json"
+    quality.write({"text": again, "image": {}}, path)
+    assert quality.table("text", path) == again
+
+
+def test_a_power_law_in_workers_reads_measured_counts_as_they_are_and_predicts_the_others():
+    row = StepsToTarget("periodic@16-fp8", "", 1.0, 2.1, 3, "a", by_workers={4: 1.2})
+    assert row.at(2).factor == 1.0 and row.at(4).factor == 1.2 and row.at(4).by_workers == {}
+    assert abs(row.at(8).factor - 1.44) < 1e-12 and abs(row.at(1024).factor - 1.2 ** 9) < 1e-9  # 1.2× a doubling
+    law = quality.scaling_in_workers({2: 1.0, 4: 1.1, 8: 1.3})
+    assert abs(law.exponent - 0.1892) < 1e-3 and law(16) > 1.3  # least squares in log–log, increasing
+    assert StepsToTarget("k", "", 1.1, 2.1, 3, "a").at(64).factor == 1.1  # one count: no dependence known
+    missed = StepsToTarget("k", "", 1.0, 2.1, 3, "a", by_workers={8: None})
+    assert missed.at(8).missed and missed.at(16).missed and missed.at(4).factor == 1.0  # missed at 8: past it too

@@ -208,6 +208,7 @@ def read_run(run_dir: Path, label: str, seed: int, rate: str) -> dict:
     evals = [r for r in records if r.get("kind") == "eval"]
     steps = max((r["iter"] for r in records if r.get("kind") == "iter"), default=0)
     return {"label": label, "seed": seed, "rate": rate, "run_dir": str(run_dir), "train_s": summary["train_s"],
+            "workers": summary.get("world_size", 2),
             "steps": steps, "text": "final_test_perplexity" in summary,
             "final_test_loss": summary.get("final_test_loss"),
             "final_test_acc": summary["final_test_acc"], "stopped": bool(summary.get("stopped_by_time_budget")),

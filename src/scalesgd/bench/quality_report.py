@@ -84,11 +84,11 @@ def summarise(runs: list[dict], target: float, text: bool, reference_steps: floa
 
 
 def steps_to_target(rows: list[dict], options: dict[str, str], key, reference_steps: float,
-                    source: str) -> dict[str, StepsToTarget]:
+                    source: str, workers: int = 2) -> dict[str, StepsToTarget]:
     """Each exchange's steps to the target over the reference's, pooled over rates (they do not depend on the link)
     and over the runs that tell (a run the budget cut short before the target tells nothing): reached where most of
     those did (their median), missed where most ran all their steps without reaching it. `key(options)` names it
-    ("": left out)."""
+    ("": left out); `workers`: the runs' worker count."""
     table = {}
     for label in dict.fromkeys(r["label"] for r in rows):
         mine = [r for r in rows if r["label"] == label]
@@ -102,7 +102,7 @@ def steps_to_target(rows: list[dict], options: dict[str, str], key, reference_st
             continue
         ends = [e for r in mine for e in r["finished_end"]] or [e for r in mine for e in r["end"]]
         table[name] = StepsToTarget(name, options[label], factor, statistics.median(ends), len(steps) + ran_out,
-                                    source)
+                                    source, workers)
     return table
 
 
@@ -136,7 +136,8 @@ def write(out: Path, cfg, reference: list[dict], runs: list[dict], budget_s: flo
               "reference": reference, "runs": runs, "summary": rows}
     label, given = cfg.reference_entry
     steps = steps_to_target(summarise(reference, target, text, ref_steps, bound_s) + rows,
-                            {**dict(cfg.exchanges), label: given}, key, ref_steps, str(out))
+                            {**dict(cfg.exchanges), label: given}, key, ref_steps, str(out),
+                            reference[0].get("workers", 2))
     record["steps_to_target"] = {k: asdict(v) for k, v in steps.items()}
     if cfg.table:
         path, family = Path(cfg.table), family_of(text)

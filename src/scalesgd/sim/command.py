@@ -150,6 +150,7 @@ def run(cfg: SimulateConfig, command: str) -> int:
     failures = Failures(cfg.mtbf_hours * 3600, cfg.restart_seconds, cfg.checkpoint_seconds) if cfg.mtbf_hours else None
     for row, mode in zip(table, [m for _ in workers for m in parsed]):
         steps = measured.get(quality.mode_key(mode))
+        steps = steps and steps.at(row["workers"])  # measured at this M, or the power law in M fitted
         row.update(steps_factor=steps and steps.factor, missed=bool(steps and steps.missed),
                    to_target_s=quality.to_target(row["iteration_s"], steps))
         if failures is not None:

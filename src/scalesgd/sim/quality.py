@@ -5,12 +5,15 @@ time to the target, and what keeps an exchange that missed the target from being
 An exchange is keyed by its simulator mode name without amounts (`ddp`, `ddp-fp16`, `scalesgd-fp8`,
 `periodic@16-fp8`); a peer's by its name before it (`torchft:periodic@10-fp32`). Steps to the target do not depend
 on the link, so the table pools every rate a benchmark ran: an exchange reached it where most of its runs did (the
-median of their steps over DDP's), and missed it where most ran all their steps without reaching it."""
+median of their steps over DDP's), and missed it where most ran all their steps without reaching it. They do depend
+on the number of replicas M (the global batch fixed): a row holds the factor at each M measured, and `StepsToTarget.at`
+reads it at any M (between and past them, a power law fitted)."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from scalesgd.comm.codecs.cast import DENSE
@@ -30,10 +33,51 @@ class StepsToTarget:
     end: float  # its median final validation loss (text) or accuracy (image)
     runs: int  # the runs behind the figure
     source: str  # the benchmark directory
+    workers: int = 2  # the workers (replicas) `factor` was measured with
+    by_workers: dict[int, float | None] = field(default_factory=dict)  # its factor measured at other worker counts
 
     @property
     def missed(self) -> bool:
         return self.factor is None
+
+    def at(self, workers: int) -> StepsToTarget:
+        """This row for a run of `workers` workers: the factor measured there, missed where it missed at fewer (more
+        replicas at a fixed batch do not make it up), else the power law in M fitted to the counts measured
+        (`scaling_in_workers`), else the row's own (one count measured: no dependence known)."""
+        measured = {self.workers: self.factor, **self.by_workers}
+        if workers in measured:
+            factor = measured[workers]
+        elif any(f is None and m <= workers for m, f in measured.items()):
+            factor = None
+        else:
+            law = scaling_in_workers(measured)
+            factor = law(workers) if law is not None else self.factor
+        return replace(self, factor=factor, workers=workers, by_workers={})
+
+
+@dataclass(frozen=True)
+class PowerLaw:
+    """factor(M) = coefficient · M^exponent."""
+
+    coefficient: float
+    exponent: float
+
+    def __call__(self, workers: int) -> float:
+        return self.coefficient * workers ** self.exponent
+
+
+def scaling_in_workers(measured: dict[int, float | None]) -> PowerLaw | None:
+    """Steps to the target against the number of replicas M as a power law, least squares in log–log over the counts
+    that reached the target — the form Charles et al. 2025 ("Communication-Efficient Language Model Training Scales
+    Reliably and Robustly: Scaling Laws for DiLoCo") fit DiLoCo's dependence on M with; None under two counts."""
+    points = sorted((m, f) for m, f in measured.items() if f is not None and m > 0)
+    if len(points) < 2:
+        return None
+    xs, ys = [math.log(m) for m, _ in points], [math.log(f) for _, f in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    spread = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / spread if spread else 0.0
+    return PowerLaw(math.exp(my - slope * mx), slope)
 
 
 def family_of(text: bool) -> str:
@@ -43,7 +87,9 @@ def family_of(text: bool) -> str:
 def table(family: str, path: Path = TABLE) -> dict[str, StepsToTarget]:
     """The shipped measurements for a model family ("text" or "image"), by key; empty where none were shipped."""
     rows = json.loads(path.read_text()).get(family, {}) if path.is_file() else {}
-    return {key: StepsToTarget(key=key, **row) for key, row in rows.items()}
+    return {key: StepsToTarget(key=key, **{**row, "by_workers": {int(m): f for m, f in row.get("by_workers",
+                                                                                               {}).items()}})
+            for key, row in rows.items()}
 
 
 def key_of(engine: str, codec: str, schedule: Schedule | None = None, peer: str = "") -> str:
@@ -73,16 +119,27 @@ def to_target(iteration_s: float, row: StepsToTarget | None) -> float | None:
 
 
 def merged(records: list[dict[str, StepsToTarget]]) -> dict[str, StepsToTarget]:
-    """Several benchmarks' rows: for each key the row measured over the most runs (the later one on a tie)."""
-    best: dict[str, StepsToTarget] = {}
+    """Several benchmarks' rows: for each key and worker count the row measured over the most runs (the later one
+    on a tie); the fewest workers' row holds the others' factors (`by_workers`)."""
+    best: dict[tuple[str, int], StepsToTarget] = {}
     for rows in records:
         for k, row in rows.items():
-            if k not in best or row.runs >= best[k].runs:
-                best[k] = row
-    return best
+            for m, factor in row.by_workers.items():  # what a merged row carried: kept unless measured again
+                best.setdefault((k, m), replace(row, factor=factor, workers=m, runs=0, by_workers={}))
+            mine = replace(row, by_workers={})
+            if (k, row.workers) not in best or row.runs >= best[(k, row.workers)].runs:
+                best[(k, row.workers)] = mine
+    out: dict[str, StepsToTarget] = {}
+    for (k, m), row in sorted(best.items()):
+        if k not in out:
+            out[k] = row
+        else:
+            out[k] = replace(out[k], by_workers={**out[k].by_workers, m: row.factor})
+    return out
 
 
 def write(tables: dict[str, dict[str, StepsToTarget]], path: Path = TABLE) -> None:
-    path.write_text(json.dumps({family: {k: {f: v for f, v in asdict(row).items() if f != "key"}
+    path.write_text(json.dumps({family: {k: {f: v for f, v in asdict(row).items()
+                                             if f != "key" and not (f == "by_workers" and not v)}
                                          for k, row in sorted(rows.items())}
                                 for family, rows in tables.items()}, indent=1) + "\n")

@@ -117,7 +117,8 @@ def periodic_options(steps_table: dict[str, StepsToTarget], compute: ComputeProf
     auto shows beside its choice where it may not choose them (they reached the target with a recipe of their own,
     such as a longer schedule, which auto does not impose on a run); `candidates`: those it ranks instead."""
     rows = []
-    for key, steps in steps_table.items():
+    for key, measured in steps_table.items():
+        steps = measured.at(cluster.workers)
         if key.startswith("periodic@") and not steps.missed and key not in (candidates or {}):
             mode = parse_mode(key)
             p = predict(mode, compute, cluster, costs.get(proxy(mode.codec), Costs()))
@@ -128,7 +129,9 @@ def periodic_options(steps_table: dict[str, StepsToTarget], compute: ComputeProf
 
 def periodic_candidate(steps: StepsToTarget, settings: dict, compute: ComputeProfile, cluster: Cluster,
                        costs: Costs) -> Candidate:
-    """A periodic mode auto may choose: its round's share of a step predicted, its steps to the target measured."""
+    """A periodic mode auto may choose: its round's share of a step predicted, its steps to the target measured (at
+    the cluster's worker count, or the power law in M fitted to the counts measured)."""
+    steps = steps.at(cluster.workers)
     p = predict(parse_mode(steps.key), compute, cluster, costs)
     return Candidate(periodic_codec(settings), p.iteration_s, p.exposed_comm_s, steps_factor=steps.factor,
                      mode=steps.key, settings=settings)
