@@ -3,6 +3,7 @@
 # 64 whatever M), every exchange against DDP fp32's final loss on M local workers (+ 1 %), on a link of RATE with
 # DELAY added one way (the testbed's forwarder: its CPU over the run is written beside the figures).
 #   run.sh M RATE DELAY SEEDS EXCHANGES      e.g. run.sh 8 10mbit 25ms 0,1,2 "fp8-h16;sparseloco-h16"
+#   run.sh M local 0 SEEDS EXCHANGES         steps to the target alone, on M local workers (no link)
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 source .venv/bin/activate
@@ -23,6 +24,12 @@ declare -A X=(
 exchanges=""
 for name in ${pick//;/ }; do exchanges+="$name=${X[$name]};"; done
 [ ! -f $out/raw.tar.xz ] || tar -xJf $out/raw.tar.xz -C $out  # finished runs are kept
+if [ "$rate" = local ]; then
+  scalesgd bench quality --seeds "$seeds" --eval-every 16 --budget 3 --exchanges "${exchanges%;}" --out $out \
+    -- --workers "$m" --model gpt --dataset text --samples 16384 --epochs 1
+  tar -C $out -cf - quality.json reference local | xz -9e > $out/raw.tar.xz && (cd $out && rm -r quality.json reference local)
+  exit 0
+fi
 scalesgd testbed up --nodes "$m" --bandwidth "$rate" --latency "$delay" --prefix qw
 trap 'scalesgd testbed down --prefix qw' EXIT
 mkdir -p $out
