@@ -23,11 +23,13 @@ declare -A X=(
 )
 exchanges=""
 for name in ${pick//;/ }; do exchanges+="$name=${X[$name]};"; done
-[ ! -f $out/raw.tar.xz ] || tar -xJf $out/raw.tar.xz -C $out  # finished runs are kept
+[ ! -f $out/raw.tar.xz ] || tar -xJf $out/raw.tar.xz -C $out  # finished runs are kept (what the report reads)
+keep=(--exclude='checkpoint*.pt' --exclude='ranks-*' --exclude='*.png')
 if [ "$rate" = local ]; then
   scalesgd bench quality --seeds "$seeds" --eval-every 16 --budget 3 --exchanges "${exchanges%;}" --out $out \
     -- --workers "$m" --model gpt --dataset text --samples 16384 --epochs 1
-  tar -C $out -cf - quality.json reference local | xz -9e > $out/raw.tar.xz && (cd $out && rm -r quality.json reference local)
+  tar -C $out "${keep[@]}" -cf - quality.json reference local | xz -9e > $out/raw.tar.xz && \
+    (cd $out && rm -r quality.json reference local)
   exit 0
 fi
 scalesgd testbed up --nodes "$m" --bandwidth "$rate" --latency "$delay" --prefix qw
@@ -38,5 +40,5 @@ scalesgd bench quality --rates "$rate@$delay" --prefix qw --seeds "$seeds" --eva
   --exchanges "${exchanges%;}" --out $out -- --workers "$m" --model gpt --dataset text --samples 16384 --epochs 1
 python $here/forwarders.py snapshot qw "$m" > $out/.after
 python $here/forwarders.py cost $out/.before $out/.after | tee -a $out/forwarders.jsonl && rm $out/.before $out/.after
-tar -C $out -cf - quality.json reference "$rate@$delay" | xz -9e > $out/raw.tar.xz && \
+tar -C $out "${keep[@]}" -cf - quality.json reference "$rate@$delay" | xz -9e > $out/raw.tar.xz && \
   (cd $out && rm -r quality.json reference "$rate@$delay")
