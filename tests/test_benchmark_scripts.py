@@ -1,0 +1,50 @@
+"""The pieces of the benchmark scripts in docs/benchmarks that are ours to get wrong: the delay forwarders' cost
+over a run, and the held-out check of steps to the target against the number of workers."""
+
+import importlib.util
+import io
+import json
+import subprocess
+import tarfile
+from dataclasses import asdict
+from pathlib import Path
+
+from scalesgd.sim.quality import StepsToTarget
+
+HERE = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "quality-gpt-workers"
+
+
+def script(name: str):
+    spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_forwarders_cost_is_their_cpu_over_the_bytes_and_the_wall_clock_between_two_snapshots():
+    cost = script("forwarders").cost({"forwarders": 8, "cpu_s": 10.0, "carried_bytes": 0, "at": 100.0},
+                                     {"forwarders": 8, "cpu_s": 16.0, "carried_bytes": 2e8, "at": 400.0})
+    assert cost == {"forwarders": 8, "cpu_s": 6.0, "carried_gb": 0.2, "wall_s": 300.0, "core_share": 0.02,
+                    "cpu_s_per_gb": 30.0}
+
+
+def test_the_fit_on_fewer_workers_predicts_the_most_workers_measured(tmp_path, capsys):
+    for m, factor in ((4, 1.2), (8, 1.5)):
+        row = StepsToTarget("periodic@16-fp8", "--local-steps 16", factor, 2.2, 3, f"m{m}", workers=m)
+        data = json.dumps({"steps_to_target": {row.key: asdict(row)}}).encode()
+        info = tarfile.TarInfo("quality.json")
+        info.size = len(data)
+        (tmp_path / f"m{m}").mkdir()
+        with tarfile.open(tmp_path / f"m{m}" / "raw.tar.xz", "w:xz") as tar:
+            tar.addfile(info, io.BytesIO(data))
+    script("fit").main([str(tmp_path / "m4"), str(tmp_path / "m8")])
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    held = next(line for line in lines if line.get("held_out") == 8)
+    shipped = next(line for line in lines if "factor_by_workers" in line and line["key"] == "periodic@16-fp8")
+    two = shipped["factor_by_workers"]["2"]  # the shipped table's, at 2 workers
+    assert held["fit_on"] == [2, 4] and abs(held["predicted"] - 1.2 ** 2 / two) < 1e-3  # 1.2/two a doubling
+    assert held["measured"] == 1.5
+
+
+def test_the_run_script_parses():
+    assert subprocess.run(["bash", "-n", str(HERE / "run.sh")]).returncode == 0
