@@ -89,8 +89,11 @@ class ChunkWire(SparseWire):
 
     # ---- on the wire ----------------------------------------------------------------------------------------
     def encode(self, indices: torch.Tensor, values: torch.Tensor, numel: int) -> tuple[torch.Tensor, ...]:
-        """One uint8 message of entries `quantize` gave, in `select`'s order."""
+        """One uint8 message of entries `quantize` gave, in `select`'s order; empty for none (a rank whose gradient
+        was not finite sends nothing, and its flag makes the mean NaN)."""
         device = values.device
+        if indices.numel() == 0:
+            return (torch.zeros(0, dtype=torch.uint8, device=device),)
         chunks = -(-numel // self.chunk)
         chunk_of, upper = self._places(numel, device)
         levels = torch.zeros(2 * chunks, dtype=torch.float16, device=device)
@@ -104,6 +107,8 @@ class ChunkWire(SparseWire):
     def decode(self, parts: tuple[torch.Tensor, ...], numel: int) -> tuple[torch.Tensor, torch.Tensor]:
         (message,) = parts
         device = message.device
+        if message.numel() == 0:
+            return torch.zeros(0, dtype=torch.int64, device=device), torch.zeros(0, device=device)
         chunks = -(-numel // self.chunk)
         chunk_of, upper = self._places(numel, device)
         k = chunk_of.numel()
