@@ -134,6 +134,7 @@ class CodecEntry:
     # the `scalesgd train` options (by flat name) it runs at unless given, as an optimizer's recipe: SparseLoCo's
     # error feedback stands in for the outer momentum, so its outer step is plain averaging
     recipe: dict = field(default_factory=dict)
+    planned_as_topk: bool = False  # the layer-merging planner's profile (top-k's threshold, density and wire) is its
 
     def runs_on(self, engine: str) -> bool:
         """Whether `engine` (or `CROSS_NODE_SHARDS`) takes it."""
@@ -154,9 +155,9 @@ class CodecEntry:
 
     @property
     def plannable(self) -> bool:
-        """Whether the planner may merge layers into this codec's groups: sparse over all ranks (its timing model),
-        with no bucket rule of its own."""
-        return self.sparse and self.buckets is None and not self.needs_topology
+        """Whether the planner may merge layers into this codec's groups: its timing model is the top-k family's
+        (`planned_as_topk`: sparse over all ranks at `--density` on `--topk-wire`), with no bucket rule of its own."""
+        return self.planned_as_topk and self.sparse and self.buckets is None and not self.needs_topology
 
 
 CODECS: Registry[CodecEntry] = Registry("codec", plugins=PLUGINS)

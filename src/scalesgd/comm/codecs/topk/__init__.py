@@ -22,7 +22,8 @@ def _cost(options: CodecOptions) -> SparseCost:
     return SparseCost(options["topk"].density, options["topk"].wire)
 
 
-SPARSE = dict(family="topk", sparse=True, keeps_gradients=True, cost=_cost, amount="density", wire_option="topk_wire")  # every one's facts
+SPARSE = dict(family="topk", sparse=True, keeps_gradients=True, cost=_cost, amount="density", wire_option="topk_wire",
+              planned_as_topk=True)  # every one's facts
 
 CODECS.add("topk", CodecEntry("DLGS: per-group top-k with residuals, thresholds reused (Ju et al. 2024)",
                               _topk("topk"), **SPARSE))
