@@ -1,6 +1,7 @@
 """Steps to the target against the number of workers: each benchmark directory's rows (its raw.tar.xz quality.json)
 merged into the shipped table's, then for every key measured at three counts or more, the power law fitted on all
-but the largest predicts the largest (the held-out check). `--write` keeps the merged rows in the shipped table."""
+but the largest predicts the largest (the held-out check), drawn in fit.png beside this script (or `--picture PATH`).
+`--write` keeps the merged rows in the shipped table."""
 
 import json
 import sys
@@ -17,8 +18,31 @@ def rows_of(directory: Path) -> dict[str, StepsToTarget]:
     return {k: StepsToTarget(**{**row, "by_workers": {}}) for k, row in record["steps_to_target"].items()}
 
 
+def draw(key: str, measured: dict, held_out, on_all, picture: Path) -> None:
+    """Steps to the target over DDP's against M: the counts measured, the law fitted without the largest, and on all."""
+    from scalesgd import output
+
+    plt = output.pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ms = sorted(m for m, f in measured.items() if f is not None)
+    ax.plot(ms, [measured[m] for m in ms], "o", color="black", label=f"{key}: measured")
+    grid = [2 ** (i / 8) for i in range(8, 8 * 10 + 1)]
+    ax.plot(grid, [held_out(m) for m in grid], "--", label=f"fitted on {ms[:-1]}: M^{held_out.exponent:.2f}")
+    ax.plot(grid, [on_all(m) for m in grid], ":", label=f"fitted on all: M^{on_all.exponent:.2f}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("workers M (global batch fixed)")
+    ax.set_ylabel("steps to the target ÷ DDP's")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(picture, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str]) -> int:
     write = "--write" in argv
+    picture = Path(argv[argv.index("--picture") + 1]) if "--picture" in argv else Path(__file__).with_name("fit.png")
+    argv = [a for i, a in enumerate(argv) if a != "--picture" and (i == 0 or argv[i - 1] != "--picture")]
     tables = {family: quality.table(family) for family in quality.FAMILIES}
     tables["text"] = quality.merged([tables["text"], *(rows_of(Path(d)) for d in argv if d != "--write")])
     for key, row in sorted(tables["text"].items()):
@@ -29,6 +53,7 @@ def main(argv: list[str]) -> int:
             held = reached[-1]
             law = scaling_in_workers({m: measured[m] for m in reached[:-1]})
             predicted = law(held)
+            draw(key, measured, law, scaling_in_workers(measured), picture)
             print(json.dumps({"key": key, "fit_on": reached[:-1], "exponent": round(law.exponent, 4),
                               "held_out": held, "predicted": round(predicted, 4), "measured": measured[held],
                               "error": round(predicted / measured[held] - 1, 4),
