@@ -11,12 +11,12 @@ from scalesgd.models import build_model
 from scalesgd.comm.codecs import CODECS
 from scalesgd.config import TrainConfig
 from scalesgd.train import auto
-from scalesgd.sim.exchange import predict
+from scalesgd.sim.exchange import Costs, predict
 from scalesgd.sim.modes import parse_mode
 from scalesgd.sim.quality import StepsToTarget
 from scalesgd.train.auto import PLANS, Decision, Weighed, decide
 from scalesgd.train.auto_rank import (FINALIST_MARGIN, FINALISTS, RESOLUTION, Candidate, finalists,
-                                      periodic_options, periodic_settings, pick)
+                                      periodic_candidate, periodic_options, periodic_settings, pick)
 from tests.sim.test_exchange import PROFILE, cluster
 from tests.spawn_util import run_workers
 
@@ -138,6 +138,18 @@ def test_periodic_modes_that_reached_the_target_are_predicted_to_it_and_one_that
     assert [r["mode"] for r in rows] == ["periodic@16-fp8"] and rows[0]["options"] == "--local-steps 16 --codec fp8"
     round_step = predict(parse_mode("periodic@16-fp8"), PROFILE, slow).iteration_s
     assert rows[0]["to_target_s"] == pytest.approx(1.1 * round_step)
+
+
+def test_periodic_modes_are_predicted_with_their_steps_at_the_clusters_worker_count():
+    fp8 = StepsToTarget("periodic@16-fp8", "--local-steps 16 --codec fp8", 1.1, 2.0, 3, "x", by_workers={8: 1.6})
+    ft = StepsToTarget("periodic@32-fp8", "--local-steps 32 --codec fp8", 1.2, 2.0, 3, "x", by_workers={8: None})
+    eight = cluster(rate=1e6, nodes=8)
+    rows = periodic_options({fp8.key: fp8, ft.key: ft}, PROFILE, eight, {})
+    assert [r["mode"] for r in rows] == [fp8.key]  # missed with 8 workers: not shown there
+    assert rows[0]["to_target_s"] == pytest.approx(1.6 * predict(parse_mode(fp8.key), PROFILE, eight).iteration_s)
+    settings = {"local_steps": 32, "codec": "fp8"}
+    assert periodic_candidate(ft, settings, PROFILE, eight, Costs()).missed  # never chosen there
+    assert not periodic_candidate(ft, settings, PROFILE, cluster(rate=1e6, nodes=2), Costs()).missed
 
 
 GPT = TrainConfig.from_argv(["--model", "gpt", "--dataset", "text", "--exchange", "auto", "--epochs", "1"])

@@ -134,7 +134,7 @@ def periodic_candidate(steps: StepsToTarget, settings: dict, compute: ComputePro
     steps = steps.at(cluster.workers)
     p = predict(parse_mode(steps.key), compute, cluster, costs)
     return Candidate(periodic_codec(settings), p.iteration_s, p.exposed_comm_s, steps_factor=steps.factor,
-                     mode=steps.key, settings=settings)
+                     missed=steps.missed, mode=steps.key, settings=settings)  # missed at this M: never chosen
 
 
 def proxy(name: str) -> str:
