@@ -362,8 +362,7 @@ def advice(cfg) -> list[str]:
     if r.precision == "bf16" and not torch.cuda.is_available() and not native_bf16():
         found.append(f"`precision` bf16 on this CPU, which has no native bf16 (AVX512-BF16 or AMX), is emulated: "
                      f"measured {EMULATED_BF16_SLOWDOWN} slower a step than fp32; train in fp32 here, in bf16 on a GPU")
-    # periodic: it carries the pseudo-gradient; the remedy named is the top-k family's own option
-    sparse_gradient = x.codec_entry.sparse and x.codec_entry.family == "topk" and not cfg.periodic.on
+    sparse_gradient = x.codec_entry.sparse and not cfg.periodic.on  # periodic: it carries the pseudo-gradient
     if r.optimizer == "adamw" and sparse_gradient and not x.codec_options["topk"].momentum_correction:
         found.append(f"`codec` {x.codec} under `optimizer` adamw sends the gradient in rare spikes that inflate "
                      f"Adam's variance (measured: validation loss {SPARSE_ADAM_LOSS}); `momentum_correction` carries "
