@@ -124,6 +124,11 @@ def topk_rounds(rank, world, rounds):
     settings = CodecSettings(TopkOptions(density=0.05, density_warmup=0, wire="plain"))
     d = DiLoCo(model, inner, 2, codec="topk", settings=settings,
                outer_optimizer=outer_sgd(list(model.parameters()), lr=1.0, momentum=0.0))
+    return rounds_seen(model, inner, d, rank, rounds)
+
+
+def rounds_seen(model, inner, d, rank, rounds):
+    """Each round of H 2: (Δ, what was owed before it, what is owed after, how far θ_global moved)."""
     seen = []
     for r in range(rounds):
         inner_step(model, inner, rank, 2 * r)
@@ -131,7 +136,7 @@ def topk_rounds(rank, world, rounds):
         inner_step(model, inner, rank, 2 * r + 1)
         owed, before = residual(d), flat(d.global_params).clone()
         delta = before - flat(model.parameters())
-        d.after_inner_step()  # the round's exchange: outer SGD at lr 1 moves θ_global by the mean sent
+        d.after_inner_step()  # the round's exchange: an outer SGD at lr 1 moves θ_global by the mean sent
         seen.append((delta, owed, residual(d), before - flat(d.global_params)))
     return seen
 
@@ -162,16 +167,7 @@ def sparseloco_rounds(rank, world, rounds):
     inner = adamw(model.parameters())
     settings = CodecSettings(SparseLocoOptions(chunk=64, top=4, decay=0.9))
     d = DiLoCo(model, inner, 2, codec="sparseloco", settings=settings)  # its recipe's outer step: plain averaging
-    seen = []
-    for r in range(rounds):
-        inner_step(model, inner, rank, 2 * r)
-        d.after_inner_step()
-        inner_step(model, inner, rank, 2 * r + 1)
-        owed, before = residual(d), flat(d.global_params).clone()
-        delta = before - flat(model.parameters())
-        d.after_inner_step()
-        seen.append((delta, owed, residual(d), before - flat(d.global_params)))
-    return seen
+    return rounds_seen(model, inner, d, rank, rounds)
 
 
 def test_sparseloco_averages_what_each_rank_sent_from_its_decayed_error_feedback():
