@@ -48,3 +48,21 @@ def test_the_fit_on_fewer_workers_predicts_the_most_workers_measured(tmp_path, c
 
 def test_the_run_script_parses():
     assert subprocess.run(["bash", "-n", str(HERE / "run.sh")]).returncode == 0
+
+
+def test_the_picture_draws_each_exchange_from_the_call_with_most_seeds_and_a_miss_at_the_budget(tmp_path, capsys):
+    def call(directory, name, seeds, times, reached, workers):
+        record = {"reference": [{"workers": workers}], "compute_bound_s": 50.0, "budget_s": 150.0,
+                  "summary": [{"rate": "10mbit@25ms", "label": "fp8-h16", "seeds": seeds, "reached": reached,
+                               "time_s": times}]}
+        (tmp_path / directory / "calls").mkdir(parents=True, exist_ok=True)
+        (tmp_path / directory / "calls" / f"{name}.json").write_text(json.dumps(record))
+
+    call("m8", "0-fp8-h16", 1, [90.0], 1, 8)
+    call("m8", "012-fp8-h16", 3, [100.0, 120.0, 110.0], 3, 8)  # three seeds: drawn over the one
+    call("m4", "012-fp8-h16", 3, [80.0], 1, 4)  # one seed of three reached: a miss
+    script("picture").main([str(tmp_path / "m4"), str(tmp_path / "m8"), "--picture", str(tmp_path / "t.png")])
+    drawn = {p["workers"]: p for p in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert (drawn[8]["time_s"], drawn[8]["min_s"], drawn[8]["max_s"], drawn[8]["seeds"]) == (110.0, 100.0, 120.0, 3)
+    assert drawn[4]["time_s"] is None and drawn[4]["budget_s"] == 150.0
+    assert (tmp_path / "t.png").read_bytes()[:4] == b"\x89PNG"

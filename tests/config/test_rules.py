@@ -83,8 +83,12 @@ def test_periodic_synchronisation_refuses_what_needs_an_exchange_every_step_and_
 def test_a_sparse_pseudo_gradient_under_adamw_gets_no_warning_of_gradient_spikes():
     per_step = TrainConfig.from_argv(["--model", "gpt", "--dataset", "text", "--engine", "scalesgd", "--codec", "topk"])
     periodic = TrainConfig.from_argv(["--model", "gpt", "--dataset", "text", "--local-steps", "8", "--codec", "topk"])
-    assert any("rare spikes" in line for line in rules.advice(per_step))
+    assert any("rare spikes" in line and "`momentum_correction`" in line for line in rules.advice(per_step))
     assert not any("rare spikes" in line for line in rules.advice(periodic))
+    sparseloco = TrainConfig.from_argv(["--model", "gpt", "--dataset", "text", "--engine", "scalesgd", "--codec",
+                                        "sparseloco"])  # its family has no momentum correction: the advice says so
+    [line] = [line for line in rules.advice(sparseloco) if "rare spikes" in line]
+    assert "`local_steps`" in line and "momentum_correction" not in line
 
 
 @pytest.mark.parametrize("argv,words", [

@@ -33,7 +33,7 @@ def test_a_named_model_on_a_described_cluster_prints_rows(capsys, tmp_path):
                                                          (8, "scalesgd-fp8")]
     for r in rows:
         assert set(r) == {"workers", "mode", "iteration_s", "exposed_comm_s", "images_per_s", "scaling_efficiency",
-                          "steps_factor", "missed", "to_target_s"}
+                          "steps_factor", "steps_basis", "missed", "to_target_s"}
         assert r["images_per_s"] == pytest.approx(r["workers"] * 32 / r["iteration_s"])
         assert 0 < r["scaling_efficiency"] <= 1
     saved = json.loads((tmp_path / "sim" / "simulate.json").read_text())
@@ -148,11 +148,32 @@ def test_a_preset_prints_its_headline(capsys, tmp_path):
     (("--validate", "/tmp"), "/tmp is not a `scalesgd bench train` output directory"),
     ((), "give exactly one of --profile, --model"),
     (("--preset", "google"), "--preset 'google' is not known"),
+    (("--model", "gpt", "--iteration-time", "1", "--cluster", "goyal", "--inter-bandwidth", "1gbit"),
+     "--inter-bandwidth 1gbit: --cluster goyal brings its own"),
+    (("--preset", "goyal", "--cluster", "fujitsu"), "--cluster fujitsu: give it with --model or --profile"),
+    (("--model", "gpt", "--iteration-time", "1", "--cluster", "goyal", "--workers", "12"),
+     "--workers 12: every count must be a positive multiple of --procs-per-node 8"),
     (("--model", "resnet20", "--iteration-time", "1", "--mtbf-hours", "-1"), "--mtbf-hours -1.0: must be"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
     code, _, err = simulate(capsys, *argv)
     assert code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_a_paper_s_cluster_carries_a_model_to_a_thousand_workers_with_its_steps_to_the_target(capsys):
+    """--cluster takes the preset's links and workers per node; a periodic mode's steps to the target at 1,024
+    workers come from the shipped table's law in M, and its time to the target is its round's share × that."""
+    code, out, _ = simulate(capsys, "--model", "gpt", "--iteration-time", "0.02", "--cluster", "fujitsu",
+                            "--workers", "4,1024", "--modes", "ddp,periodic@16-fp8", "--json")
+    assert code == 0
+    result = json.loads(out)
+    assert result["cluster"]["procs_per_node"] == 4 and result["cluster"]["inter"]["bytes_per_s"] == 25e9
+    rows = {(r["workers"], r["mode"]): r for r in result["rows"]}
+    diloco = quality.table("text")["periodic@16-fp8"].at(1024)
+    far = rows[(1024, "periodic@16-fp8")]
+    assert far["steps_basis"] == "fitted" and far["steps_factor"] == pytest.approx(diloco.factor)
+    assert far["to_target_s"] == pytest.approx(far["iteration_s"] * diloco.factor)
+    assert rows[(1024, "ddp")]["steps_factor"] == 1.0
 
 
 def test_a_profile_directory_without_a_profile_is_refused(capsys, tmp_path):

@@ -57,3 +57,23 @@ def test_a_power_law_in_workers_reads_measured_counts_as_they_are_and_predicts_t
     assert StepsToTarget("k", "", 1.1, 2.1, 3, "a").at(64).factor == 1.1  # one count: no dependence known
     missed = StepsToTarget("k", "", 1.0, 2.1, 3, "a", by_workers={8: None})
     assert missed.at(8).missed and missed.at(16).missed and missed.at(4).factor == 1.0  # missed at 8: past it too
+
+
+def test_a_periodic_row_measured_at_one_count_borrows_the_exponent_of_those_measured_at_several(tmp_path):
+    """No prediction holds a periodic mode flat in M: streaming measured at 2 workers grows as DiLoCo's law does; a
+    per-step exchange stays as DDP at any M; the borrowed exponent is read, never written."""
+    diloco = StepsToTarget("periodic@16-fp8", "", 1.0, 2.1, 3, "a", by_workers={4: 1.2})
+    streaming = StepsToTarget("periodic@16/4/3-fp8", "", 1.1, 2.1, 3, "a")
+    per_step = StepsToTarget("scalesgd-fp8", "", 1.0, 2.2, 3, "a")
+    path = tmp_path / "steps.json"
+    quality.write({"text": {r.key: r for r in (diloco, streaming, per_step)}, "image": {}}, path)
+    assert "borrowed" not in path.read_text() and "basis" not in path.read_text()
+    rows = quality.table("text", path)
+    at8 = rows[streaming.key].at(8)
+    assert abs(at8.factor - 1.1 * 1.44) < 1e-9 and at8.basis == "borrowed"
+    assert rows[streaming.key].at(2).factor == 1.1 and rows[streaming.key].at(2).basis == "measured"
+    assert rows[diloco.key].at(8).basis == "fitted"
+    assert rows[per_step.key].at(64).factor == 1.0 and rows[per_step.key].at(64).basis == "per step"
+    alone = {streaming.key: streaming}  # nothing measured at several counts: nothing to borrow
+    quality.write({"text": alone, "image": {}}, path)
+    assert quality.table("text", path)[streaming.key].at(8).basis == "as at 2"

@@ -4,6 +4,7 @@ a batch, a schedule and a dataset need of the others. Each reads a `TrainConfig`
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from pathlib import Path
@@ -12,7 +13,7 @@ import torch
 
 from scalesgd import checks
 from scalesgd.comm.codecs import CODECS
-from scalesgd.comm.codecs.registry import CROSS_NODE_SHARDS, SHARDED_ENGINE
+from scalesgd.comm.codecs.registry import CODEC_OPTIONS, CROSS_NODE_SHARDS, SHARDED_ENGINE
 from scalesgd.comm.cost.planner import NO_PLANNER
 from scalesgd.comm.engine.exchange import exchange_names, parse_exchange
 from scalesgd.data import DATASETS, DataError, check_text_file
@@ -364,7 +365,10 @@ def advice(cfg) -> list[str]:
                      f"measured {EMULATED_BF16_SLOWDOWN} slower a step than fp32; train in fp32 here, in bf16 on a GPU")
     sparse_gradient = x.codec_entry.sparse and not cfg.periodic.on  # periodic: it carries the pseudo-gradient
     if r.optimizer == "adamw" and sparse_gradient and not x.codec_options["topk"].momentum_correction:
+        carries = x.codec_entry.family is not None and "momentum_correction" in {
+            f.name for f in dataclasses.fields(CODEC_OPTIONS[x.codec_entry.family])}  # its family's own option
+        instead = (f"`momentum_correction` carries Adam's momentum instead ({SPARSE_ADAM_CORRECTED}; docs/hooks.md)"
+                   if carries else "send it as a pseudo-gradient every few steps instead (`local_steps`)")
         found.append(f"`codec` {x.codec} under `optimizer` adamw sends the gradient in rare spikes that inflate "
-                     f"Adam's variance (measured: validation loss {SPARSE_ADAM_LOSS}); `momentum_correction` carries "
-                     f"Adam's momentum instead ({SPARSE_ADAM_CORRECTED}; docs/hooks.md)")
+                     f"Adam's variance (measured: validation loss {SPARSE_ADAM_LOSS} with topk); {instead}")
     return found

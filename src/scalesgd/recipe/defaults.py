@@ -15,14 +15,14 @@ from scalesgd.registry import Registry
 
 def brought(given: dict, model: str, optimizer: str, codecs: Registry | None = None) -> dict:
     """The options (by flat name) that the chosen model, then the chosen optimizer, then the chosen codec (of
-    `codecs`, a layer above this one) set where `given` is silent; `model` and `optimizer` are those options' own
-    defaults."""
+    `codecs`, a layer above this one: its outer step, so only where `given` synchronises periodically) set where
+    `given` is silent; `model` and `optimizer` are those options' own defaults."""
     model = given.get("model", model)
     found = dict(MODELS[model].recipe) if model in MODELS else {}
     optimizer = given.get("optimizer", found.get("optimizer", optimizer))
     if optimizer in OPTIMIZERS:
         found = {**OPTIMIZERS[optimizer].recipe, **found}
-    if codecs is not None and given.get("codec") in codecs:
+    if codecs is not None and given.get("codec") in codecs and given.get("local_steps"):
         found = {**codecs[given["codec"]].recipe, **found}
     return {name: value for name, value in found.items() if name not in given}
 

@@ -79,6 +79,9 @@ class SimulateConfig(Options):
                                "FSDP2's own reduce-scatter sends an allreduce's bytes)", choices=("nccl", "gloo"))
     preset: str = option("", "a paper's cluster, model and published parameters (see docs/SIMULATE.md)",
                          choices=lambda: ("", *presets.PRESETS))
+    cluster: str = option("", "with --model or --profile: a paper's cluster (its workers per node and links, as "
+                          "--preset has them) in place of --procs-per-node, --inter-* and --intra-*",
+                          choices=lambda: ("", *presets.PRESETS))
     validate_dir: str = option("", "predict every mode of this `bench train` directory from its links and the "
                            "--calibration directory's compute and costs; print the errors", flag="--validate")
     mtbf_hours: float = option(0.0, "a worker's mean time between failures, hours (0: none): each row's time to the "
@@ -100,6 +103,8 @@ class SimulateConfig(Options):
             raise UsageError("give exactly one of `profile`, `model` (with `iteration_time`), `preset` or "
                              "`validate`")
         refuse("gpt_width", self.model_options["gpt"].width, self.model_options["gpt"].problem())
+        if self.cluster:
+            self._take_the_paper_s_cluster()
         if self.model and self.iteration_time <= 0:
             raise UsageError(f"`iteration_time` {self.iteration_time}: with `model` give the seconds one worker's "
                              "iteration takes on the device (> 0)")
@@ -122,6 +127,18 @@ class SimulateConfig(Options):
                 if not Path(path).is_dir():
                     raise UsageError(f"`{flag}` {path}: not a directory")
         return self
+
+    def _take_the_paper_s_cluster(self) -> None:
+        """A paper's cluster replaces the described one: a described link beside it would be silently ignored."""
+        if self.preset or self.link or self.validate_dir:
+            raise UsageError(f"`cluster` {self.cluster}: give it with `model` or `profile`, not with `preset`, "
+                             "`link` or `validate` (they bring their own links)")
+        defaults = SimulateConfig()
+        for name in ("procs_per_node", "inter_bandwidth", "inter_latency", "intra_bandwidth", "intra_latency"):
+            if getattr(self, name) != getattr(defaults, name):
+                raise UsageError(f"`{name}` {getattr(self, name)}: `cluster` {self.cluster} brings its own; give "
+                                 "one or the other")
+        self.procs_per_node = presets.PRESETS[self.cluster].cluster().procs_per_node
 
 
 def run(cfg: SimulateConfig, command: str) -> int:
@@ -151,7 +168,8 @@ def run(cfg: SimulateConfig, command: str) -> int:
     for row, mode in zip(table, [m for _ in workers for m in parsed]):
         steps = measured.get(quality.mode_key(mode))
         steps = steps and steps.at(row["workers"])  # measured at this M, or the power law in M fitted
-        row.update(steps_factor=steps and steps.factor, missed=bool(steps and steps.missed),
+        row.update(steps_factor=steps and steps.factor, steps_basis=steps and steps.basis,
+                   missed=bool(steps and steps.missed),
                    to_target_s=quality.to_target(row["iteration_s"], steps))
         if failures is not None:
             round_s = row["iteration_s"] * mode.schedule.local_steps if mode.schedule is not None else None
@@ -196,6 +214,8 @@ def _profile_and_costs(cfg: SimulateConfig):
 
 def _cluster(cfg: SimulateConfig) -> Cluster:
     nodes = max(1, cfg.workers[0] // cfg.procs_per_node)
+    if cfg.cluster:
+        return presets.PRESETS[cfg.cluster].cluster().with_nodes(nodes)
     if cfg.link:
         inter, intra = _measured_links(Path(cfg.link))
         return Cluster(nodes, cfg.procs_per_node, inter, intra)
@@ -274,7 +294,8 @@ def _rows_table(table: list[dict]) -> tuple[list[str], list[list]]:
                       "—" if r["images_per_s"] is None else f"{r['images_per_s']:,.0f}",
                       "—" if r["scaling_efficiency"] is None else f"{100 * r['scaling_efficiency']:.1f} %",
                       "missed" if r.get("missed") else "—" if r.get("steps_factor") is None
-                      else f"{r['steps_factor']:.2f}", ms(r.get("to_target_s")),
+                      else f"{r['steps_factor']:.2f}" + ("" if r["steps_basis"] in ("measured", "per step")
+                                                        else f" ({r['steps_basis']})"), ms(r.get("to_target_s")),
                       *([f"{r['failure_cost_s']:.1f}", ms(r["to_target_with_failures_s"])] if failing else [])]
                      for r in table]
 

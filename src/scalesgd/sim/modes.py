@@ -78,9 +78,9 @@ class Mode:
 
 
 def parse_mode(text: str) -> Mode:
-    """`none`, `ddp[-CODEC[@RANK]]`, `scalesgd[-CODEC[@AMOUNT][/WIRE][-ALGORITHM[-BUCKETS]]]` or
-    `auto[-EXCHANGE+EXCHANGE…][@DENSITY]`; UsageError (a ValueError) naming the part that is wrong and what it
-    accepts otherwise. Every part a mode's name shows is a part it runs with: none is empty, none ignored.
+    """`none`, `ddp[-CODEC[@RANK]]`, `scalesgd[-CODEC[@AMOUNT][/WIRE][-ALGORITHM[-BUCKETS]]]`,
+    `periodic@H[/F[/τ]][-CODEC]` or `auto[-EXCHANGE+EXCHANGE…][@DENSITY]`; UsageError (a ValueError) naming the
+    part that is wrong and what it accepts otherwise. Every part a mode's name shows is a part it runs with: none is empty, none ignored.
 
     BUCKETS may be `planner:dlgs` or `planner:optimal` (profiled and planned at start-up).
     """
@@ -95,7 +95,7 @@ def parse_mode(text: str) -> Mode:
         return _parse_sharded(text)
     if engine not in ("ddp", "scalesgd"):
         raise UsageError(f"mode {text!r} is not known; use none, ddp[-CODEC[@RANK]], "
-                         "scalesgd[-CODEC[@AMOUNT][/WIRE][-ALGORITHM[-BUCKETS]]] or "
+                         "scalesgd[-CODEC[@AMOUNT][/WIRE][-ALGORITHM[-BUCKETS]]], periodic@H[/F[/τ]][-CODEC] or "
                          "auto[-EXCHANGE+EXCHANGE…][@DENSITY]")
     codec = _longest_codec(rest)
     if dash and codec is None:

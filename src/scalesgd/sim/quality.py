@@ -7,12 +7,14 @@ An exchange is keyed by its simulator mode name without amounts (`ddp`, `ddp-fp1
 on the link, so the table pools every rate a benchmark ran: an exchange reached it where most of its runs did (the
 median of their steps over DDP's), and missed it where most ran all their steps without reaching it. They do depend
 on the number of replicas M (the global batch fixed): a row holds the factor at each M measured, and `StepsToTarget.at`
-reads it at any M (between and past them, a power law fitted)."""
+reads it at any M (between and past them, a power law fitted; a periodic row measured at one M, the exponent of the
+periodic rows measured at several)."""
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -35,6 +37,8 @@ class StepsToTarget:
     source: str  # the benchmark directory
     workers: int = 2  # the workers (replicas) `factor` was measured with
     by_workers: dict[int, float | None] = field(default_factory=dict)  # its factor measured at other worker counts
+    borrowed_exponent: float | None = None  # measured at one M: the M exponent its family's rows show (`table`)
+    basis: str = "measured"  # how `at` read it: measured, fitted, borrowed, per step (as DDP) or as at another M
 
     @property
     def missed(self) -> bool:
@@ -43,16 +47,21 @@ class StepsToTarget:
     def at(self, workers: int) -> StepsToTarget:
         """This row for a run of `workers` workers: the factor measured there, missed where it missed at fewer (more
         replicas at a fixed batch do not make it up), else the power law in M fitted to the counts measured
-        (`scaling_in_workers`), else the row's own (one count measured: no dependence known)."""
+        (`scaling_in_workers`), else the borrowed exponent from its one count, else the row's own (a per-step
+        exchange trains as DDP does at any M)."""
         measured = {self.workers: self.factor, **self.by_workers}
+        law = scaling_in_workers(measured)
         if workers in measured:
-            factor = measured[workers]
+            factor, basis = measured[workers], "measured"
         elif any(f is None and m <= workers for m, f in measured.items()):
-            factor = None
+            factor, basis = None, "measured"
+        elif law is not None:
+            factor, basis = law(workers), "fitted"
+        elif self.borrowed_exponent is not None and self.factor is not None:
+            factor, basis = self.factor * (workers / self.workers) ** self.borrowed_exponent, "borrowed"
         else:
-            law = scaling_in_workers(measured)
-            factor = law(workers) if law is not None else self.factor
-        return replace(self, factor=factor, workers=workers, by_workers={})
+            factor, basis = self.factor, f"as at {self.workers}" if "periodic@" in self.key else "per step"
+        return replace(self, factor=factor, workers=workers, by_workers={}, basis=basis)
 
 
 @dataclass(frozen=True)
@@ -85,11 +94,21 @@ def family_of(text: bool) -> str:
 
 
 def table(family: str, path: Path = TABLE) -> dict[str, StepsToTarget]:
-    """The shipped measurements for a model family ("text" or "image"), by key; empty where none were shipped."""
+    """The shipped measurements for a model family ("text" or "image"), by key; empty where none were shipped. A
+    periodic row measured at one M borrows the median exponent of the family's periodic rows measured at several
+    (DiLoCo's dependence on M, assumed alike for its variants), so that no prediction holds it flat in M."""
     rows = json.loads(path.read_text()).get(family, {}) if path.is_file() else {}
-    return {key: StepsToTarget(key=key, **{**row, "by_workers": {int(m): f for m, f in row.get("by_workers",
-                                                                                               {}).items()}})
-            for key, row in rows.items()}
+    out = {key: StepsToTarget(key=key, **{**row, "by_workers": {int(m): f for m, f in row.get("by_workers",
+                                                                                              {}).items()}})
+           for key, row in rows.items()}
+    periodic = [row for row in out.values() if "periodic@" in row.key]
+    laws = [scaling_in_workers({row.workers: row.factor, **row.by_workers}) for row in periodic]
+    exponents = [law.exponent for law in laws if law is not None]
+    if not exponents:
+        return out
+    exponent = statistics.median(exponents)
+    return {**out, **{row.key: replace(row, borrowed_exponent=exponent) for row, law in zip(periodic, laws)
+                      if law is None}}
 
 
 def key_of(engine: str, codec: str, schedule: Schedule | None = None, peer: str = "") -> str:
@@ -140,6 +159,7 @@ def merged(records: list[dict[str, StepsToTarget]]) -> dict[str, StepsToTarget]:
 
 def write(tables: dict[str, dict[str, StepsToTarget]], path: Path = TABLE) -> None:
     path.write_text(json.dumps({family: {k: {f: v for f, v in asdict(row).items()
-                                             if f != "key" and not (f == "by_workers" and not v)}
+                                             if f not in ("key", "borrowed_exponent", "basis")
+                                             and not (f == "by_workers" and not v)}
                                          for k, row in sorted(rows.items())}
                                 for family, rows in tables.items()}, indent=1) + "\n")

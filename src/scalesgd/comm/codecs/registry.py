@@ -131,8 +131,8 @@ class CodecEntry:
     # a rank may join its exchange mid-run: its state splits into what every rank shares (a joiner heals with it)
     # and each rank's own residuals (a joiner's start at zero; a dead rank's go with it)
     joinable: bool = True
-    # the `scalesgd train` options (by flat name) it runs at unless given, as an optimizer's recipe: SparseLoCo's
-    # error feedback stands in for the outer momentum, so its outer step is plain averaging
+    # the periodic `scalesgd train` options (by flat name) it runs at unless given, where it carries pseudo-gradients
+    # (`local_steps`): SparseLoCo's error feedback stands in for the outer momentum, so its outer step is averaging
     recipe: dict = field(default_factory=dict)
     planned_as_topk: bool = False  # the layer-merging planner's profile (top-k's threshold, density and wire) is its
 

@@ -44,7 +44,9 @@ def test_its_registration_costs_it_as_it_travels_and_brings_plain_averaging():
     cost = entry.cost(CodecSettings().options)
     assert cost.density == 64 / 4096 and cost.entry_bytes == pytest.approx((12 + 1) / 8 + 4 / 64)
     assert entry.joinable and entry.sparse and make_codec("sparseloco").shared_state_dict()["flat"]["params"] == {}
-    assert brought({"codec": "sparseloco"}, "resnet20", "sgd", CODECS)["outer_momentum"] == 0.0
+    assert brought({"codec": "sparseloco", "local_steps": 8}, "resnet20", "sgd", CODECS)["outer_momentum"] == 0.0
+    assert "outer_momentum" not in brought({"codec": "sparseloco"}, "resnet20", "sgd", CODECS)  # per step: no outer
+    assert TrainConfig.from_dict({"codec": "sparseloco", "engine": "scalesgd"}).exchange.codec == "sparseloco"
     cfg = TrainConfig.from_dict({"codec": "sparseloco", "local_steps": 16})
     assert (cfg.periodic.outer_lr, cfg.periodic.outer_momentum) == (1.0, 0.0)
     given = TrainConfig.from_dict({"codec": "sparseloco", "local_steps": 16, "outer_momentum": 0.5})
