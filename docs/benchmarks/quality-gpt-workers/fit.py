@@ -1,4 +1,4 @@
-"""Steps to the target against the number of workers: each benchmark directory's rows (its raw.tar.xz quality.json)
+"""Steps to the target against the number of workers: each benchmark directory's rows (every call's record in calls/)
 merged into the shipped table's, then for every key measured at three counts or more, the power law fitted on all
 but the largest predicts the largest (the held-out check), drawn in fit.png beside this script (or `--picture PATH`).
 `--write` keeps the merged rows in the shipped table."""
@@ -12,10 +12,24 @@ from scalesgd.sim import quality
 from scalesgd.sim.quality import StepsToTarget, scaling_in_workers
 
 
-def rows_of(directory: Path) -> dict[str, StepsToTarget]:
-    with tarfile.open(directory / "raw.tar.xz") as tar:
-        record = json.load(tar.extractfile("quality.json"))
-    return {k: StepsToTarget(**{**row, "by_workers": {}}) for k, row in record["steps_to_target"].items()}
+def workers_of(record: dict) -> int:
+    """The run's worker count: recorded by `bench quality` since it measured more than two, else its --workers."""
+    if "workers" in record["reference"][0]:
+        return record["reference"][0]["workers"]
+    args = record["config"]["train_args"]
+    return int(args[args.index("--workers") + 1])
+
+
+def rows_of(directory: Path) -> list[dict[str, StepsToTarget]]:
+    """Every call's rows (calls/*.json, as run.sh keeps them), else the last call's (raw.tar.xz's quality.json)."""
+    calls = sorted((directory / "calls").glob("*.json"))
+    if calls:
+        records = [json.loads(path.read_text()) for path in calls]
+    else:
+        with tarfile.open(directory / "raw.tar.xz") as tar:
+            records = [json.load(tar.extractfile("quality.json"))]
+    return [{k: StepsToTarget(**{**row, "workers": row.get("workers") or workers_of(record), "by_workers": {}})
+             for k, row in record.get("steps_to_target", {}).items()} for record in records]
 
 
 def draw(key: str, measured: dict, held_out, on_all, picture: Path) -> None:
@@ -44,7 +58,8 @@ def main(argv: list[str]) -> int:
     picture = Path(argv[argv.index("--picture") + 1]) if "--picture" in argv else Path(__file__).with_name("fit.png")
     argv = [a for i, a in enumerate(argv) if a != "--picture" and (i == 0 or argv[i - 1] != "--picture")]
     tables = {family: quality.table(family) for family in quality.FAMILIES}
-    tables["text"] = quality.merged([tables["text"], *(rows_of(Path(d)) for d in argv if d != "--write")])
+    calls = [rows for d in argv if d != "--write" for rows in rows_of(Path(d))]
+    tables["text"] = quality.merged([tables["text"], *calls])
     for key, row in sorted(tables["text"].items()):
         measured = {row.workers: row.factor, **row.by_workers}
         print(json.dumps({"key": key, "factor_by_workers": {m: measured[m] for m in sorted(measured)}}))

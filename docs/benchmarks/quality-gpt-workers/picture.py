@@ -7,13 +7,8 @@ import statistics
 import sys
 from pathlib import Path
 
-
-def workers_of(record: dict) -> int:
-    """The run's worker count: recorded by `bench quality` since it measured more than two, else its --workers."""
-    if "workers" in record["reference"][0]:
-        return record["reference"][0]["workers"]
-    args = record["config"]["train_args"]
-    return int(args[args.index("--workers") + 1])
+sys.path.insert(0, str(Path(__file__).parent))
+from fit import workers_of  # noqa: E402
 
 
 def points(directories: list[Path]) -> list[dict]:
@@ -62,8 +57,8 @@ def draw(drawn: list[dict], picture: Path) -> None:
                             label=f"{name} ({'/'.join(str(p['seeds']) for p in hit)} seeds)")
             missed = [p for p in ours if p["time_s"] is None]
             if missed:
-                ax.plot([p["workers"] * apart for p in missed], [p["budget_s"] for p in missed], "^", color=colours[name],
-                        markerfacecolor="none", label=f"{name}: not reached in the budget")
+                ax.plot([p["workers"] * apart for p in missed], [p["budget_s"] for p in missed], "^",
+                        color=colours[name], markerfacecolor="none", label=f"{name}: not reached in the budget")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(counts, [str(m) for m in counts])
