@@ -3,6 +3,7 @@ under DIR/calls/ (run.sh keeps one per call), drawn one panel a link into time-t
 `--picture PATH`), with each M's compute-only bound; prints the points drawn, one JSON line each."""
 
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -37,7 +38,7 @@ def draw(drawn: list[dict], picture: Path) -> None:
     from scalesgd import output
 
     plt = output.pyplot()
-    links = sorted({p["link"] for p in drawn})
+    links = sorted({p["link"] for p in drawn}, key=lambda link: float(re.match(r"[\d.]*", link).group() or 0))
     fig, axes = plt.subplots(1, len(links), figsize=(6.5 * len(links), 4.6), squeeze=False)
     exchanges = sorted({p["exchange"] for p in drawn})
     colours = {name: f"C{i}" for i, name in enumerate(exchanges)}
@@ -62,6 +63,7 @@ def draw(drawn: list[dict], picture: Path) -> None:
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(counts, [str(m) for m in counts])
+        ax.set_xlim(min(counts) / 1.4, max(counts) * 1.4)
         ax.set_xlabel("workers M (testbed nodes × 1, global batch 64)")
         ax.set_ylabel("seconds to the target (median, min–max)")
         ax.set_title(f"the default GPT, {link} each way")
