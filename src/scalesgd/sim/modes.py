@@ -80,7 +80,8 @@ class Mode:
 def parse_mode(text: str) -> Mode:
     """`none`, `ddp[-CODEC[@RANK]]`, `scalesgd[-CODEC[@AMOUNT][/WIRE][-ALGORITHM[-BUCKETS]]]`,
     `periodic@H[/F[/τ]][-CODEC]` or `auto[-EXCHANGE+EXCHANGE…][@DENSITY]`; UsageError (a ValueError) naming the
-    part that is wrong and what it accepts otherwise. Every part a mode's name shows is a part it runs with: none is empty, none ignored.
+    part that is wrong and what it accepts otherwise. Every part a mode's name shows is a part it runs with: none is
+    empty, none ignored.
 
     BUCKETS may be `planner:dlgs` or `planner:optimal` (profiled and planned at start-up).
     """
