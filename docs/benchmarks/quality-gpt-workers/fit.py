@@ -53,10 +53,15 @@ def draw(key: str, measured: dict, held_out, on_all, picture: Path) -> None:
     plt.close(fig)
 
 
+def picture_and_rest(argv: list[str], default: str) -> tuple[Path, list[str]]:
+    """`--picture PATH` (else `default` beside these scripts), and the other arguments."""
+    picture = Path(argv[argv.index("--picture") + 1]) if "--picture" in argv else Path(__file__).with_name(default)
+    return picture, [a for i, a in enumerate(argv) if a != "--picture" and (i == 0 or argv[i - 1] != "--picture")]
+
+
 def main(argv: list[str]) -> int:
     write = "--write" in argv
-    picture = Path(argv[argv.index("--picture") + 1]) if "--picture" in argv else Path(__file__).with_name("fit.png")
-    argv = [a for i, a in enumerate(argv) if a != "--picture" and (i == 0 or argv[i - 1] != "--picture")]
+    picture, argv = picture_and_rest(argv, "fit.png")
     tables = {family: quality.table(family) for family in quality.FAMILIES}
     calls = [rows for d in argv if d != "--write" for rows in rows_of(Path(d))]
     tables["text"] = quality.merged([tables["text"], *calls])

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fit import workers_of  # noqa: E402
+from fit import picture_and_rest, workers_of  # noqa: E402
 
 
 def points(directories: list[Path]) -> list[dict]:
@@ -75,9 +75,8 @@ def draw(drawn: list[dict], picture: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    picture = Path(argv[argv.index("--picture") + 1]) if "--picture" in argv else Path(__file__).with_name(
-        "time-to-target.png")
-    directories = [Path(a) for i, a in enumerate(argv) if a != "--picture" and (i == 0 or argv[i - 1] != "--picture")]
+    picture, rest = picture_and_rest(argv, "time-to-target.png")
+    directories = [Path(a) for a in rest]
     drawn = points(directories)
     for point in drawn:
         print(json.dumps(point))

@@ -15,7 +15,7 @@ from scalesgd.comm.cost.profile import fit_line
 from scalesgd.data.text import VOCAB_SIZE
 from scalesgd.errors import UsageError
 from scalesgd.models import MODEL_OPTIONS, MODELS, TEXT, ModelOptions
-from scalesgd.options import Options, expanded, ints, option, record, refuse, words
+from scalesgd.options import Options, expanded, field_default, ints, option, record, refuse, words
 from scalesgd.sim import compute, presets, quality, scaling
 from scalesgd.sim.calibrate import BenchRecord, Calibration, NotABenchDir, validate_against
 from scalesgd.sim.exchange import Costs, check_modelled
@@ -133,9 +133,8 @@ class SimulateConfig(Options):
         if self.preset or self.link or self.validate_dir:
             raise UsageError(f"`cluster` {self.cluster}: give it with `model` or `profile`, not with `preset`, "
                              "`link` or `validate` (they bring their own links)")
-        defaults = SimulateConfig()
         for name in ("procs_per_node", "inter_bandwidth", "inter_latency", "intra_bandwidth", "intra_latency"):
-            if getattr(self, name) != getattr(defaults, name):
+            if getattr(self, name) != field_default(SimulateConfig, name):
                 raise UsageError(f"`{name}` {getattr(self, name)}: `cluster` {self.cluster} brings its own; give "
                                  "one or the other")
         self.procs_per_node = presets.PRESETS[self.cluster].cluster().procs_per_node
