@@ -145,12 +145,29 @@ def device_name(value: str) -> str:
 
 
 def local_workers(value) -> str | None:
-    """Workers to start: at least one; a local launch at most 256, and as many as the free memory holds."""
+    """Workers to start: at least one; a local launch at most 256, as many as the free memory holds, and no more
+    than the GPUs PyTorch sees, where it sees any (each worker trains on the GPU of its local rank)."""
     problem = positive(value)
     if problem or launched():
         return problem  # under torchrun the launch decides the world
     cap, why = local_worker_cap()
-    return None if value <= cap else f"must be at most {cap} for a local launch ({why})"
+    if value > cap:
+        return f"must be at most {cap} for a local launch ({why})"
+    return gpus_problem(value)
+
+
+def gpus_problem(workers: int) -> str | None:
+    """Why `workers` processes cannot each train on a GPU of their own here, or None (no GPU: they use the CPU)."""
+    gpus = gpus_here()
+    if 0 < gpus < workers:
+        return (f"must be at most {gpus} here: each worker trains on a GPU of its own and PyTorch sees {gpus}; "
+                "or hide the GPUs (CUDA_VISIBLE_DEVICES=) to train on the CPU")
+    return None
+
+
+def gpus_here() -> int:
+    """The CUDA GPUs PyTorch sees on this host (0 without CUDA)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def local_worker_cap() -> tuple[int, str]:

@@ -19,6 +19,10 @@ class UsageError(ValueError):
     """
 
 
+class NoDevice(UsageError):
+    """A worker has no GPU of its own: bad input met by that rank alone, so that rank says it."""
+
+
 class NonFiniteLoss(RuntimeError):
     """The loss became inf/NaN: the run stops and the last good checkpoint is kept."""
 

@@ -4,7 +4,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from scalesgd.errors import EXIT_PEER_LOST, PeerLost
+from scalesgd import checks
+from scalesgd.errors import EXIT_PEER_LOST, EXIT_USAGE, NoDevice, PeerLost
 from scalesgd.runtime import process_group
 from scalesgd.runtime.launcher import LAUNCHED_MARK
 from scalesgd.runtime.process_group import (
@@ -100,3 +101,29 @@ def test_a_ddp_wrapper_kept_by_a_cycle_is_freed_before_the_group_is_destroyed():
     # freed after, it joins gloo's threads holding the GIL one may wait for: a hang at exit
     from tests.spawn_util import ddp_wrappers_at_destroy, run_workers
     assert run_workers(ddp_wrappers_at_destroy, 2, _a_wrapper_kept_by_a_cycle) == [[0], [0]]
+
+
+def test_a_worker_past_its_hosts_gpus_is_refused_naming_its_rank(monkeypatch):
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setattr(checks, "gpus_here", lambda: 2)
+    assert process_group.device_of(1) == torch.device("cuda", 1)
+    with pytest.raises(NoDevice, match=r"worker rank 5 is local rank 2 and PyTorch sees 2 GPU\(s\) on its host: "
+                                       r"start at most 2 workers a host"):
+        process_group.device_of(2)
+    monkeypatch.setattr(checks, "gpus_here", lambda: 0)
+    assert process_group.device_of(7) == torch.device("cpu")
+
+
+def test_the_worker_without_a_gpu_says_why_itself_and_exits_2(monkeypatch, capsys):
+    from scalesgd.config.train import TrainConfig
+    from scalesgd.train import worker
+
+    monkeypatch.setenv("RANK", "1")  # not rank 0, which speaks for all on bad input every rank meets
+
+    def no_gpu(*_args, **_kwargs):
+        raise NoDevice("worker rank 1 is local rank 1 and PyTorch sees 1 GPU(s) on its host")
+
+    monkeypatch.setattr(process_group, "start_init", no_gpu)
+    assert worker.run(TrainConfig(), None, False) == EXIT_USAGE
+    said = capsys.readouterr().err
+    assert said == "scalesgd: error: worker rank 1 is local rank 1 and PyTorch sees 1 GPU(s) on its host\n"

@@ -18,7 +18,7 @@ from scalesgd import checks
 from scalesgd.comm.wire.groups import own_group
 from scalesgd.comm.wire.membership import Membership
 from scalesgd.comm.wire.topology import Topology, build_groups
-from scalesgd.errors import EXIT_PEER_LOST, PeerLost, UsageError
+from scalesgd.errors import EXIT_PEER_LOST, NoDevice, PeerLost, UsageError
 from scalesgd.runtime import heartbeat
 from scalesgd.runtime.launcher import LAUNCHED_MARK
 
@@ -90,11 +90,9 @@ def init(timeout_s: float, threads: int = 0, exchange_group: bool = False,
     world = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
+    device = device_of(local_rank)
+    if device.type == "cuda":
         torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
     set_threads(threads)
     timeout = datetime.timedelta(seconds=timeout_s)
     if os.environ.get(LAUNCHED_MARK) == "1":  # ours: the store listens on the rendezvous address alone
@@ -113,6 +111,19 @@ def init(timeout_s: float, threads: int = 0, exchange_group: bool = False,
     env = DistEnv(rank, world, local_rank, local_world, device, Membership.world(**groups))
     warm_up(env)
     return env
+
+
+def device_of(local_rank: int) -> torch.device:
+    """This worker's device: the GPU of its local rank where PyTorch sees GPUs, else the CPU. A host that starts more
+    workers than it has GPUs (torchrun's --nproc-per-node) is refused in one line, not by CUDA's invalid ordinal."""
+    gpus = checks.gpus_here()
+    if not gpus:
+        return torch.device("cpu")
+    if local_rank >= gpus:
+        raise NoDevice(f"worker rank {os.environ.get('RANK', local_rank)} is local rank {local_rank} and PyTorch "
+                       f"sees {gpus} GPU(s) on its host: start at most {gpus} workers a host (each trains on a GPU "
+                       "of its own), or hide the GPUs (CUDA_VISIBLE_DEVICES=) to train on the CPU")
+    return torch.device("cuda", local_rank)
 
 
 def rendezvous_store(rank: int, world: int, timeout: datetime.timedelta) -> dist.TCPStore:

@@ -16,6 +16,7 @@ from scalesgd.data.pipeline import DataGone, loader_death
 from scalesgd.errors import (
     EXIT_NON_FINITE,
     EXIT_USAGE,
+    NoDevice,
     NonFiniteLoss,
     UsageError,
     as_flags,
@@ -61,6 +62,8 @@ def run(cfg: TrainConfig, run_dir: Path | None, resume: bool) -> int:
         return 0
     except DataGone as err:  # met by every rank reading then: said once
         return _fail(f"{err}; {what_is_kept(run_dir)}", EXIT_USAGE)
+    except NoDevice as err:  # met by this rank alone, while it joined
+        return _fail(str(err), EXIT_USAGE)
     except BadImage as err:  # met by this rank alone, while reading its share
         print(f"scalesgd: error: {as_flags(str(err))}", file=sys.stderr)
         return EXIT_USAGE
