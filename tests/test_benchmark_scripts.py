@@ -4,6 +4,7 @@ over a run, and the held-out check of steps to the target against the number of 
 import importlib.util
 import io
 import json
+import lzma
 import subprocess
 import tarfile
 from dataclasses import asdict
@@ -32,9 +33,12 @@ def test_the_fit_on_fewer_workers_predicts_the_most_workers_measured(tmp_path, c
     for m, factor in ((4, 1.2), (8, 1.5)):
         row = StepsToTarget("periodic@16-fp8", "--local-steps 16", factor, 2.2, 3, f"m{m}", workers=m)
         data = json.dumps({"steps_to_target": {row.key: asdict(row)}}).encode()
-        info = tarfile.TarInfo("quality.json")
+        (tmp_path / f"m{m}" / "calls").mkdir(parents=True)
+        if m == 8:  # a call's record as run.sh keeps it
+            (tmp_path / "m8" / "calls" / "0-fp8-h16.json.xz").write_bytes(lzma.compress(data))
+            continue
+        info = tarfile.TarInfo("quality.json")  # an older directory: the last call's record alone
         info.size = len(data)
-        (tmp_path / f"m{m}").mkdir()
         with tarfile.open(tmp_path / f"m{m}" / "raw.tar.xz", "w:xz") as tar:
             tar.addfile(info, io.BytesIO(data))
     script("fit").main([str(tmp_path / "m4"), str(tmp_path / "m8"), "--picture", str(tmp_path / "fit.png")])
@@ -56,7 +60,7 @@ def test_the_picture_draws_each_exchange_from_the_call_with_most_seeds_and_a_mis
                   "summary": [{"rate": "10mbit@25ms", "label": "fp8-h16", "seeds": seeds, "reached": reached,
                                "time_s": times}]}
         (tmp_path / directory / "calls").mkdir(parents=True, exist_ok=True)
-        (tmp_path / directory / "calls" / f"{name}.json").write_text(json.dumps(record))
+        (tmp_path / directory / "calls" / f"{name}.json.xz").write_bytes(lzma.compress(json.dumps(record).encode()))
 
     call("m8", "0-fp8-h16", 1, [90.0], 1, 8)
     call("m8", "012-fp8-h16", 3, [100.0, 120.0, 110.0], 3, 8)  # three seeds: drawn over the one

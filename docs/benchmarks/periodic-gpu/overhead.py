@@ -21,7 +21,7 @@ from scalesgd.periodic import DiLoCo
 
 def run(codec, args, device):
     torch.manual_seed(0)
-    model = gpt(256, GptOptions(layers=args.layers, heads=8, width=args.width, block=args.block))
+    model = gpt(256, GptOptions(layers=args.layers, heads=args.heads, width=args.width, block=args.block))
     model.to(device)
     inner = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
     x = torch.randint(0, 256, (args.batch, args.block + 1), device=device)
@@ -57,6 +57,7 @@ def main():
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--width", type=int, default=512)
+    ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--block", type=int, default=256)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=60)

@@ -4,6 +4,7 @@ but the largest predicts the largest (the held-out check), drawn in fit.png besi
 `--write` keeps the merged rows in the shipped table."""
 
 import json
+import lzma
 import sys
 import tarfile
 from pathlib import Path
@@ -20,12 +21,16 @@ def workers_of(record: dict) -> int:
     return int(args[args.index("--workers") + 1])
 
 
+def calls_of(directory: Path) -> list[tuple[Path, dict]]:
+    """(path, record) of every call run.sh kept in DIR/calls/, packed: the order of their names."""
+    return [(path, json.loads(lzma.decompress(path.read_bytes())))
+            for path in sorted((directory / "calls").glob("*.json.xz"))]
+
+
 def rows_of(directory: Path) -> list[dict[str, StepsToTarget]]:
-    """Every call's rows (calls/*.json, as run.sh keeps them), else the last call's (raw.tar.xz's quality.json)."""
-    calls = sorted((directory / "calls").glob("*.json"))
-    if calls:
-        records = [json.loads(path.read_text()) for path in calls]
-    else:
+    """Every call's rows (calls/*.json.xz, as run.sh keeps them), else the last call's (raw.tar.xz's quality.json)."""
+    records = [record for _, record in calls_of(directory)]
+    if not records:
         with tarfile.open(directory / "raw.tar.xz") as tar:
             records = [json.load(tar.extractfile("quality.json"))]
     return [{k: StepsToTarget(**{**row, "workers": row.get("workers") or workers_of(record), "by_workers": {}})

@@ -9,15 +9,14 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fit import picture_and_rest, workers_of  # noqa: E402
+from fit import calls_of, picture_and_rest, workers_of  # noqa: E402
 
 
 def points(directories: list[Path]) -> list[dict]:
     """One point per (link, M, exchange): from the call that ran it over the most seeds (the later one on a tie)."""
     best: dict[tuple, dict] = {}
     for directory in directories:
-        for path in sorted((directory / "calls").glob("*.json")):
-            record = json.loads(path.read_text())
+        for path, record in calls_of(directory):
             workers = workers_of(record)
             for row in record["summary"]:
                 reached = row["reached"] * 2 > row["seeds"]  # most of its seeds reached the target

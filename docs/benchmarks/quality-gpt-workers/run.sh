@@ -30,7 +30,7 @@ call=$out/calls/${seeds//,/}-${pick//;/+}  # each call's record and report (qual
 if [ "$rate" = local ]; then
   scalesgd bench quality --seeds "$seeds" --eval-every 16 --budget 3 --exchanges "${exchanges%;}" --out $out \
     -- --workers "$m" --model gpt --dataset text --samples 16384 --epochs 1
-  mkdir -p $out/calls && cp $out/quality.json $call.json && cp $out/quality.md $call.md
+  mkdir -p $out/calls && xz -9e -c $out/quality.json > $call.json.xz && cp $out/quality.md $call.md
   tar -C $out "${keep[@]}" -cf - quality.json reference local | xz -9e > $out/raw.tar.xz && \
     (cd $out && rm -r quality.json reference local)
   exit 0
@@ -41,7 +41,7 @@ mkdir -p $out
 python $here/forwarders.py snapshot qw "$m" > $out/.before
 scalesgd bench quality --rates "$rate@$delay" --prefix qw --seeds "$seeds" --eval-every 16 --budget 3 \
   --exchanges "${exchanges%;}" --out $out -- --workers "$m" --model gpt --dataset text --samples 16384 --epochs 1
-mkdir -p $out/calls && cp $out/quality.json $call.json && cp $out/quality.md $call.md
+mkdir -p $out/calls && xz -9e -c $out/quality.json > $call.json.xz && cp $out/quality.md $call.md
 python $here/forwarders.py snapshot qw "$m" > $out/.after
 python $here/forwarders.py cost $out/.before $out/.after | tee -a $out/forwarders.jsonl && rm $out/.before $out/.after
 tar -C $out "${keep[@]}" -cf - quality.json reference "$rate@$delay" | xz -9e > $out/raw.tar.xz && \
