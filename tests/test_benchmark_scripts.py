@@ -50,8 +50,9 @@ def test_the_fit_on_fewer_workers_predicts_the_most_workers_measured(tmp_path, c
     assert held["measured"] == 1.5 and (tmp_path / "fit.png").read_bytes()[:4] == b"\x89PNG"  # drawn where asked
 
 
-def test_the_run_script_parses():
-    assert subprocess.run(["bash", "-n", str(HERE / "run.sh")]).returncode == 0
+def test_the_run_scripts_parse():
+    for script_path in (HERE / "run.sh", HERE.parent / "gpu-h200-workers" / "run.sh"):
+        assert subprocess.run(["bash", "-n", str(script_path)]).returncode == 0, script_path
 
 
 def test_the_picture_draws_each_exchange_from_the_call_with_most_seeds_and_a_miss_at_the_budget(tmp_path, capsys):
