@@ -1,5 +1,7 @@
 """Joining the process group: which failures mean a lost peer, and which are this rank's own."""
 
+from concurrent.futures import Future
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -119,11 +121,9 @@ def test_the_worker_without_a_gpu_says_why_itself_and_exits_2(monkeypatch, capsy
     from scalesgd.train import worker
 
     monkeypatch.setenv("RANK", "1")  # not rank 0, which speaks for all on bad input every rank meets
-
-    def no_gpu(*_args, **_kwargs):
-        raise NoDevice("worker rank 1 is local rank 1 and PyTorch sees 1 GPU(s) on its host")
-
-    monkeypatch.setattr(process_group, "start_init", no_gpu)
-    assert worker.run(TrainConfig(), None, False) == EXIT_USAGE
+    joined = Future()  # the group's join, run beside the model's build, failed on this rank's device
+    joined.set_exception(NoDevice("worker rank 1 is local rank 1 and PyTorch sees 1 GPU(s) on its host"))
+    monkeypatch.setattr(process_group, "start_init", lambda *_args, **_kwargs: joined)
+    assert worker.run(TrainConfig(), None, False) == EXIT_USAGE  # None: under torchrun
     said = capsys.readouterr().err
     assert said == "scalesgd: error: worker rank 1 is local rank 1 and PyTorch sees 1 GPU(s) on its host\n"
