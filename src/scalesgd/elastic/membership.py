@@ -153,13 +153,22 @@ class Elastic:
 
     def _heartbeats(self) -> None:
         """Beat until closed, on clients of its own (a frozen process stops beating; a busy one does not)."""
-        client = lighthouse_module().LighthouseClient(self.address.lighthouse, self.connect_timeout)
-        store = self._store()
+        clients = self._own_clients()
         while not self._stop.wait(self.heartbeat_s):
+            clients = clients or self._own_clients()
             try:
-                self._beat(client, store)
+                if clients:
+                    self._beat(*clients)
             except Exception:  # noqa: BLE001 - the coordinator unreachable for a beat: the next one tries again
                 continue
+
+    def _own_clients(self):
+        """This thread's lighthouse client and store, or None where the coordinator cannot be reached now (not up
+        yet, or gone as the run ends): tried again at the next beat rather than raised in the thread."""
+        try:
+            return lighthouse_module().LighthouseClient(self.address.lighthouse, self.connect_timeout), self._store()
+        except Exception:  # noqa: BLE001 - any failure to connect: the next beat tries again
+            return None
 
     def dead(self) -> list[str]:
         """The members of this quorum whose heartbeats stopped for the grace window."""
