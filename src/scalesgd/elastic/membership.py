@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -156,19 +156,15 @@ class Elastic:
         clients = self._own_clients()
         while not self._stop.wait(self.heartbeat_s):
             clients = clients or self._own_clients()
-            try:
+            with suppress(Exception):  # the coordinator unreachable for a beat: the next one tries again
                 if clients:
                     self._beat(*clients)
-            except Exception:  # noqa: BLE001 - the coordinator unreachable for a beat: the next one tries again
-                continue
 
     def _own_clients(self):
-        """This thread's lighthouse client and store, or None where the coordinator cannot be reached now (not up
-        yet, or gone as the run ends): tried again at the next beat rather than raised in the thread."""
-        try:
+        """This thread's lighthouse client and store; None while the coordinator cannot be reached (retried)."""
+        with suppress(Exception):  # not up yet, or gone as the run ends: not raised in the thread
             return lighthouse_module().LighthouseClient(self.address.lighthouse, self.connect_timeout), self._store()
-        except Exception:  # noqa: BLE001 - any failure to connect: the next beat tries again
-            return None
+        return None
 
     def dead(self) -> list[str]:
         """The members of this quorum whose heartbeats stopped for the grace window."""
