@@ -19,6 +19,7 @@ declare -A X=(
   [sparseloco-h8]="--local-steps 8 --codec sparseloco --sparseloco-top 128 --epochs 2"
   [muon-fp8-h16]="--local-steps 16 --codec fp8 --outer-momentum 0.5 --optimizer muon --epochs 2"
   [torchft-h50]="--peer torchft --local-steps 50 --outer-momentum 0.5 --epochs 2"
+  [fp8]="--codec fp8"
   [ddp]="--engine ddp --codec fp32"
   [ddp-powersgd8]="--engine ddp --codec powersgd --rank 8 --epochs 2"
 )
