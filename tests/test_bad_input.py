@@ -239,13 +239,19 @@ def test_bad_input_is_one_line_exit_2_before_anything_runs_or_is_written(tmp_pat
     assert (tmp_path / "f").read_text() == "a file"
 
 
-def test_more_local_workers_than_gpus_is_one_line_exit_2_before_any_starts(tmp_path, monkeypatch, capsys):
+def test_more_local_workers_than_gpus_is_one_line_exit_2_before_any_starts_train_or_bench(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(checks, "gpus_here", lambda: 1)  # a one-GPU machine: each worker would take cuda:LOCAL_RANK
     monkeypatch.chdir(tmp_path)
     code = main(["train", "--workers", "16", "--run-dir", str(tmp_path / "run")])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, err
     assert err.startswith("scalesgd: error: --workers 16: must be at most 1 here") and "CUDA_VISIBLE_DEVICES=" in err
+    assert list(tmp_path.iterdir()) == []
+    code = main(["bench", "train", "--workers", "2", "--modes", "none", "--out", str(tmp_path / "bench")])
+    err = capsys.readouterr().err
+    assert code == 2 and err == ("scalesgd: error: --workers 2: must be at most 1 here: each worker trains on a GPU of "
+                                 "its own and PyTorch sees 1; or hide the GPUs (CUDA_VISIBLE_DEVICES=) to train on "
+                                 "the CPU\n"), err
     assert list(tmp_path.iterdir()) == []
 
 

@@ -92,15 +92,19 @@ def test_local_workers_are_capped_by_memory_and_256_not_under_torchrun(monkeypat
     assert checks.local_workers(10000) is None and checks.processes_here(4) == 1
 
 
-def test_local_workers_are_capped_by_the_gpus_pytorch_sees(monkeypatch):
+def test_a_local_launch_is_capped_by_the_gpus_pytorch_sees_and_a_config_is_not(monkeypatch):
+    from scalesgd.config import TrainConfig
+
     local(monkeypatch)
     monkeypatch.setattr(checks, "available_memory", lambda: None)
     monkeypatch.setattr(checks, "gpus_here", lambda: 1)
-    assert checks.local_workers(1) is None
-    assert checks.local_workers(16) == ("must be at most 1 here: each worker trains on a GPU of its own and PyTorch "
-                                        "sees 1; or hide the GPUs (CUDA_VISIBLE_DEVICES=) to train on the CPU")
+    assert checks.gpus_problem(1) is None
+    assert checks.gpus_problem(16) == ("must be at most 1 here: each worker trains on a GPU of its own and PyTorch "
+                                       "sees 1; or hide the GPUs (CUDA_VISIBLE_DEVICES=) to train on the CPU")
+    # a config is a description: a one-GPU host builds one for 16 workers (to plan, or to launch elsewhere)
+    assert checks.local_workers(16) is None and TrainConfig.from_argv(["--workers", "16"]).runtime.workers == 16
     monkeypatch.setattr(checks, "gpus_here", lambda: 0)  # no GPU: every worker on the CPU
-    assert checks.local_workers(16) is None
+    assert checks.gpus_problem(16) is None
 
 
 def test_the_rendezvous_address_and_port_must_serve_a_local_launch(monkeypatch):

@@ -145,19 +145,18 @@ def device_name(value: str) -> str:
 
 
 def local_workers(value) -> str | None:
-    """Workers to start: at least one; a local launch at most 256, as many as the free memory holds, and no more
-    than the GPUs PyTorch sees, where it sees any (each worker trains on the GPU of its local rank)."""
+    """Workers to start: at least one; a local launch at most 256, and as many as the free memory holds (the GPUs
+    are checked by the launch itself: `gpus_problem`, so that a config stays a description a GPU host can build)."""
     problem = positive(value)
     if problem or launched():
         return problem  # under torchrun the launch decides the world
     cap, why = local_worker_cap()
-    if value > cap:
-        return f"must be at most {cap} for a local launch ({why})"
-    return gpus_problem(value)
+    return None if value <= cap else f"must be at most {cap} for a local launch ({why})"
 
 
 def gpus_problem(workers: int) -> str | None:
-    """Why `workers` processes cannot each train on a GPU of their own here, or None (no GPU: they use the CPU)."""
+    """Why `workers` local processes cannot each train on a GPU of their own here, or None (no GPU: they use the
+    CPU); asked by a local launch just before it starts them."""
     gpus = gpus_here()
     if 0 < gpus < workers:
         return (f"must be at most {gpus} here: each worker trains on a GPU of its own and PyTorch sees {gpus}; "

@@ -43,7 +43,8 @@ def test_a_member_of_no_coordinator_is_told_so_in_one_line_within_its_timeout():
     import socket
     import time
 
-    from scalesgd.elastic.membership import CoordinatorLost, ElasticMembership
+    from scalesgd.elastic.membership import ElasticMembership
+    from scalesgd.elastic.outcomes import CoordinatorLost
 
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
@@ -107,7 +108,8 @@ def test_a_new_member_after_the_runs_last_round_is_told_the_run_finished():
     import torch.distributed as dist
 
     from scalesgd.elastic.coordinator import Coordinator
-    from scalesgd.elastic.membership import FINISHED_KEY, ElasticMembership, RunFinished
+    from scalesgd.elastic.membership import FINISHED_KEY, ElasticMembership
+    from scalesgd.elastic.outcomes import RunFinished
 
     with Coordinator(1, "127.0.0.1") as coordinator:
         address = coordinator.address

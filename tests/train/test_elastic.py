@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from scalesgd.bench.elastic.train import half_speed, records
-from scalesgd.elastic.membership import DivergedError
+from scalesgd.elastic.outcomes import DivergedError
 from scalesgd.runtime.forked import worker_pid
 from scalesgd.train.elastic import ended_alike
 from tests.train.cli import scalesgd

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On the lent H200 (the device tool, from the repository's root; writes into $OUT): the default GPT's step on the GPU
 # (the time `simulate-workers/run.sh` assumed), DiLoCo H 16 fp8's steps to the target with 16 and 32 workers on the
-# machine's 16 CPU cores (steps, not seconds: the law in M gains points past 8), and the CUDA tests.
-#   run.sh [SECONDS [PARTS]]      PARTS: any of step,m16,cuda,m32 (default all, in that order)
+# machine's 16 CPU cores (steps, not seconds: the law in M gains points past 8), the CUDA tests, and more workers
+# than GPUs refused (a local launch: one line, exit 2; torchrun: the rank without a GPU says so).
+#   run.sh [SECONDS [PARTS]]      PARTS: any of step,m16,cuda,m32,refusal (default all but refusal, in that order)
 set -u
 out=${OUT:-/tmp/gpu-h200-workers}
 mkdir -p "$out"
@@ -29,6 +30,19 @@ steps() {  # M SEEDS TIMEOUT: bench quality on M local CPU workers (run.sh M loc
   tail -n 4 "$out/m$1.log"
 }
 ! want m16 || steps 16 "${SEEDS:-0,1,2}" $(( $(left) - 10 < 230 ? $(left) - 10 : 230 ))
+if want refusal; then  # one GPU here: a second worker has none
+  short=(--epochs 1 --warmup none --quiet)
+  for launch in "python3 -m scalesgd train --workers 2" \
+                "python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m scalesgd train"; do
+    echo "\$ $launch ${short[*]} --run-dir /tmp/refused"
+    timeout 120 $launch "${short[@]}" --run-dir /tmp/refused 2>&1 | grep -E '^scalesgd: |exitcode'
+    echo "exit ${PIPESTATUS[0]}; run dir: $(ls /tmp/refused 2>/dev/null | tr '\n' ' ')"; rm -rf /tmp/refused
+  done > "$out/refusal.txt" 2>&1
+  timeout 120 python3 -m scalesgd train --workers 1 "${short[@]}" --run-dir /tmp/one > /dev/null 2>&1
+  echo "one worker on the GPU: exit $?; $(grep -ho '"final_test_acc": [0-9.]*' /tmp/one/summary.json 2>&1)" \
+    >> "$out/refusal.txt"
+  cat "$out/refusal.txt"
+fi
 if want cuda; then
   start=$(date +%s)
   timeout $(( $(left) - 20 < 280 ? $(left) - 20 : 280 )) python3 -m pytest -m cuda tests -q -p no:cacheprovider \

@@ -66,6 +66,7 @@ def on_workers(kind: str, run: Callable[..., int], cfg, argv: list[str]) -> int:
             if not process_group.is_peer_failure(err):
                 raise
             return process_group.peer_lost(err)  # the launcher names the worker that failed
+    refuse("workers", cfg.workers, checks.gpus_problem(cfg.workers))
     if not cfg.out:  # every worker must write to the directory the parent chose
         cfg.out = default_out(kind)
         argv = [*argv, "--out", cfg.out]

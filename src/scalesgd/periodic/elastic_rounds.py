@@ -31,7 +31,7 @@ import torch.distributed as dist
 from scalesgd.comm.codecs.registry import entry_of
 from scalesgd.comm.engine.driver import open_channel
 from scalesgd.elastic.heal import Healing, heal, heal_behind
-from scalesgd.elastic.membership import DivergedError, StateLost
+from scalesgd.elastic.outcomes import DivergedError, StateLost
 from scalesgd.periodic.rounds import Fragment
 
 PACE_WINDOW = 12  # a member's pace: the mean of its last this many inner steps (across rounds)

@@ -8,11 +8,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from scalesgd import checks
 from scalesgd.comm.engine.exchange import engine_named
 from scalesgd.config import TrainConfig, rules
 from scalesgd.data.config import absolute_paths
 from scalesgd.errors import UsageError, as_flags
-from scalesgd.options import Options, nested, option
+from scalesgd.options import Options, nested, option, refuse
 from scalesgd.runtime import process_group
 from scalesgd.train import checkpoint, elastic_worker, rundir, worker
 
@@ -57,6 +58,7 @@ def run(command: TrainCommand, argv: list[str]) -> int:
         if cfg.periodic.join:  # each process one member of the elastic run
             return elastic_worker.run_under_torchrun(cfg)
         return worker.run(cfg, *torchrun_run_dir(cfg, resume_dir))
+    refuse("workers", cfg.runtime.workers, checks.gpus_problem(cfg.runtime.workers))  # before anything is written
     if resume_dir is not None:
         rundir.write_config(cfg, resume_dir)
         return worker.spawn(cfg, Path(resume_dir), resume=True)

@@ -25,7 +25,8 @@ from scalesgd.data import GlobalBatchSampler
 from scalesgd.data.pipeline import MemoryPipeline
 from scalesgd.data.shares import Dealer, round_shares
 from scalesgd.elastic import ElasticMembership
-from scalesgd.elastic.membership import SLOW_TOLERANCE, DivergedError
+from scalesgd.elastic.membership import SLOW_TOLERANCE
+from scalesgd.elastic.outcomes import DivergedError
 from scalesgd.options import flatten, runtime_fields
 from scalesgd.periodic.exchange import PeriodicExchange
 from scalesgd.recipe import build_scheduler, global_batch_loss

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from scalesgd.config import TrainConfig
 from scalesgd.data import DataError
-from scalesgd.elastic.membership import CoordinatorLost, DivergedError, RefusedError, RunFinished, StateLost
+from scalesgd.elastic.outcomes import CoordinatorLost, DivergedError, RefusedError, RunFinished, StateLost
 from scalesgd.errors import (
     EXIT_NON_FINITE,
     EXIT_PEER_LOST,

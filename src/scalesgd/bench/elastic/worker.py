@@ -18,7 +18,7 @@ from torch import nn
 
 from scalesgd.comm.codecs import CodecSettings, LowrankOptions, TopkOptions
 from scalesgd.elastic import ElasticMembership, heal
-from scalesgd.elastic.membership import CoordinatorLost, StateLost
+from scalesgd.elastic.outcomes import CoordinatorLost, StateLost
 from scalesgd.periodic import DiLoCo
 
 H = 4  # inner steps a round
