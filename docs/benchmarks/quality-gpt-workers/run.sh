@@ -20,6 +20,8 @@ declare -A X=(
   [muon-fp8-h16]="--local-steps 16 --codec fp8 --outer-momentum 0.5 --optimizer muon --epochs 2"
   [torchft-h50]="--peer torchft --local-steps 50 --outer-momentum 0.5 --epochs 2"
   [fp8]="--codec fp8"
+  [fp8-single]="--codec fp8 --buckets single"
+  [auto]="--exchange auto"
   [ddp]="--engine ddp --codec fp32"
   [ddp-powersgd8]="--engine ddp --codec powersgd --rank 8 --epochs 2"
 )
