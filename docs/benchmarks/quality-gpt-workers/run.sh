@@ -22,6 +22,7 @@ declare -A X=(
   [fp8]="--codec fp8"
   [fp8-single]="--codec fp8 --buckets single"
   [auto]="--exchange auto"
+  [auto-2x]="--exchange auto --epochs 2"
   [ddp]="--engine ddp --codec fp32"
   [ddp-powersgd8]="--engine ddp --codec powersgd --rank 8 --epochs 2"
 )
