@@ -4,7 +4,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from scalesgd.comm.wire.collectives import ALGORITHMS, allreduce
+from scalesgd.comm.wire.collectives import (
+    ALGORITHMS,
+    allreduce,
+    ring_allgather_steps,
+    ring_allreduce_steps,
+    ring_reduce_scatter_steps,
+)
 from scalesgd.comm.wire.topology import Topology
 from tests.spawn_util import run_workers
 
@@ -112,3 +118,51 @@ def test_unknown_algorithm_lists_the_choices():
     with pytest.raises(ValueError) as err:
         allreduce(torch.zeros(3), "butterfly")
     assert all(a in str(err.value) for a in ALGORITHMS)
+
+
+class _Posted:
+    """A process group that records the point-to-point calls made on it, in order (each one done at once)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def recv(self, tensors, src, tag):
+        self.calls.append(("recv", src))
+        return _Done()
+
+    def send(self, tensors, dst, tag):
+        self.calls.append(("send", dst))
+        return _Done()
+
+
+class _Done:
+    def wait(self):
+        return True
+
+
+@pytest.mark.parametrize("phase", ["reduce-scatter", "allgather"])
+def test_a_ring_posts_each_receive_a_step_ahead_so_gloo_sends_it_without_a_round_trip(phase):
+    group, chunks = _Posted(), list(torch.zeros(8).chunk(4))
+    steps = (ring_reduce_scatter_steps(chunks, 1, [0, 1, 2, 3], group, torch.zeros(2)) if phase == "reduce-scatter"
+             else ring_allgather_steps(chunks, 1, [0, 1, 2, 3], group))
+    waited = []
+    with pytest.raises(StopIteration):
+        while True:
+            waited.append(len(next(steps) if not waited else steps.send(None)))
+            assert group.calls.count(("recv", 0)) == min(len(waited) + 1, 3), group.calls  # the next step's too
+    # 3 steps: each waits for its receive and its send; a step's receive was posted before the step before it waited
+    assert waited == [2, 2, 2] and group.calls.count(("send", 2)) == 3
+    assert group.calls[:3] == [("recv", 0), ("recv", 0), ("send", 2)]
+
+
+def test_a_ring_allreduce_posts_the_allgathers_first_receive_while_its_reduce_scatter_ends(monkeypatch):
+    import scalesgd.comm.wire.collectives as collectives
+
+    group = _Posted()
+    monkeypatch.setattr(collectives, "ring_members", lambda _group: (1, [0, 1, 2, 3]))
+    steps, received = ring_allreduce_steps(torch.zeros(8), group), []
+    with pytest.raises(StopIteration):
+        while True:
+            next(steps) if not received else steps.send(None)
+            received.append(group.calls.count(("recv", 0)))
+    assert received == [2, 3, 4, 5, 6, 6]  # at the reduce-scatter's last step (3rd) the allgather's first is posted

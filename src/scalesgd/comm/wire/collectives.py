@@ -123,6 +123,20 @@ def post(group, send: torch.Tensor | None = None, dst: int | None = None,
     return works, send.numel() * send.element_size() if send is not None else 0
 
 
+def receives_ahead(like: torch.Tensor) -> bool:
+    """Whether a ring posts each step's receive a step ahead: on gloo, whose send of a message waits until the
+    receiver's announcement of its receive arrives, so a receive posted with its step's send costs each step a
+    round trip rather than a one-way delay (a 51 ms round trip: 6 steps of a 4-rank ring, 0.15 s a bucket).
+    NCCL batches each step's pair instead (`post`)."""
+    return not like.is_cuda
+
+
+def receive(group, into: torch.Tensor, src: int, tag: int = 0) -> list:
+    """Post a receive alone (gloo), to be waited for with a later step's works; nothing for an empty tensor."""
+    pg = dist.group.WORLD if group is None else group
+    return [pg.recv([into], src, tag)] if into.numel() else []
+
+
 def send_recv(group, send: torch.Tensor | None = None, dst: int | None = None,
               recv: torch.Tensor | None = None, src: int | None = None) -> int:
     """One blocking step: `post` the pair, wait for both; returns the bytes sent."""
@@ -137,21 +151,42 @@ def _add_into(into: torch.Tensor, incoming: torch.Tensor) -> None:
 
 
 def ring_reduce_scatter_steps(chunks: list[torch.Tensor], rank: int, peers: list[int], group,
-                              buf: torch.Tensor, combine=_add_into, tag: int = 0) -> Steps:
+                              buf: torch.Tensor, combine=_add_into, tag: int = 0, last=None) -> Steps:
     """p−1 ring steps after which this rank's chunk `chunks[rank]` holds the sum over the ring.
 
-    `combine(into, incoming)` adds a received chunk in place (the fp8 sum passes its saturating add).
+    `combine(into, incoming)` adds a received chunk in place (the fp8 sum passes its saturating add). On gloo
+    each step's receive is posted a step ahead (`receives_ahead`), alternating between `buf` and a second
+    buffer (`buf`'s second half where it holds two chunks), and `last()` posts what follows (the allgather's
+    first receive) as the last step starts.
     """
     p = len(chunks)
     right, left = peers[(rank + 1) % p], peers[(rank - 1) % p]
     sent = 0
+    if p == 1:
+        return sent
+    if not receives_ahead(chunks[rank]):
+        for step in range(p - 1):
+            out, into = chunks[(rank - step - 1) % p], chunks[(rank - step - 2) % p]
+            incoming = buf[:into.numel()]
+            works, n = post(group, out, right, incoming, left, tag)
+            yield works
+            sent += n
+            combine(into, incoming)
+        return sent
+    width = max(c.numel() for c in chunks)
+    bufs = (buf, buf[width:2 * width] if buf.numel() >= 2 * width else buf.new_empty(width))
+    into_at = [chunks[(rank - step - 2) % p] for step in range(p - 1)]
+    ahead = receive(group, bufs[0][:into_at[0].numel()], left, tag)
     for step in range(p - 1):
-        out, into = chunks[(rank - step - 1) % p], chunks[(rank - step - 2) % p]
-        incoming = buf[:into.numel()]
-        works, n = post(group, out, right, incoming, left, tag)
-        yield works
+        incoming = bufs[step % 2][:into_at[step].numel()]
+        works = ahead
+        ahead = receive(group, bufs[(step + 1) % 2][:into_at[step + 1].numel()], left, tag) if step + 2 < p else []
+        if step + 2 == p and last is not None:
+            last()
+        sending, n = post(group, send=chunks[(rank - step - 1) % p], dst=right, tag=tag)
+        yield works + sending
         sent += n
-        combine(into, incoming)
+        combine(into_at[step], incoming)
     return sent
 
 
@@ -166,14 +201,27 @@ def ring_reduce_scatter_rows_steps(flat: torch.Tensor, group, buf: torch.Tensor 
     return (yield from ring_reduce_scatter_steps(rows, rank, peers, group, buf, combine, tag))
 
 
-def ring_allgather_steps(chunks: list[torch.Tensor], rank: int, peers: list[int], group, tag: int = 0) -> Steps:
-    """p−1 ring steps that pass every rank's chunk `chunks[rank]` to all others, received in place."""
+def ring_allgather_steps(chunks: list[torch.Tensor], rank: int, peers: list[int], group, tag: int = 0,
+                        first: list | None = None) -> Steps:
+    """p−1 ring steps that pass every rank's chunk `chunks[rank]` to all others, received in place (on gloo each
+    receive posted a step ahead: `receives_ahead`; `first`, the works of the first one where it is posted)."""
     p = len(chunks)
     right, left = peers[(rank + 1) % p], peers[(rank - 1) % p]
     sent = 0
+    if p == 1:
+        return sent
+    if not receives_ahead(chunks[rank]):
+        for step in range(p - 1):
+            works, n = post(group, chunks[(rank - step) % p], right, chunks[(rank - step - 1) % p], left, tag)
+            yield works
+            sent += n
+        return sent
+    ahead = first if first is not None else receive(group, chunks[(rank - 1) % p], left, tag)
     for step in range(p - 1):
-        works, n = post(group, chunks[(rank - step) % p], right, chunks[(rank - step - 1) % p], left, tag)
-        yield works
+        works = ahead
+        ahead = receive(group, chunks[(rank - step - 2) % p], left, tag) if step + 2 < p else []
+        sending, n = post(group, send=chunks[(rank - step) % p], dst=right, tag=tag)
+        yield works + sending
         sent += n
     return sent
 
@@ -188,8 +236,17 @@ def ring_allreduce_steps(flat: torch.Tensor, group, buf: torch.Tensor | None = N
     chunks = chunks_of(flat, p)
     if buf is None:
         buf = flat.new_empty(chunks[0].numel())  # the first chunk is the longest: one buffer per call
-    sent = yield from ring_reduce_scatter_steps(chunks, rank, peers, group, buf, combine, tag)
-    return sent + (yield from ring_allgather_steps(chunks, rank, peers, group, tag))
+    if not receives_ahead(flat):
+        sent = yield from ring_reduce_scatter_steps(chunks, rank, peers, group, buf, combine, tag)
+        return sent + (yield from ring_allgather_steps(chunks, rank, peers, group, tag))
+    first: list = []  # the allgather's first receive, posted as the reduce-scatter's last step starts: its chunk
+    # was last read by the reduce-scatter's first send, and the left peer sends into it only once its own sum is done
+
+    def post_first() -> None:
+        first.extend(receive(group, chunks[(rank - 1) % p], peers[(rank - 1) % p], tag))
+
+    sent = yield from ring_reduce_scatter_steps(chunks, rank, peers, group, buf, combine, tag, last=post_first)
+    return sent + (yield from ring_allgather_steps(chunks, rank, peers, group, tag, first=first))
 
 
 # --- halving/doubling (Rabenseifner) ---------------------------------------------------------------
