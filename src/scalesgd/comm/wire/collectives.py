@@ -131,6 +131,12 @@ def receives_ahead(like: torch.Tensor) -> bool:
     return not like.is_cuda
 
 
+def ring_scratch(width: int) -> int:
+    """Elements of scratch a ring reduce-scatter over chunks of at most `width` works in without allocating: two
+    chunks, one receiving a step ahead while the other is added (`receives_ahead`)."""
+    return 2 * width
+
+
 def receive(group, into: torch.Tensor, src: int, tag: int = 0) -> list:
     """Post a receive alone (gloo), to be waited for with a later step's works; nothing for an empty tensor."""
     pg = dist.group.WORLD if group is None else group
@@ -174,7 +180,7 @@ def ring_reduce_scatter_steps(chunks: list[torch.Tensor], rank: int, peers: list
             combine(into, incoming)
         return sent
     width = max(c.numel() for c in chunks)
-    bufs = (buf, buf[width:2 * width] if buf.numel() >= 2 * width else buf.new_empty(width))
+    bufs = (buf, buf[width:ring_scratch(width)] if buf.numel() >= ring_scratch(width) else buf.new_empty(width))
     into_at = [chunks[(rank - step - 2) % p] for step in range(p - 1)]
     ahead = receive(group, bufs[0][:into_at[0].numel()], left, tag)
     for step in range(p - 1):
@@ -197,7 +203,7 @@ def ring_reduce_scatter_rows_steps(flat: torch.Tensor, group, buf: torch.Tensor 
     rank, peers = ring_members(group)
     rows = list(flat.view(len(peers), -1))
     if buf is None:
-        buf = flat.new_empty(rows[0].numel())
+        buf = flat.new_empty(ring_scratch(rows[0].numel()))
     return (yield from ring_reduce_scatter_steps(rows, rank, peers, group, buf, combine, tag))
 
 
@@ -235,12 +241,10 @@ def ring_allreduce_steps(flat: torch.Tensor, group, buf: torch.Tensor | None = N
         return 0
     chunks = chunks_of(flat, p)
     if buf is None:
-        buf = flat.new_empty(chunks[0].numel())  # the first chunk is the longest: one buffer per call
-    if not receives_ahead(flat):
-        sent = yield from ring_reduce_scatter_steps(chunks, rank, peers, group, buf, combine, tag)
-        return sent + (yield from ring_allgather_steps(chunks, rank, peers, group, tag))
+        buf = flat.new_empty(ring_scratch(chunks[0].numel()))  # the first chunk is the longest: one buffer per call
     first: list = []  # the allgather's first receive, posted as the reduce-scatter's last step starts: its chunk
     # was last read by the reduce-scatter's first send, and the left peer sends into it only once its own sum is done
+    # (NCCL posts each step's pair together: `last` is never called and `first` stays unused)
 
     def post_first() -> None:
         first.extend(receive(group, chunks[(rank - 1) % p], peers[(rank - 1) % p], tag))
@@ -330,7 +334,7 @@ def _hierarchical_steps(flat: torch.Tensor, group, topology: Topology | Topology
         groups = (Topology.from_env() if topology is None else topology).groups()
     rank, peers = ring_members(groups.node_group)
     chunks = chunks_of(flat, len(peers))
-    buf = flat.new_empty(chunks[0].numel())
+    buf = flat.new_empty(ring_scratch(chunks[0].numel()))
     sent = yield from ring_reduce_scatter_steps(chunks, rank, peers, groups.node_group, buf, tag=tag)
     sent += yield from ring_allreduce_steps(chunks[rank], groups.cross_group, buf, tag=tag)
     return sent + (yield from ring_allgather_steps(chunks, rank, peers, groups.node_group, tag))

@@ -25,7 +25,7 @@ from scalesgd.comm.codecs.fp8.sums import (
     scratch_size,
     two_stage_steps,
 )
-from scalesgd.comm.wire.collectives import ring_reduce_scatter_rows_steps
+from scalesgd.comm.wire.collectives import ring_reduce_scatter_rows_steps, ring_scratch
 from scalesgd.comm.wire.pipeline import Steps
 from scalesgd.comm.wire.topology import TopologyGroups
 
@@ -209,7 +209,7 @@ class Fp8Exchange(Exchange):
             size = scratch_size(max(y - x for x, y in self.bounds), groups)
             slot = self.scratch.slot(piece, "sum", size, torch.uint8, self.wire.device)
             return two_stage_steps(self.wire[a:b], groups, slot, tag=piece.tag)
-        size = -(-max(y - x for x, y in self.bounds) // self.channel.world_size)
+        size = ring_scratch(-(-max(y - x for x, y in self.bounds) // self.channel.world_size))
         slot = self.scratch.slot(piece, "sum", size, torch.uint8, self.wire.device)
         return flat_sum_steps(self.wire[a:b], self.channel.group, slot, tag=piece.tag)
 
@@ -227,7 +227,7 @@ class Fp8Exchange(Exchange):
     def _scatter_steps(self, piece: Piece) -> Steps:
         """The data's rows summed in a ring reduce-scatter, each ending on its rank; the flags on every rank."""
         width = self.n // self.channel.world_size
-        slot = self.scratch.slot(piece, "sum", width, torch.uint8, self.wire.device)
+        slot = self.scratch.slot(piece, "sum", ring_scratch(width), torch.uint8, self.wire.device)
         sent = yield from ring_reduce_scatter_rows_steps(self.wire[:self.n], self.channel.group, slot,
                                                          combine=saturating_add_into, tag=piece.tag)
         flags = self.wire[self.n:].to(torch.int32)  # raised on some rank: raised on every one (gloo has no byte max)
