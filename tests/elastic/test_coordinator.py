@@ -1,5 +1,5 @@
 """The coordinator's and the heal's pieces: bad input refused naming it, an address read back as printed, who heals
-from whom."""
+from whom and when the state crosses."""
 
 import pytest
 
@@ -68,6 +68,30 @@ def test_those_behind_heal_from_the_most_advanced_in_turn():
     assert behind((5, 3, 5, 0)) == [(1, 0), (3, 2)]
     assert behind((4, 4)) == []
     assert behind((0, 0, 0)) == [(1, 0), (2, 0)]  # the run's start: everyone from the first
+
+
+def test_a_state_healed_behind_crosses_only_once_the_senders_round_exchange_is_over(monkeypatch):
+    """The counters and header go at the boundary; the body waits for `after`, so it does not share the sender's
+    link with the round's reduce."""
+    import threading
+    from types import SimpleNamespace
+
+    from scalesgd.elastic import heal
+
+    sent, body_sent = [], threading.Event()
+
+    def send(tensor, dst, group=None, tag=0):
+        sent.append((dst, tag))
+        if tag == heal.HEAL_TAG:
+            body_sent.set()
+
+    monkeypatch.setattr(heal, "dist", SimpleNamespace(send=send, group=SimpleNamespace(WORLD="this quorum's")))
+    after = threading.Event()
+    assert heal.heal_behind((3, 0), 0, lambda: {"rounds": 3}, lambda: {"outer": {}}, after) is None
+    assert sent == [(1, 0), (1, 0)]  # the sizes and the header, at once
+    assert not body_sent.wait(0.2) and len(sent) == 2  # the round's exchange not over: the body held back
+    after.set()
+    assert body_sent.wait(10) and sent[-1] == (1, heal.HEAL_TAG)
 
 
 def test_when_the_coordinator_dies_the_members_stop_at_the_next_round_naming_it(tmp_path):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import threading
 import time
 from collections import deque
 
@@ -61,6 +62,7 @@ class ElasticRounds:
         self._healing: Healing | None = None  # the global state still crossing to this member (`heal_behind`)
         self._owed: list[tuple[object, bool]] = []  # the rounds committed meanwhile (their means, `average`)
         self._lost = False  # the state that was crossing never came (its sender gone): to be healed again
+        self._exchanged = threading.Event()  # this member's part of the current round over (`round`)
 
     @property
     def step(self) -> int:
@@ -118,6 +120,13 @@ class ElasticRounds:
         behind takes the count with it), not its inner steps: a member left out of a round, or the run's last
         rounds cut short, count steps apart. `average`: this member takes it for the run's last, cut short (the
         mean Δ replaces the outer step, as `DiLoCo.finish` asks); the round's members holding the state decide."""
+        self._exchanged = threading.Event()
+        try:
+            self._round(fragment, average, joining)
+        finally:
+            self._exchanged.set()  # a state healing a member behind crosses from here, off the round's reduce
+
+    def _round(self, fragment: Fragment, average: bool, joining: bool) -> None:
         d, started = self.diloco, time.monotonic()
         sat_out = self._healing is not None  # planned no steps in this round: its state was crossing
         self.land(wait=self._reads_weights())  # a codec that decodes with the weights: this round's, to take part
@@ -200,7 +209,7 @@ class ElasticRounds:
         """Heal the members of `quorum` behind (collective): the rank this member healed from, else None."""
         if not self.elastic.heal_behind or max(quorum.steps) == 0:  # the run's start: nobody trains meanwhile
             return heal(quorum.steps, quorum.rank, self._state, self._load)
-        healing = heal_behind(quorum.steps, quorum.rank, self._header, self._body)
+        healing = heal_behind(quorum.steps, quorum.rank, self._header, self._body, self._exchanged)
         if healing is None:
             return None
         if self._healing is not None and healing.header["rounds"] < self.diloco.rounds:
