@@ -308,6 +308,26 @@ def test_a_round_that_does_not_commit_leaves_the_global_parameters_and_the_codec
         assert not torch.equal(seen[2][1][0], after[0])  # and the next round moves θ_global again
 
 
+def fp8_kernels(rank, world):
+    model = net()
+    every = DiLoCo(model, adamw(model.parameters()), 1, codec="fp8").codec.every_step
+    rounds = DiLoCo(model, adamw(model.parameters()), 16, codec="fp8", settings=CodecSettings(seed=3)).codec
+    return every, rounds.every_step
+
+
+def test_a_periodic_codec_is_built_knowing_its_exchanges_come_every_h_steps():
+    """fp8 compiles its kernels only where it exchanges every step (the library and the CLI alike)."""
+    from scalesgd.comm.codecs import make_codec
+    from scalesgd.config import TrainConfig
+
+    assert run_workers(fp8_kernels, WORLD) == [(True, False)] * WORLD
+    for argv, every in ((["--codec", "fp8"], True), (["--codec", "fp8", "--local-steps", "16"], False)):
+        settings = TrainConfig.from_argv(argv).codec_settings()
+        assert make_codec("fp8", settings).every_step is every and settings.local_steps == (1 if every else 16)
+    with pytest.raises(ValueError, match="local_steps 0"):
+        CodecSettings(local_steps=0)
+
+
 # ---- what would train without synchronising is refused at construction ----------------------------------------
 def test_arguments_that_would_not_synchronise_are_refused_naming_them():
     model, other = net(), nn.Linear(2, 2)

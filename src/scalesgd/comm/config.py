@@ -157,11 +157,12 @@ class ExchangeConfig:
         return int(self.compress_after)
 
     def codec_settings(self, seed: int, steps_per_epoch: int, momentum: float, nesterov: bool,
-                       momentum_average: bool) -> CodecSettings:
-        """What this run's codecs are built with: each family's options, and the run's seed, epoch and the
-        optimizer's momentum (an average of the gradients where `momentum_average`: Adam's β1)."""
+                       momentum_average: bool, local_steps: int = 1) -> CodecSettings:
+        """What this run's codecs are built with: each family's options, and the run's seed, epoch, the
+        optimizer's momentum (an average of the gradients where `momentum_average`: Adam's β1) and the steps
+        between its exchanges."""
         return CodecSettings(self.codec_options, seed=seed, steps_per_epoch=steps_per_epoch, momentum=momentum,
-                             nesterov=nesterov, momentum_average=momentum_average)
+                             nesterov=nesterov, momentum_average=momentum_average, local_steps=local_steps)
 
     def setup(self, settings: CodecSettings, dense_steps: int, precision: str, group=None, topology=None,
               tracer: Tracer | None = None, plan=None, norms=None) -> ExchangeSetup:

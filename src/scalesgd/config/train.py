@@ -102,11 +102,12 @@ class TrainConfig:
         return steps
 
     def codec_settings(self, steps_per_epoch: int = 1) -> CodecSettings:
-        """What this run's codecs are built with: each family's options and the run's seed, epoch and momentum."""
+        """What this run's codecs are built with: each family's options and the run's seed, epoch, momentum and
+        steps between exchanges."""
         r = self.recipe
         adam = r.optimizer == "adamw"  # Adam's momentum, where an exchange carries it
         return self.exchange.codec_settings(r.seed, steps_per_epoch, r.betas[0] if adam else r.momentum, r.nesterov,
-                                            adam)
+                                            adam, self.periodic.local_steps if self.periodic.on else 1)
 
     def build_optimizer(self, model: nn.Module, steps_per_epoch: int = 1):
         """The recipe's optimizer for `model` (the loop's, and auto's trial copies'), for epochs of `steps_per_epoch`

@@ -89,7 +89,7 @@ class DiLoCo:
         with torch.no_grad():
             params = [_own(p) for part in parts for p in part]  # what this rank holds of each
         check_settings(settings)
-        self.codec = codec_from(codec, settings)
+        self.codec = codec_from(codec, (settings or CodecSettings()).but(local_steps=local_steps))
         outer = _outer(outer_optimizer, params, model, self.codec)
         self.driver = BucketDriver(self.codec, None)
         with torch.no_grad():

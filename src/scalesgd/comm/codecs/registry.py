@@ -35,8 +35,9 @@ class CodecOptions(OptionFamilies):
 class CodecSettings:
     """What a codec is built with: each family's options (its defaults where not given) and what the run knows that
     codecs need: the random seed of their sampling, the steps per epoch (None where not known, as for a library
-    user: epoch-based schedules are then off; a DDP hook assumes `step_defaults`' epoch), and the optimizer's
-    momentum (DGC's momentum correction moves it into the exchange).
+    user: epoch-based schedules are then off; a DDP hook assumes `step_defaults`' epoch), the optimizer's
+    momentum (DGC's momentum correction moves it into the exchange), and the steps between exchanges (periodic
+    synchronisation's H; 1: every step), which decides whether a codec's kernels are worth compiling.
 
         CodecSettings(TopkOptions(density=0.01), Fp8Options(headroom=64), seed=1)
     """
@@ -47,13 +48,23 @@ class CodecSettings:
     momentum: float = 0.0
     nesterov: bool = False
     momentum_average: bool = False  # the momentum is Adam's: an average of the gradients, not their sum
+    local_steps: int = 1
 
     def __init__(self, *options, seed: int = 0, steps_per_epoch: int | None = None, momentum: float = 0.0,
-                 nesterov: bool = False, momentum_average: bool = False):
+                 nesterov: bool = False, momentum_average: bool = False, local_steps: int = 1):
+        if isinstance(local_steps, bool) or not isinstance(local_steps, int) or local_steps < 1:
+            raise ValueError(f"local_steps {local_steps!r}: give the steps between exchanges, at least 1")
         held = options[0] if len(options) == 1 and isinstance(options[0], CodecOptions) else CodecOptions.of(*options)
         for name, value in (("options", held), ("seed", seed), ("steps_per_epoch", steps_per_epoch),
-                            ("momentum", momentum), ("nesterov", nesterov), ("momentum_average", momentum_average)):
+                            ("momentum", momentum), ("nesterov", nesterov), ("momentum_average", momentum_average),
+                            ("local_steps", local_steps)):
             object.__setattr__(self, name, value)
+
+    def but(self, **changes) -> CodecSettings:
+        """These settings with `changes` (by field name)."""
+        fields = {name: getattr(self, name) for name in ("seed", "steps_per_epoch", "momentum", "nesterov",
+                                                          "momentum_average", "local_steps")}
+        return CodecSettings(self.options, **{**fields, **changes})
 
 
 @dataclass(frozen=True)
@@ -247,6 +258,4 @@ def with_steps_per_epoch(settings: CodecSettings, steps_per_epoch: int | None) -
     """`settings` for a run of `steps_per_epoch` steps an epoch (the same object where it says so already)."""
     if settings.steps_per_epoch == steps_per_epoch:
         return settings
-    return CodecSettings(settings.options, seed=settings.seed, steps_per_epoch=steps_per_epoch,
-                         momentum=settings.momentum, nesterov=settings.nesterov,
-                         momentum_average=settings.momentum_average)
+    return settings.but(steps_per_epoch=steps_per_epoch)

@@ -151,3 +151,28 @@ def test_encoding_reports_the_largest_value_and_exactly_the_values_flushed_to_ze
 def test_an_unknown_kernel_mode_is_named():
     with pytest.raises(ValueError, match="SCALESGD_FP8_KERNELS='fast'"):
         fp8.kernel_table("fast")
+
+
+@pytest.mark.parametrize("mode, every_step, compiles", [
+    ("auto", True, True), ("auto", False, False), ("compiled", False, True), ("eager", True, False),
+])
+def test_the_kernels_compile_only_for_a_codec_that_exchanges_every_step_unless_told(monkeypatch, mode, every_step,
+                                                                                  compiles):
+    """A periodic run's rounds call the kernels H× less often than the compile's 6–26 s pay back: auto leaves them
+    eager there, and compiles for the first codec that exchanges every step."""
+    monkeypatch.setenv(fp8.MODE_VARIABLE, mode)
+    kernels, resolved = fp8._Kernels(), []
+
+    def resolve(asked):
+        resolved.append(asked)
+        kernels.mode = "compiled"
+        return {"compiled": True}
+
+    monkeypatch.setattr(kernels, "_resolve", resolve)
+    assert kernels.prepare(every_step) == ("compiled" if compiles else "eager")
+    assert (kernels.table() == {"compiled": True}) is compiles and resolved == ([mode] if compiles else [])
+    if mode == "auto" and not every_step:  # a per-step codec built later in the process compiles then
+        assert kernels.prepare(True) == "compiled" and resolved == ["auto"]
+    monkeypatch.setenv(fp8.MODE_VARIABLE, "fast")
+    with pytest.raises(ValueError, match="SCALESGD_FP8_KERNELS='fast'"):
+        kernels.prepare(every_step)

@@ -10,7 +10,10 @@ FLAG_BYTES = 4  # the flags' small allreduce beside a sum ending in the shards (
 
 
 def _fp8(name: str, relative: bool, two_stage: bool):
-    return lambda s: Fp8Codec(name, relative=relative, two_stage=two_stage, options=s.options["fp8"], seed=s.seed)
+    """Its kernels compiled for exchanges every step only: a periodic run's H× fewer calls save less than the compile
+    costs (at H 16 on 4 testbed nodes, the start of the default GPT's run) — docs/results.md#fp8-compile."""
+    return lambda s: Fp8Codec(name, relative=relative, two_stage=two_stage, options=s.options["fp8"], seed=s.seed,
+                              every_step=s.local_steps == 1)
 
 
 CODECS.add("fp8", CodecEntry("e5m2 relative to the weights, summed in two stages (Oyama et al. 2020)",

@@ -36,10 +36,11 @@ class Fp8Codec(Codec):
 
     `relative`: send D = g/(|w|+ε) and multiply |w|+ε back after (False: the gradient itself, Oyama et
     al.'s "direct" ablation). `two_stage`: the node-hierarchical sum (False: one fp8 ring over all
-    ranks, their other ablation). Every `period` steps each tensor's range q is re-estimated
-    from `samples` random elements and max-reduced over ranks; values are scaled so that headroom·q
-    maps to 57344 ÷ P′ (two-stage) or ÷ P (flat), which keeps the sums in range. A range that
-    measures 0 or non-finite is not a range: the tensor's exact max |D| stands in and it is measured
+    ranks, their other ablation). `every_step`: it exchanges every step, which pays for compiling the CPU kernels
+    (False: periodic rounds, which take the eager ones unless `SCALESGD_FP8_KERNELS=compiled`). Every `period`
+    steps each tensor's range q is re-estimated from `samples` random elements and max-reduced over ranks; values
+    are scaled so that headroom·q maps to 57344 ÷ P′ (two-stage) or ÷ P (flat), which keeps the sums in range. A
+    range that measures 0 or non-finite is not a range: the tensor's exact max |D| stands in and it is measured
     again the next step. When some rank saturates more than `saturation_limit` of a tensor's elements
     for `saturation_window` steps in a row, that tensor's bucket is exchanged dense (fp32) from then on.
 
@@ -48,8 +49,9 @@ class Fp8Codec(Codec):
     """
 
     def __init__(self, name: str = "fp8", relative: bool = True, two_stage: bool = True,
-                 options: Fp8Options = Fp8Options(), seed: int = 0):
+                 options: Fp8Options = Fp8Options(), seed: int = 0, every_step: bool = True):
         self.name, self.relative, self.two_stage, self.options = name, relative, two_stage, options
+        self.every_step = every_step
         self._tensors: dict[int, TensorRange] = {}  # parameter number → its range
         self.eps = torch.tensor(options.eps)  # ε of the relative data, as the kernels take it
         self._seed = seed
@@ -57,7 +59,7 @@ class Fp8Codec(Codec):
         self._saturated = 0
         self._flushed: torch.Tensor | None = None  # on the gradients' device: read when the counters are
         self._notices: list[tuple[torch.Tensor, str]] = []
-        fp8.kernel_mode()  # compile now, not inside the first exchange
+        fp8.kernel_mode(every_step)  # compiled now where that pays, not inside the first exchange
 
     def start(self, flat: torch.Tensor, bucket: BucketView, channel: Channel, scratch: Scratch) -> Exchange:
         """Fix this step's scales (measuring the ranges that are due, a collective) and lay out the wire."""

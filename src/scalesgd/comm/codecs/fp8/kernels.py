@@ -107,8 +107,9 @@ _EAGER = {"encode": _encode, "decode": _decode, "encode_relative": _encode_relat
 # --- choosing the path ------------------------------------------------------------------------------
 
 class _Kernels:
-    """The functions in use, resolved once per process, when the first fp8 codec is built (compiling took 26 s a
-    process from a cold cache and 6 s warm on this project's 2-core CPU; `SCALESGD_FP8_KERNELS=eager`: none)."""
+    """The functions in use: eager until a codec that exchanges every step is built, then resolved once per process
+    (compiling took 26 s a process from a cold cache and 6 s warm on this project's 2-core CPU, which a periodic
+    exchange's few calls do not pay back; `SCALESGD_FP8_KERNELS=eager`: never, `compiled`: for every codec)."""
 
     def __init__(self):
         self._table: dict | None = None
@@ -116,11 +117,20 @@ class _Kernels:
         self._lock = threading.Lock()
 
     def table(self) -> dict:
-        if self._table is None:
+        """The resolved kernels, or the eager ones where no codec asked for more."""
+        return _EAGER if self._table is None else self._table
+
+    def prepare(self, every_step: bool = True) -> str:
+        """Resolve the kernels for a codec being built (`every_step`: it exchanges every step, so auto compiles);
+        'compiled' or 'eager', the path its exchanges take."""
+        mode = os.environ.get(MODE_VARIABLE, "auto").strip() or "auto"
+        if mode not in KERNEL_MODES:
+            raise ValueError(f"{MODE_VARIABLE}={mode!r}: choose from {', '.join(KERNEL_MODES)}")
+        if self._table is None and (mode == "compiled" or mode == "auto" and every_step):
             with self._lock:
                 if self._table is None:
-                    self._table = self._resolve(os.environ.get(MODE_VARIABLE, "auto").strip() or "auto")
-        return self._table
+                    self._table = self._resolve(mode)
+        return self.mode or "eager"
 
     def _resolve(self, mode: str) -> dict:
         if mode not in KERNEL_MODES:
@@ -175,10 +185,10 @@ def kernel_table(mode: str) -> dict:
     return _Kernels()._resolve(mode)
 
 
-def kernel_mode() -> str:
-    """'compiled' or 'eager': which path this process uses (resolving it if not done yet)."""
-    KERNELS.table()
-    return KERNELS.mode
+def kernel_mode(every_step: bool = True) -> str:
+    """'compiled' or 'eager': which path this process uses, resolved for a codec that exchanges every step (or,
+    `every_step` False, every H steps) if not done yet."""
+    return KERNELS.prepare(every_step)
 
 
 # --- the public functions ---------------------------------------------------------------------------
