@@ -94,6 +94,40 @@ def test_a_state_healed_behind_crosses_only_once_the_senders_round_exchange_is_o
     assert body_sent.wait(10) and sent[-1] == (1, heal.HEAL_TAG)
 
 
+def test_at_the_runs_start_only_a_member_whose_state_differs_from_its_senders_is_sent_it(monkeypatch):
+    """Every member built its model from the seed: rank 1's state is rank 0's (nothing crosses), rank 2's is not."""
+    import hashlib
+    from types import SimpleNamespace
+
+    import torch
+
+    from scalesgd.elastic import heal
+
+    states = [{"global": [torch.full((3,), v)], "steps": 0} for v in (1.0, 1.0, 2.0)]
+    hashes = [hashlib.sha256(heal._encode(s).numpy().tobytes()).hexdigest() for s in states]
+
+    def run(rank):
+        sent, loaded = [], []
+
+        def recv(tensor, src):
+            data = heal._encode(states[src])
+            tensor.copy_(torch.tensor([data.numel()]) if tensor.dtype == torch.int64 else data)
+
+        def gather(out, mine):
+            assert mine == hashes[rank]  # the hash of what this member would send
+            out[:] = hashes
+
+        monkeypatch.setattr(heal, "dist", SimpleNamespace(all_gather_object=gather, recv=recv,
+                                                          send=lambda tensor, dst: sent.append(dst)))
+        source = heal.heal((0, 0, 0), rank, lambda: states[rank], loaded.append, compare=True)
+        return source, sent, loaded
+
+    assert run(0)[:2] == (None, [2, 2])  # the size and the state, to rank 2 alone
+    assert run(1) == (None, [], [])
+    source, _, loaded = run(2)
+    assert source == 0 and torch.equal(loaded[0]["global"][0], states[0]["global"][0])
+
+
 def test_when_the_coordinator_dies_the_members_stop_at_the_next_round_naming_it(tmp_path):
     import multiprocessing
     import subprocess

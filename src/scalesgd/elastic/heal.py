@@ -11,6 +11,7 @@ round's reduce took 2.3 s instead of 0.8 beside it)."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import threading
 from collections.abc import Callable
@@ -35,11 +36,21 @@ def behind(steps: tuple[int, ...]) -> list[tuple[int, int]]:
     return [(r, senders[i % len(senders)]) for i, r in enumerate(receivers)]
 
 
-def heal(steps: tuple[int, ...], rank: int, state: Callable[[], dict], load: Callable[[dict], None]) -> int | None:
+def heal(steps: tuple[int, ...], rank: int, state: Callable[[], dict], load: Callable[[dict], None],
+         compare: bool = False) -> int | None:
     """Send `state()` to the members behind (collective over the default group); `load` it where this member is
-    one of them. The rank it came from where it was loaded here, else None."""
+    one of them. The rank it came from where it was loaded here, else None. `compare`: every member holds a state of
+    its own (the run's start, each model built from the seed), so the members first compare hashes of what they
+    would send, and only one whose state differs from its sender's receives it (at 10 Mbit/s on 4 nodes, the start's
+    heal took 8 s)."""
     healed_from, sent = None, None
-    for receiver, sender in behind(steps):
+    pairs = behind(steps)
+    if compare and pairs:
+        sent = _encode(state())
+        said: list[str | None] = [None] * len(steps)
+        dist.all_gather_object(said, hashlib.sha256(sent.numpy().tobytes()).hexdigest())
+        pairs = [(receiver, sender) for receiver, sender in pairs if said[receiver] != said[sender]]
+    for receiver, sender in pairs:
         if rank == sender:
             sent = sent if sent is not None else _encode(state())
             dist.send(torch.tensor([sent.numel()], dtype=torch.int64), dst=receiver)

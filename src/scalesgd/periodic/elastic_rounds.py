@@ -208,7 +208,7 @@ class ElasticRounds:
     def _heal(self, quorum) -> int | None:
         """Heal the members of `quorum` behind (collective): the rank this member healed from, else None."""
         if not self.elastic.heal_behind or max(quorum.steps) == 0:  # the run's start: nobody trains meanwhile
-            return heal(quorum.steps, quorum.rank, self._state, self._load)
+            return heal(quorum.steps, quorum.rank, self._state, self._load, compare=max(quorum.steps) == 0)
         healing = heal_behind(quorum.steps, quorum.rank, self._header, self._body, self._exchanged)
         if healing is None:
             return None
