@@ -10,12 +10,15 @@ scalesgd testbed up --nodes 4 --bandwidth 10mbit --prefix eg
 trap 'scalesgd testbed down --prefix eg' EXIT
 train=(--workers 4 --model gpt --dataset text --samples 16384 --epochs 2 --local-steps 16 --codec fp8
        --outer-momentum 0.5 --eval-every 32)
-# measured 2026-11-29 (fault-free and elastic again on 2026-11-30, a joiner healed behind the rounds, a round's pace
-# from the typical member; the earlier fault-free runs in earlier/), each run kept as runs/MODE-SEED.json and reused
-# by a later call; the restart never reaches
-# the target, so seeds 1 and 2 stop it at 450 s (seed 0: 900 s)
+# torchft and the restart measured 2026-11-29; fault-free and elastic again on 2026-11-30 at 92c2dc1 (fp8's kernels
+# eager in periodic rounds, the start's heal only where a state differs, a heal's state after the round's reduce),
+# fault-free stopped at the target (its training is bit-identical whatever the kernels: its final loss is the full
+# runs' of 2026-11-30, 2.1265); each run kept as runs/MODE-SEED.json and reused by a later call. The restart never
+# reaches the target, so seeds 1 and 2 stop it at 450 s (seed 0: 900 s)
 for seed in ${SEEDS:-0 1 2}; do
-  scalesgd bench elastic-schedule --prefix eg --modes fault-free,elastic,torchft --seeds "$seed" --limit-s 900 \
+  scalesgd bench elastic-schedule --prefix eg --modes fault-free --seeds "$seed" --until-target --limit-s 900 \
+    --out $out -- "${train[@]}"
+  scalesgd bench elastic-schedule --prefix eg --modes elastic,torchft --seeds "$seed" --limit-s 900 \
     --out $out -- "${train[@]}"
   scalesgd bench elastic-schedule --prefix eg --modes restart --seeds "$seed" --limit-s $([ "$seed" = 0 ] && echo 900 || echo 450) \
     --out $out -- "${train[@]}"
