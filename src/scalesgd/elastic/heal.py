@@ -40,9 +40,9 @@ def heal(steps: tuple[int, ...], rank: int, state: Callable[[], dict], load: Cal
          compare: bool = False) -> int | None:
     """Send `state()` to the members behind (collective over the default group); `load` it where this member is
     one of them. The rank it came from where it was loaded here, else None. `compare`: every member holds a state of
-    its own (the run's start, each model built from the seed), so the members first compare hashes of what they
-    would send, and only one whose state differs from its sender's receives it (at 10 Mbit/s on 4 nodes, the start's
-    heal took 8 s)."""
+    its own (the run's start, each model built alike from the run's random state), so the members first compare
+    hashes of what they would send, and only one whose state differs from its sender's receives it (at 10 Mbit/s on
+    4 nodes, the start's heal took 8 s)."""
     healed_from, sent = None, None
     pairs = behind(steps)
     if compare and pairs:

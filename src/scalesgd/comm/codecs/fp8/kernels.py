@@ -24,9 +24,14 @@ KERNEL_MODES = ("auto", "compiled", "eager")
 MODE_VARIABLE = "SCALESGD_FP8_KERNELS"
 
 
+def _asked(environ=os.environ) -> str:
+    """The kernel path the environment asks for (auto where it says nothing)."""
+    return environ.get(MODE_VARIABLE, "auto").strip() or "auto"
+
+
 def environment_problem(environ=os.environ) -> str | None:
     """What is wrong with the kernel path asked for in the environment, or None: checked when a command starts."""
-    mode = environ.get(MODE_VARIABLE, "auto").strip() or "auto"
+    mode = _asked(environ)
     return None if mode in KERNEL_MODES else f"{MODE_VARIABLE}={mode!r}: choose from {', '.join(KERNEL_MODES)}"
 
 
@@ -123,9 +128,9 @@ class _Kernels:
     def prepare(self, every_step: bool = True) -> str:
         """Resolve the kernels for a codec being built (`every_step`: it exchanges every step, so auto compiles);
         'compiled' or 'eager', the path its exchanges take."""
-        mode = os.environ.get(MODE_VARIABLE, "auto").strip() or "auto"
-        if mode not in KERNEL_MODES:
-            raise ValueError(f"{MODE_VARIABLE}={mode!r}: choose from {', '.join(KERNEL_MODES)}")
+        problem, mode = environment_problem(), _asked()
+        if problem:
+            raise ValueError(problem)
         if self._table is None and (mode == "compiled" or mode == "auto" and every_step):
             with self._lock:
                 if self._table is None:
