@@ -71,8 +71,8 @@ FP8_RANGES = ["--fp8-period", "7", "--fp8-samples", "64"]  # ranges re-estimated
                                      "--weight-decay", "5e-4", "--checkpoint-every", "4"],  # killed mid-epoch
                                     ["--engine", "scalesgd", "--codec", "onebit", "--optimizer", "onebit-adam",
                                      "--base-lr", "0.001", "--precision", "fp16", "--accumulate", "2",
-                                     "--compress-after", "10", "--samples", "512"],  # errors, frozen
-                                    # variance, loss scale saved
+                                     "--compress-after", "10", "--samples", "512", "--image-size", "6"],
+                                    # errors, frozen variance, loss scale saved (6 px: fp16 is emulated on a CPU)
                                     ["--engine", "scalesgd-fsdp", "--shard", "node", "--procs-per-node", "1",
                                      "--local-steps", "6", "--fragments", "2", "--overlap-steps", "1", "--mix", "0.25",
                                      "--codec", "topk", "--density", "0.05", "--accumulate", "2"]],
