@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from scalesgd.runtime import launcher
-from scalesgd.runtime.forked import Forked, module_of
+from scalesgd.runtime.forked import Forked, ForkedHere, module_of
 
 MODULE = "tests.runtime.forked_module"
 ROOT = str(Path(__file__).parents[2])  # where `tests` is imported from
@@ -71,3 +71,37 @@ def test_the_launchers_own_script_is_not_run_again_in_its_workers(tmp_path):
                       f"print(Forked({MODULE!r}, ['say', '0'], env, subprocess.DEVNULL).wait(60))\n")
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.stdout.splitlines() == ["the script ran", "0"], done.stderr
+
+
+def test_a_worker_forked_by_the_launcher_itself_runs_as_one_from_the_server_and_takes_nothing_of_the_launchers(
+        tmp_path):
+    script = tmp_path / "launcher.py"  # as a joining elastic launch: torch imported, a handler and an exit function
+    script.write_text(f"""import atexit, json, os, signal, subprocess, sys, time
+import torch
+from scalesgd.runtime.forked import ForkedHere
+signal.signal(signal.SIGTERM, lambda *_: print("the launcher's handler", flush=True))
+atexit.register(print, "the launcher's exit function")
+print("buffered in the launcher", end="")
+env = {{"RANK": "2", "ONLY_HERE": "yes", "PYTHONPATH": {ROOT!r}}}
+with open("said.json", "w") as out:
+    said = ForkedHere({MODULE!r}, ["say", "7"], env, out).wait(60)
+waiting = ForkedHere({MODULE!r}, ["wait", "ready"], dict(os.environ, PYTHONPATH={ROOT!r}), subprocess.DEVNULL)
+while not os.path.exists("ready"):
+    assert waiting.poll() is None
+    time.sleep(0.01)
+try:
+    waiting.wait(0.01)
+except subprocess.TimeoutExpired:
+    waiting.terminate()
+print("", json.dumps([said, waiting.wait(30), waiting.poll()]))
+""")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    # the launcher's buffered line written once, its exit function run once (by itself), never its handler
+    assert done.stdout.splitlines() == ["buffered in the launcher " + json.dumps([7, -signal.SIGTERM,
+                                                                                   -signal.SIGTERM]),
+                                        "the launcher's exit function"], done.stdout
+    seen = json.loads((tmp_path / "said.json").read_text())
+    assert seen["argv"][1:] == ["say", "7"] and seen["env"] == {"RANK": "2", "ONLY_HERE": "yes", "PYTHONPATH": ROOT}
+    assert seen["cwd"] == str(tmp_path) and seen["path"][:2] == [str(tmp_path), ROOT]
+    assert seen["name"] == "scalesgd-r2"

@@ -33,33 +33,42 @@ def rounds(run: Path) -> list[dict]:
 
 
 def test_a_killed_worker_is_restarted_alone_and_rejoins_while_the_others_go_on(tmp_path):
-    run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "scalesgd", *ELASTIC, "--workers", "3", "--epochs", "10",
-                             "--max-restarts", "1", "--run-dir", str(run)], stderr=subprocess.PIPE, text=True)
+    host_run, join_run = tmp_path / "host", tmp_path / "join"  # two workers hosting, one joining from a launch of
+    host = subprocess.Popen([sys.executable, "-m", "scalesgd", *ELASTIC, "--workers", "2", "--epochs", "10",  # its own
+                             "--max-restarts", "1", "--run-dir", str(host_run)], stderr=subprocess.PIPE, text=True)
+    said = next(line for line in host.stderr if "coordinator at " in line)
+    host_err = []
+    threading.Thread(target=lambda: host_err.extend(host.stderr), daemon=True).start()
+    join = subprocess.Popen([sys.executable, "-m", "scalesgd", *ELASTIC, "--workers", "2", "--epochs", "10",
+                             "--max-restarts", "1", "--join", said.split("coordinator at ")[1].split(";")[0],
+                             "--run-dir", str(join_run)], stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
-        while len(rounds(run)) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        while len(rounds(host_run) + rounds(join_run)) < 2 and time.monotonic() < deadline and join.poll() is None:
             time.sleep(0.05)
-        victim = worker_pid(1, proc.pid)
-        assert victim is not None, "worker host-w1 not found"
+        victim = worker_pid(0, join.pid)  # forked by the joining launch itself, not by a fork server
+        assert victim is not None and _children(join.pid) == [victim], "the joining launch's worker not found"
         os.kill(victim, signal.SIGKILL)
         killed_at = time.time()
-        _, err = proc.communicate(timeout=240)
+        _, err = join.communicate(timeout=240)
+        host.wait(timeout=60)
     finally:
-        proc.kill()
-    assert proc.returncode == 0, err
-    assert "worker host-w1 was killed by SIGKILL; restarting it alone (restart 1 of 1)" in err
-    log = rounds(run)
+        host.kill()
+        join.kill()
+    assert join.returncode == 0 and host.returncode == 0, (err, "".join(host_err))
+    assert f"worker join-{os.uname().nodename}-{join.pid} was killed by SIGKILL; restarting it alone (restart 1 of 1)" \
+        in err
+    log = sorted(rounds(host_run) + rounds(join_run), key=lambda r: r["round"])
     assert [r["round"] for r in log] == list(range(len(log)))  # no round discarded or repeated
-    survivors = [m for m in log[0]["members"] if not m.startswith("host-w1-")]
+    joiner = lambda r: [m for m in r["members"] if m.startswith("join-")]
+    survivors = [m for m in log[0]["members"] if m.startswith("host-w")]
     assert len(survivors) == 2 and all(set(survivors) <= set(r["members"]) for r in log)  # never restarted
-    new = [r for r in log if r["at"] > killed_at and not set(r["members"]) & set(log[0]["members"]) - set(survivors)]
-    assert new and all(len(r["members"]) in (2, 3) for r in log), log  # a new host-w1 took part after the kill
-    assert any(m.startswith("host-w1-") for m in new[-1]["members"]) and len(log[-1]["members"]) == 3
-    joined = next(r for r in new if any(m.startswith("host-w1-") for m in r["members"]))
-    joiner = [m.startswith("host-w1-") for m in joined["members"]].index(True)
-    assert joined["planned"][joiner] == 0  # its state crossed behind the next round: no steps of its own in it
-    summary = json.loads((run / "summary.json").read_text())
+    new = [r for r in log if r["at"] > killed_at and joiner(r) != joiner(log[0])]
+    assert new and all(len(r["members"]) in (2, 3) for r in log), log  # a new joiner took part after the kill
+    assert joiner(new[-1]) and len(log[-1]["members"]) == 3
+    joined = next(r for r in new if joiner(r))
+    assert joined["planned"][joined["members"].index(joiner(joined)[0])] == 0  # its state crossed behind the next
+    summary = summary_of(host_run, join_run)  # round: no steps of its own in it
     assert summary["elastic"]["rounds"] == len(log)
     assert summary["elastic"]["members_at_end"] == 3  # each of the last round's members ended with the writer's state
     assert summary["final_test_acc"] > 0.5  # trained through it (digits: 10 classes)

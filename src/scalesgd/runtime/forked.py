@@ -1,5 +1,7 @@
 """Local workers forked from a server that has imported torch once: a worker starts in hundredths of a second
-rather than the 6-9 s a fresh interpreter spends importing torch, DDP and FSDP2 (2 cores)."""
+rather than the 6-9 s a fresh interpreter spends importing torch, DDP and FSDP2 (2 cores). A launcher of one worker
+that holds no threads of its own (an elastic run's `--join`) forks it itself (`ForkedHere`): the server's own
+import would be a second one on that host, 6 s of an elastic start's 16 with four hosts on 2 cores."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import ctypes
 import io
 import os
 import runpy
+import select
 import signal
 import subprocess
 import sys
@@ -98,6 +101,54 @@ class Forked:
                 pass
 
 
+class ForkedHere:
+    """One worker forked from this process, with `Forked`'s face: for a launcher that has imported what the worker
+    runs and holds no threads (a fork copies only the calling thread, and any lock another one held)."""
+
+    def __init__(self, module: str, args: list[str], env: dict, stdout=None):
+        self.args, self.returncode = [sys.executable, "-m", module, *args], None
+        main = _Main(module, args, env, os.getcwd())
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()  # else the child would write the launcher's buffered lines again
+        with _output(stdout) as out:
+            pid = os.fork()
+            if pid == 0:
+                os._exit(_child(main, out))
+        self.pid = pid
+        self._exited = os.pidfd_open(pid)  # readable once the child has ended
+
+    def poll(self) -> int | None:
+        return self._wait(0)
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self._wait(timeout) is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def _wait(self, timeout: float | None) -> int | None:
+        if self.returncode is None and select.select([self._exited], [], [], timeout)[0]:
+            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+            os.close(self._exited)
+        return self.returncode
+
+    terminate, kill, _signal = Forked.terminate, Forked.kill, Forked._signal
+
+
+def _child(main: _Main, out: int) -> int:
+    """In the child of `ForkedHere`: nothing of the launcher's signal handlers or exit functions, the output given,
+    then the module; its exit status."""
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    atexit._clear()
+    if out != 1:
+        os.dup2(out, 1)
+    try:
+        return main.run()
+    except BaseException:  # noqa: BLE001 - never back into the launcher's code
+        return 1
+
+
 class _output:
     """The descriptor a worker's standard output goes to: the launcher's, /dev/null, or a file's."""
 
@@ -132,6 +183,10 @@ class _Main:
         for fd, target in ((out, 1), (err, 2)):
             os.dup2(fd, target)
             os.close(fd)
+        return self.run()
+
+    def run(self) -> int:
+        """Run the module as `python -m` would; its exit status."""
         for stream in (sys.stdout, sys.stderr):
             stream.reconfigure(line_buffering=stream.isatty())  # as a fresh interpreter buffers these descriptors
         try:
@@ -185,12 +240,12 @@ def _status(code) -> int:
 
 def worker_pid(rank: int, launcher: int) -> int | None:
     """The process of worker `rank` that the launcher process `launcher` forked (named scalesgd-r<rank>, a child of
-    the launcher's fork server), or None: what a fault injector kills."""
+    the launcher or of its fork server), or None: what a fault injector kills."""
     for entry in Path("/proc").iterdir():
         try:
             if entry.name.isdigit() and (entry / "comm").read_text().strip() == f"{NAME_PREFIX}{rank}":
-                server = _parent(int(entry.name))
-                if _parent(server) == launcher:
+                parent = _parent(int(entry.name))
+                if launcher in (parent, _parent(parent)):  # forked by the launcher, or by its fork server
                     return int(entry.name)
         except (OSError, ValueError):
             continue

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 
 from scalesgd.errors import EXIT_NON_FINITE, EXIT_PEER_LOST, EXIT_USAGE
-from scalesgd.runtime.forked import Forked, module_of
+from scalesgd.runtime.forked import Forked, ForkedHere, module_of
 from scalesgd.runtime.heartbeat import Heartbeats, beat_in_background
 
 LAUNCHED_MARK = "SCALESGD_LAUNCHED"
@@ -133,10 +133,13 @@ def _launch_once(workers: list[tuple[list[str], dict, object]], timeout_s: float
         heartbeats.close()
 
 
-def start(argv: list[str], env: dict, stdout) -> subprocess.Popen | Forked:
-    """`python -m MODULE …` forked from the server that has torch imported; any other command executed."""
+def start(argv: list[str], env: dict, stdout, here: bool = False) -> subprocess.Popen | Forked | ForkedHere:
+    """`python -m MODULE …` forked from the server that has torch imported (`here`: from this process, which has
+    imported what MODULE runs and holds no threads); any other command executed."""
     module = module_of(argv)
-    return Forked(module, argv[3:], env, stdout) if module else subprocess.Popen(argv, env=env, stdout=stdout)
+    if module is None:
+        return subprocess.Popen(argv, env=env, stdout=stdout)
+    return (ForkedHere if here else Forked)(module, argv[3:], env, stdout)
 
 
 def join_launcher() -> None:

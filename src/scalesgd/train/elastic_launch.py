@@ -58,13 +58,16 @@ def spawn(cfg: TrainConfig, run_dir: Path) -> int:
                 print(f"scalesgd: error: --join: no coordinator answers at {address} ({first_line(error)}); start "
                       "the run's first launch (--elastic) and give the address it printed", file=sys.stderr)
                 return EXIT_USAGE
-            return supervise(names, run_dir, address, store, rt.max_restarts)
+            # a joining launch holds no threads (the coordinator's are elsewhere): its one worker forked from here
+            return supervise(names, run_dir, address, store, rt.max_restarts, fork_here=hosted is None)
     except Stopped as stopped:
         return 128 + stopped.signum
 
 
-def supervise(names: list[str], run_dir: Path, address: Address, store: dist.TCPStore, max_restarts: int) -> int:
-    """Start a worker per name and keep them going until the run's last round commits; the exit status."""
+def supervise(names: list[str], run_dir: Path, address: Address, store: dist.TCPStore, max_restarts: int,
+              fork_here: bool = False) -> int:
+    """Start a worker per name and keep them going until the run's last round commits; the exit status.
+    `fork_here`: each forked from this process rather than from a fork server (`runtime.forked.ForkedHere`)."""
     procs, restarts, ended, failed = {}, Counter(), set(), 0
 
     def launch(name: str):
@@ -72,7 +75,7 @@ def supervise(names: list[str], run_dir: Path, address: Address, store: dist.TCP
         env = local_settings({**os.environ, ADDRESS_ENV: str(address), MEMBER_ENV: name,
                               LAUNCHER_PID: str(os.getpid()), "RANK": str(names.index(name))},
                              len(names), address.store_host)
-        return start([sys.executable, "-m", "scalesgd.train.elastic_worker", str(run_dir)], env, None)
+        return start([sys.executable, "-m", "scalesgd.train.elastic_worker", str(run_dir)], env, None, here=fork_here)
 
     with stopped_by_signals():
         try:
