@@ -101,8 +101,8 @@ class Forked:
                 pass
 
 
-class ForkedHere:
-    """One worker forked from this process, with `Forked`'s face: for a launcher that has imported what the worker
+class ForkedHere(Forked):
+    """One worker forked from this process rather than the server: for a launcher that has imported what the worker
     runs and holds no threads (a fork copies only the calling thread, and any lock another one held)."""
 
     def __init__(self, module: str, args: list[str], env: dict, stdout=None):
@@ -117,21 +117,11 @@ class ForkedHere:
         self.pid = pid
         self._exited = os.pidfd_open(pid)  # readable once the child has ended
 
-    def poll(self) -> int | None:
-        return self._wait(0)
-
-    def wait(self, timeout: float | None = None) -> int:
-        if self._wait(timeout) is None:
-            raise subprocess.TimeoutExpired(self.args, timeout)
-        return self.returncode
-
     def _wait(self, timeout: float | None) -> int | None:
         if self.returncode is None and select.select([self._exited], [], [], timeout)[0]:
             self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
             os.close(self._exited)
         return self.returncode
-
-    terminate, kill, _signal = Forked.terminate, Forked.kill, Forked._signal
 
 
 def _child(main: _Main, out: int) -> int:

@@ -133,7 +133,7 @@ def _launch_once(workers: list[tuple[list[str], dict, object]], timeout_s: float
         heartbeats.close()
 
 
-def start(argv: list[str], env: dict, stdout, here: bool = False) -> subprocess.Popen | Forked | ForkedHere:
+def start(argv: list[str], env: dict, stdout, here: bool = False) -> subprocess.Popen | Forked:
     """`python -m MODULE …` forked from the server that has torch imported (`here`: from this process, which has
     imported what MODULE runs and holds no threads); any other command executed."""
     module = module_of(argv)
