@@ -1,5 +1,8 @@
 """The coordinator's and the heal's pieces: bad input refused naming it, an address read back as printed, who heals
-from whom and when the state crosses."""
+from whom and when the state crosses, and a coordinator's process that imports only what it serves with."""
+
+import subprocess
+import sys
 
 import pytest
 
@@ -178,3 +181,10 @@ def test_a_new_member_after_the_runs_last_round_is_told_the_run_finished():
                 late.elastic.regroup(0)
         finally:
             late.elastic.close()
+
+
+def test_the_coordinators_process_imports_neither_the_engines_nor_fsdp2():
+    probe = ("import sys, scalesgd.elastic.__main__; print(sorted(m for m in ('scalesgd.comm.engine.exchange', "
+             "'torch.distributed.fsdp', 'torch.distributed.checkpoint') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr

@@ -10,20 +10,22 @@ scalesgd testbed up --nodes 4 --bandwidth 100mbit --prefix eh
 trap 'scalesgd testbed down --prefix eh' EXIT
 train=(--workers 4 --model gpt --dataset text --samples 16384 --epochs 2 --local-steps 16 --codec fp8
        --outer-momentum 0.5 --eval-every 32)
-# the restart measured 2026-11-29, torchft on 2026-11-30; fault-free and elastic again on 2026-11-30 at 5d7b5a6
-# (fp8's kernels eager in periodic rounds, a heal's state after the round's reduce), fault-free stopped at the target
-# (training bit-identical whatever the kernels: its final loss is the full runs' of 2026-11-30, 2.1265); each run kept
-# as runs/MODE-SEED.json and reused by a later call
+# fault-free, elastic and torchft measured in one session, in turn seed by seed (2026-12-01 at 60023f0: a joining
+# launch forks its worker itself), fault-free stopped at the target; the restart measured 2026-11-29 (RESTART=1 runs
+# it again; its figures and the 2026-11-30 session's are in earlier/); each run kept as runs/MODE-SEED.json and reused
+# by a later call
 for seed in ${SEEDS:-0 1 2}; do
   scalesgd bench elastic-schedule --prefix eh --modes fault-free --seeds "$seed" --until-target --limit-s 600 \
     --out $out -- "${train[@]}"
   for mode in elastic torchft; do
     scalesgd bench elastic-schedule --prefix eh --modes $mode --seeds "$seed" --limit-s 600 --out $out -- "${train[@]}"
   done
-  # the restart: seed 1 given 600 s, seeds 0 and 2 240 s (4x elastic's time)
-  scalesgd bench elastic-schedule --prefix eh --modes restart --seeds "$seed" --limit-s "${RESTART_LIMIT_S:-240}" \
-    --out $out -- "${train[@]}"
+  if [[ -n "${RESTART:-}" ]]; then  # seed 1 was given 600 s, seeds 0 and 2 240 s (4x elastic's time then)
+    scalesgd bench elastic-schedule --prefix eh --modes restart --seeds "$seed" --limit-s "${RESTART_LIMIT_S:-240}" \
+      --out $out -- "${train[@]}"
+  fi
 done
-scalesgd bench elastic-schedule --kept-only --modes fault-free,elastic,torchft,restart --seeds 0,1,2 --out $out \
+scalesgd bench elastic-schedule --kept-only --modes fault-free,elastic,torchft${RESTART:+,restart} --seeds 0,1,2 \
+  --out $out \
   -- "${train[@]}"
 rm -r $out/runs/*/
