@@ -15,8 +15,9 @@ checked against the sender's) — the others wait for none of it. A codec that e
 decodes with them too: there the global parameters come at the boundary (half the state) and the member waits for
 the outer state before the next round's reduce, so the others wait for part of it.
 
-Codecs that carry gradients across rounds (error-feedback residuals: top-k, PowerSGD, 1-bit) are refused here: a
-member's residual would die with it and a joiner's copy would send the source's twice."""
+A codec's error-feedback residuals (top-k, low rank) are each member's own: a dead member's go with it, a joiner's
+start at zero (a copy of its source's would send that one's twice). A codec whose state belongs to a fixed set of
+workers (1-bit's errors) is refused where the run is configured."""
 
 from __future__ import annotations
 
