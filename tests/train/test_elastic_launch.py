@@ -42,7 +42,7 @@ def test_a_worker_that_lost_the_coordinator_is_restarted_only_while_the_coordina
                                                                                               answers):
     store, started = FakeStore(answers), []
 
-    def start(argv, env, stdout):
+    def start(argv, env, stdout, here=False):
         started.append(env[elastic_launch.MEMBER_ENV])
         if len(started) == 1:
             return FakeWorker(EXIT_PEER_LOST)  # the coordinator lost, as its worker saw it
