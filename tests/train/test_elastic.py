@@ -178,14 +178,14 @@ def _children(pid: int) -> list[int]:
 
 def test_under_torchrun_a_process_joins_as_a_member_and_rejoins_when_torchrun_restarts_it(tmp_path):
     host_run, torchrun_run = tmp_path / "host", tmp_path / "torchrun"
-    host = subprocess.Popen([sys.executable, "-m", "scalesgd", *ELASTIC, "--workers", "2", "--epochs", "60",
+    host = subprocess.Popen([sys.executable, "-m", "scalesgd", *ELASTIC, "--workers", "2", "--epochs", "35",
                              "--max-restarts", "1", "--run-dir", str(host_run)], stderr=subprocess.PIPE, text=True)
     said = next(line for line in host.stderr if "coordinator at " in line)  # as it starts
     address = said.split("coordinator at ")[1].split(";")[0]
     host_err = []
     threading.Thread(target=lambda: host_err.extend(host.stderr), daemon=True).start()
     joined = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-                               "--max-restarts", "1", "-m", "scalesgd", *ELASTIC, "--workers", "2", "--epochs", "60",
+                               "--max-restarts", "1", "-m", "scalesgd", *ELASTIC, "--workers", "2", "--epochs", "35",
                                "--join", address, "--run-dir", str(torchrun_run)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
