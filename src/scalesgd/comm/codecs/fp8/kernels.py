@@ -31,7 +31,11 @@ def _asked(environ=os.environ) -> str:
 
 def environment_problem(environ=os.environ) -> str | None:
     """What is wrong with the kernel path asked for in the environment, or None: checked when a command starts."""
-    mode = _asked(environ)
+    return _problem(_asked(environ))
+
+
+def _problem(mode: str) -> str | None:
+    """One line naming `mode` and the paths accepted, where it is not one of them."""
     return None if mode in KERNEL_MODES else f"{MODE_VARIABLE}={mode!r}: choose from {', '.join(KERNEL_MODES)}"
 
 
@@ -128,7 +132,8 @@ class _Kernels:
     def prepare(self, every_step: bool = True) -> str:
         """Resolve the kernels for a codec being built (`every_step`: it exchanges every step, so auto compiles);
         'compiled' or 'eager', the path its exchanges take."""
-        problem, mode = environment_problem(), _asked()
+        mode = _asked()
+        problem = _problem(mode)
         if problem:
             raise ValueError(problem)
         if self._table is None and (mode == "compiled" or mode == "auto" and every_step):
