@@ -73,7 +73,12 @@ def test_periodic_synchronisation_refuses_what_needs_an_exchange_every_step_and_
              ("--local-steps", "8", "--codec", "onebit"): "give `onebit_beta1` 0",
              ("--local-steps", "8", "--compress-after", "5"): "`compress_after` 5 needs the gradients exchanged",
              ("--local-steps", "8", "--peer", "torchft", "--codec", "fp8"): "`peer` torchft sends fp32",
-             ("--mix", "0.5",): "`mix` 0.5 applies to periodic synchronisation"}
+             ("--mix", "0.5",): "`mix` 0.5 applies to periodic synchronisation",
+             ("--carry",): "`carry` applies to periodic synchronisation",
+             ("--local-steps", "8", "--carry"): "`carry` keeps the inner steps taken while a round's exchange is in "
+                                                "flight: add `overlap_steps`",
+             ("--local-steps", "8", "--overlap-steps", "2", "--carry", "--mix", "0.5"): "`carry` with `mix` 0.5",
+             ("--local-steps", "8", "--overlap-steps", "2", "--carry", "--peer", "torchft"): "`carry` is our DiLoCo's"}
     for argv, words in cases.items():
         with pytest.raises(UsageError, match=re.escape(words)):
             TrainConfig.from_argv(list(argv))

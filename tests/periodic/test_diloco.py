@@ -66,9 +66,10 @@ def test_one_local_step_with_plain_averaging_is_the_synchronous_engine():
 
 
 # ---- H > 1, fragments, overlap, mixing: a float64 reference ---------------------------------------------------
-def reference(h, fragments, delay, mix, steps):
+def reference(h, fragments, delay, mix, steps, carry=False):
     """Streaming DiLoCo's update in float64 for every worker in one process: AdamW inside, each fragment's mean
-    pseudo-gradient stepping the global parameters with Nesterov SGD when it lands, the local ones mixed in."""
+    pseudo-gradient stepping the global parameters with Nesterov SGD when it lands, the local ones mixed in (`carry`:
+    instead, what each worker's steps moved them since the round started, added to the new global ones)."""
     base = net().double()
     workers = [copy.deepcopy(base) for _ in range(WORLD)]
     inners = [adamw(w.parameters()) for w in workers]
@@ -87,31 +88,35 @@ def reference(h, fragments, delay, mix, steps):
         landed = schedule.lands(step)
         if landed is not None:
             deltas = sent.pop(landed)
+            moved = [{i: list(w.parameters())[i].detach() - (g.detach() - d[i])  # θ_local − θ_local at the start
+                      for i, g in enumerate(global_model.parameters())} for w, d in zip(workers, deltas)]
             for i, g in enumerate(global_model.parameters()):
                 g.grad = sum(d[i] for d in deltas) / WORLD if i in parts[landed] else None
             outer.step()
             with torch.no_grad():
-                for w in workers:
+                for w, m in zip(workers, moved):
                     for i in parts[landed]:
-                        local = list(w.parameters())[i]
-                        local.copy_(torch.lerp(list(global_model.parameters())[i], local, mix))
+                        local, new = list(w.parameters())[i], list(global_model.parameters())[i]
+                        local.copy_(new + m[i] if carry else torch.lerp(new, local, mix))
     return [flat(w.parameters()) for w in workers], flat(global_model.parameters())
 
 
-def periodic_run(rank, world, h, fragments, delay, mix, steps):
+def periodic_run(rank, world, h, fragments, delay, mix, steps, carry):
     model = net()
     inner = adamw(model.parameters())
-    with DiLoCo(model, inner, h, fragments=fragments, overlap_steps=delay, mix=mix) as d:
+    with DiLoCo(model, inner, h, fragments=fragments, overlap_steps=delay, mix=mix, carry=carry) as d:
         for step in range(steps):
             inner_step(model, inner, rank, step)
         return flat(model.parameters()), flat(d.global_params), d.rounds
 
 
-@pytest.mark.parametrize("h,fragments,delay,mix,steps", [(3, 1, 0, 0.0, 9), (4, 2, 1, 0.25, 12)],
-                         ids=["diloco", "streaming"])
-def test_matches_a_float64_reference_of_the_papers_update(h, fragments, delay, mix, steps):
-    want_local, want_global = reference(h, fragments, delay, mix, steps)
-    for rank, (local, global_, rounds) in enumerate(run_workers(periodic_run, WORLD, h, fragments, delay, mix, steps)):
+@pytest.mark.parametrize("h,fragments,delay,mix,steps,carry", [(3, 1, 0, 0.0, 9, False), (4, 2, 1, 0.25, 12, False),
+                                                               (4, 1, 2, 0.0, 12, True)],
+                         ids=["diloco", "streaming", "carry"])
+def test_matches_a_float64_reference_of_the_papers_update(h, fragments, delay, mix, steps, carry):
+    want_local, want_global = reference(h, fragments, delay, mix, steps, carry)
+    for rank, (local, global_, rounds) in enumerate(run_workers(periodic_run, WORLD, h, fragments, delay, mix, steps,
+                                                                carry)):
         assert rounds == steps // (h // fragments)
         torch.testing.assert_close(global_, want_global.float(), rtol=0, atol=2e-5)
         torch.testing.assert_close(local, want_local[rank].float(), rtol=0, atol=2e-5)
@@ -181,11 +186,11 @@ def test_sparseloco_averages_what_each_rank_sent_from_its_decayed_error_feedback
 
 
 # ---- a checkpoint mid-round, an exchange in flight -----------------------------------------------------------
-def resumed_mid_round(rank, world, steps, cut):
+def resumed_mid_round(rank, world, steps, cut, landing):
     def build():
         model = net()
         inner = adamw(model.parameters())
-        return model, inner, DiLoCo(model, inner, 4, fragments=2, overlap_steps=1, mix=0.25, codec="fp8")
+        return model, inner, DiLoCo(model, inner, 4, fragments=2, overlap_steps=1, codec="fp8", **landing)
 
     model, inner, d = build()
     with d:
@@ -211,8 +216,9 @@ def resumed_mid_round(rank, world, steps, cut):
     return straight, flat(model.parameters()), inflight
 
 
-def test_resumed_mid_round_with_an_exchange_in_flight_is_exact():
-    for straight, resumed, inflight in run_workers(resumed_mid_round, WORLD, 12, 5):
+@pytest.mark.parametrize("landing", [{"mix": 0.25}, {"carry": True}], ids=["mix", "carry"])
+def test_resumed_mid_round_with_an_exchange_in_flight_is_exact(landing):
+    for straight, resumed, inflight in run_workers(resumed_mid_round, WORLD, 12, 5, landing):
         assert inflight == [(0, 1)]  # fragment 0's second round started after step 5 and lands after step 6
         assert torch.equal(straight, resumed)
 
@@ -343,6 +349,9 @@ def test_arguments_that_would_not_synchronise_are_refused_naming_them():
         (dict(fragments=9), ValueError, r"fragments 9: give 1 to 4 \(a divisor of local_steps 4\)"),
         (dict(local_steps=8, fragments=8), ValueError, r"fragments 8: give 1 to 3 \(the model's layers"),
         (dict(mix=2.0), ValueError, "mix 2.0: give 0 to 1"),
+        (dict(carry=1), TypeError, "carry 1: give True or False"),
+        (dict(carry=True), ValueError, "carry True: give overlap_steps 1 or more"),
+        (dict(carry=True, overlap_steps=1, mix=0.5), ValueError, "carry True with mix 0.5: give one"),
         (dict(codec="top-k"), KeyError, "unknown codec .top-k.; choose from fp32, fp16, bf16, fp8, fp8-direct, "
                                         "fp8-flat, lowrank, lowrank-acp, onebit, topk"),  # not powersgd
         (dict(codec="powersgd"), ValueError, "powersgd"),

@@ -70,7 +70,8 @@ def exchange(cfg) -> None:
     else:
         for name, value in vars(cfg.periodic).items():
             if value != field_default(type(cfg.periodic), name):
-                raise UsageError(f"`{name}` {value} applies to periodic synchronisation: add `local_steps` H")
+                given = f"`{name}`" if value is True else f"`{name}` {value}"
+                raise UsageError(f"{given} applies to periodic synchronisation: add `local_steps` H")
         if x.auto:
             auto(cfg)
         else:

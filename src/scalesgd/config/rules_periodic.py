@@ -63,6 +63,7 @@ def periodic(cfg) -> None:
         schedule = p.schedule
     except (TypeError, ValueError) as err:
         raise UsageError(_named(str(err), SCHEDULE_OPTIONS)) from None
+    carry(p, schedule)
     if schedule.fragments > 1:
         with torch.device("meta"):  # the model's layers, nothing allocated
             model = build_model(cfg.model.name, 2, 3, cfg.model.options)
@@ -78,6 +79,20 @@ def periodic(cfg) -> None:
         if own_and_set(flat, values) and flat.prefix != x.codec_entry.family:
             raise UsageError(f"`{flat.name}` applies to the {flat.prefix} codecs; with `local_steps` the "
                              f"pseudo-gradient travels through `codec` {x.codec}")
+
+
+def carry(p, schedule) -> None:
+    """`carry` moves the inner steps taken while an exchange is in flight: our DiLoCo's, with overlap and no α."""
+    if not p.carry:
+        return
+    if not schedule.overlap_steps:
+        raise UsageError("`carry` keeps the inner steps taken while a round's exchange is in flight: add "
+                         "`overlap_steps` τ (1 or more), or drop `carry`")
+    if p.mix:
+        raise UsageError(f"`carry` with `mix` {p.mix:g}: give one (carry adds the steps in flight to the new global "
+                         "parameters; mix keeps a share of the local ones instead)")
+    if p.peer:
+        raise UsageError(f"`carry` is our DiLoCo's; `peer` {p.peer} lands a fragment with `mix` alone: drop one")
 
 
 def _named(text: str, names: tuple[str, ...]) -> str:

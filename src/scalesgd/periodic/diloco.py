@@ -59,7 +59,8 @@ class DiLoCo:
     `fragments`: the number of fragments of whole layers, or the fragments as lists of parameters (every trainable
     parameter in one); `overlap_steps` (τ): inner steps a fragment's exchange runs behind on the communication thread
     before it lands; `mix` (α): the share of the local parameters kept where a fragment lands (0: the global ones
-    alone, as DiLoCo). `group`: the replicas, a process group or a `Membership` (default: a new group of every rank);
+    alone, as DiLoCo); `carry`: instead, the τ inner steps taken while it was in flight are added to the new global
+    parameters, so none is lost to the overlap. `group`: the replicas, a process group or a `Membership` (default: a new group of every rank);
     a round commits where the membership says so. Every rank builds it together and starts from rank 0's parameters.
     An `ElasticMembership` (`scalesgd.elastic`) takes each round among whoever is alive (one fragment, no overlap, a
     codec a worker may join: each member's residuals are its own, a joiner's start at zero): a worker joining later
@@ -69,7 +70,7 @@ class DiLoCo:
     def __init__(self, model: nn.Module, inner_optimizer: torch.optim.Optimizer, local_steps: int | Schedule, *,
                  outer_optimizer: torch.optim.Optimizer | Callable | None = None, codec: str | Codec = "fp32",
                  settings: CodecSettings | None = None, fragments: int | list[list[nn.Parameter]] = 1,
-                 overlap_steps: int = 0, mix: float = 0.0, group=None, topology=None,
+                 overlap_steps: int = 0, mix: float = 0.0, carry: bool = False, group=None, topology=None,
                  scaler: torch.amp.GradScaler | None = None, buckets_mb: float = BUCKET_MB, delay: int | None = None,
                  resume: dict | None = None):
         if delay is not None:
@@ -83,6 +84,7 @@ class DiLoCo:
                                  "them there, or give local_steps as a number")
             local_steps, fragments, overlap_steps = (local_steps.local_steps, local_steps.fragments,
                                                      local_steps.overlap_steps)
+        _check_carry(carry, overlap_steps, mix)
         parts = _fragments(model, fragments, local_steps, overlap_steps)
         self.schedule = Schedule(local_steps, len(parts), overlap_steps)
         self.model, self.inner, self.scaler = model, inner_optimizer, scaler
@@ -93,7 +95,7 @@ class DiLoCo:
         outer = _outer(outer_optimizer, params, model, self.codec)
         self.driver = BucketDriver(self.codec, None)
         with torch.no_grad():
-            self.weights = Weights(params, [p.detach().clone() for p in params], outer, mix)
+            self.weights = Weights(params, [p.detach().clone() for p in params], outer, mix, carry)
         self.driver.bind(self.weights.global_params)
         index = {id(p): i for i, p in enumerate(p for part in parts for p in part)}
         self.fragments: list[Fragment] = []
@@ -102,6 +104,7 @@ class DiLoCo:
             self.fragments.append(Fragment.plan(f, [index[id(p)] for p in part], params, self.driver, buckets_mb,
                                                 first))
         described = (f"periodic {self.codec.name} H={local_steps} F={len(parts)} τ={overlap_steps} α={mix} "
+                     f"carry={carry} "
                      f"params={[tuple(p.shape) for p in params]}")
         self.steps = 0  # inner steps taken
         self.rounds = 0  # rounds committed (one fragment's each)
@@ -249,8 +252,9 @@ class DiLoCo:
         round, the global parameters, the outer optimizer's, the codec's (in elastic rounds what every member shares,
         its residuals left out) and the means of the exchanges not yet merged, by fragment and round; the local
         parameters and the inner optimizer's state are the caller's."""
-        inflight = [{"fragment": f, "round": r, "means": [m.clone() for m in self.fragments[f].flights[r].wait()]}
-                    for f, r in self.in_flight]
+        inflight = [{"fragment": f, "round": r, "means": [m.clone() for m in flight.wait()],
+                     **({"own": [d.clone() for d in flight.own]} if flight.own is not None else {})}
+                    for f, r in self.in_flight for flight in [self.fragments[f].flights[r]]]
         return {"steps": self.steps, "rounds": self.rounds, "bytes_sent": self.bytes_sent,
                 "global": [p.clone() for p in self.global_params], "outer": self.outer.state_dict(),
                 "codec": self.driver.state_dict() if self.elastic is None else self.driver.shared_state_dict(),
@@ -265,7 +269,7 @@ class DiLoCo:
         if isinstance(inflight, dict):  # an earlier version's, by fragment alone: each lands at its next landing
             inflight = [{"fragment": f, "round": self._next_round(f), "means": means} for f, means in inflight.items()]
         for flight in inflight:
-            self.fragments[flight["fragment"]].landed(flight["round"], flight["means"])
+            self.fragments[flight["fragment"]].landed(flight["round"], flight["means"], flight.get("own"))
 
     # ---- helpers ---------------------------------------------------------------------------------
     def _next_round(self, fragment: int) -> int:
@@ -310,6 +314,18 @@ def _check_arguments(model, inner, mix, scaler, buckets_mb) -> None:
     if not stepped <= {id(p) for p in model.parameters()}:
         raise ValueError("inner_optimizer steps parameters that are not `model`'s: build it over "
                          "model.parameters() (of this model, after any sharding)")
+
+
+def _check_carry(carry, overlap_steps, mix) -> None:
+    """`carry` moves the steps taken while a round is in flight: there must be some, and α must not move them too."""
+    if not isinstance(carry, bool):
+        raise TypeError(f"carry {carry!r}: give True or False")
+    if carry and not overlap_steps:
+        raise ValueError("carry True: give overlap_steps 1 or more (carry keeps the inner steps taken while a round "
+                         "is in flight; with none in flight there is nothing to carry)")
+    if carry and mix:
+        raise ValueError(f"carry True with mix {mix!r}: give one (carry adds the steps in flight to the new global "
+                         "parameters; mix keeps a share of the local ones instead)")
 
 
 def _fragments(model: nn.Module, fragments, local_steps, overlap_steps) -> list[list[nn.Parameter]]:

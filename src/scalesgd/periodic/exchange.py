@@ -33,8 +33,8 @@ class PeriodicExchange(GradientExchange):
         self.within = within
         self.diloco = DiLoCo(within.bare, inner_of(within.optimizer), periodic.schedule,
                              outer_optimizer=lambda own: outer_sgd(own, periodic.outer_lr, periodic.outer_momentum),
-                             codec=make_codec(setup.codec, setup.settings), mix=periodic.mix, group=setup.group,
-                             topology=setup.topology, resume=resume)
+                             codec=make_codec(setup.codec, setup.settings), mix=periodic.mix, carry=periodic.carry,
+                             group=setup.group, topology=setup.topology, resume=resume)
         self._bytes, self._landed = self.diloco.bytes_sent, 0.0
         super().__init__(within.model, within.optimizer, self.diloco.driver, within.plan, bare=within.bare,
                          precision=within.precision, clip_norm=within.clip_norm, scaler=within.scaler)

@@ -30,19 +30,22 @@ class Bucket:
 class Weights:
     """What a replica's rounds move: its own parameters (`params`: what it steps; a shard where it is sharded), its
     copies of the global ones, the outer optimizer that steps them with the mean Δ (over `params`, stepped in place
-    and copied back), and Streaming DiLoCo's α (`mix`: the share of the local parameters kept where a round lands)."""
+    and copied back), and where a round lands what becomes of the inner steps taken while it was in flight:
+    Streaming DiLoCo's α (`mix`: the share of the local parameters kept), or `carry`: added to the new global ones."""
 
     params: list[torch.Tensor]
     global_params: list[torch.Tensor]
     outer: torch.optim.Optimizer
     mix: float = 0.0
+    carry: bool = False
 
 
 @dataclass
 class Round:
     """One fragment's exchange in one round, in buffers of its own (`flats`: Δ written in, its mean back; so rounds of
     one fragment may be in flight together): under way (`future`), or landed (`means`); `pending` keeps what undoes
-    the codec's work where the round may not commit."""
+    the codec's work where the round may not commit; `own`: this rank's Δ as it was sent (kept where the steps in
+    flight are carried: the local parameters at the start are θ_global − own)."""
 
     fragment: int
     number: int
@@ -51,6 +54,7 @@ class Round:
     means: list[torch.Tensor] | None = None
     bytes_sent: int = 0
     pending: list[Pending] = field(default_factory=list)
+    own: list[torch.Tensor] | None = None
 
     @property
     def key(self) -> tuple[int, int]:
@@ -101,6 +105,7 @@ class Fragment:
         them (on `thread` where given); `undoable`: keep what `abort` needs."""
         global_params = weights.global_params
         flats = [delta.clone() for delta in deltas] if deltas is not None else self.deltas(weights)
+        own = [flat.clone() for flat in flats] if weights.carry else None
 
         def send() -> tuple[list[torch.Tensor], int, list[Pending]]:
             sent, kept = 0, []
@@ -117,13 +122,14 @@ class Fragment:
             future.set_result(send())
         else:
             future = thread.submit(send)
-        flight = self.flights[number] = Round(self.index, number, flats, future)
+        flight = self.flights[number] = Round(self.index, number, flats, future, own=own)
         return flight
 
-    def landed(self, number: int, means: list[torch.Tensor]) -> Round:
-        """Round `number` restored from a checkpoint: its exchange done, its means `means`."""
+    def landed(self, number: int, means: list[torch.Tensor], own: list[torch.Tensor] | None = None) -> Round:
+        """Round `number` restored from a checkpoint: its exchange done, its means `means` (`own`: this rank's Δ)."""
         flats = [torch.as_tensor(mean, device=self.device).clone() for mean in means]
-        flight = self.flights[number] = Round(self.index, number, flats, means=flats)
+        own = [torch.as_tensor(delta, device=self.device).clone() for delta in own] if own is not None else None
+        flight = self.flights[number] = Round(self.index, number, flats, means=flats, own=own)
         return flight
 
     def pop(self, number: int) -> Round:
@@ -134,11 +140,16 @@ class Fragment:
 
     def commit(self, flight: Round, weights: Weights, average: bool = False) -> None:
         """The round's mean Δ steps the fragment's global parameters with the outer optimizer (`average`: θ_global −
-        mean Δ, the workers' mean); the local ones become them (α: that share of the local ones kept)."""
+        mean Δ, the workers' mean); the local ones become them (α: that share of the local ones kept; `carry`: plus
+        what the inner steps since the round started moved them)."""
         params, global_params = weights.params, weights.global_params
         with torch.no_grad():
             saved_grads = [p.grad for p in params]
             local = {i: params[i].detach().clone() for i in self.members}
+            if weights.carry and flight.own is not None:  # the steps in flight: θ_local − (θ_global − own Δ)
+                for bucket, own in zip(self.buckets, flight.own):
+                    for i, piece in zip(bucket.members, torch.split(own, [params[i].numel() for i in bucket.members])):
+                        local[i].sub_(global_params[i]).add_(piece.view_as(params[i]).to(params[i].dtype))
             for p in params:
                 p.grad = None
             for bucket, mean in zip(self.buckets, flight.wait()):
@@ -154,7 +165,9 @@ class Fragment:
         with torch.no_grad():
             for i in self.members:
                 global_params[i].copy_(params[i])
-                if weights.mix:
+                if weights.carry and flight.own is not None:
+                    params[i].add_(local[i])
+                elif weights.mix:
                     params[i].lerp_(local[i], weights.mix)
             for p, grad in zip(params, saved_grads):
                 p.grad = grad
