@@ -58,14 +58,14 @@ class DiLoCo:
 
     `fragments`: the number of fragments of whole layers, or the fragments as lists of parameters (every trainable
     parameter in one); `overlap_steps` (τ): inner steps a fragment's exchange runs behind on the communication thread
-    before it lands; `mix` (α): the share of the local parameters kept where a fragment lands (0: the global ones
-    alone, as DiLoCo); `carry`: instead, the τ inner steps taken while it was in flight are added to the new global
-    parameters, so none is lost to the overlap. `group`: the replicas, a process group or a `Membership` (default: a new group of every rank);
-    a round commits where the membership says so. Every rank builds it together and starts from rank 0's parameters.
-    An `ElasticMembership` (`scalesgd.elastic`) takes each round among whoever is alive (one fragment, no overlap, a
-    codec a worker may join: each member's residuals are its own, a joiner's start at zero): a worker joining later
-    heals from a peer as it is built. `resume`: a `state_dict()` to start from (an elastic member's before it joins,
-    with the caller's `shared` counters)."""
+    before it lands; `mix` (α): the share of the local parameters kept where a fragment lands (0: the global ones alone,
+    as DiLoCo); `carry`: instead, the τ inner steps taken while it was in flight are added to the new global parameters,
+    so none is lost to the overlap. `group`: the replicas, a process group or a `Membership` (default: a new group of
+    every rank); a round commits where the membership says so. Every rank builds it together and starts from rank 0's
+    parameters. An `ElasticMembership` (`scalesgd.elastic`) takes each round among whoever is alive (one fragment, no
+    overlap, a codec a worker may join: each member's residuals are its own, a joiner's start at zero): a worker joining
+    later heals from a peer as it is built. `resume`: a `state_dict()` to start from (an elastic member's before it
+    joins, with the caller's `shared` counters)."""
 
     def __init__(self, model: nn.Module, inner_optimizer: torch.optim.Optimizer, local_steps: int | Schedule, *,
                  outer_optimizer: torch.optim.Optimizer | Callable | None = None, codec: str | Codec = "fp32",
