@@ -41,8 +41,7 @@ class PeriodicConfig:
     mix: float = option(0.0, "with --local-steps: the share of the local parameters kept where a fragment lands "
                         "(Streaming DiLoCo's α; 0: the global ones alone)", check=checks.within(0, 1))
     carry: bool = option(False, "with --overlap-steps: where a fragment lands, the inner steps taken while its "
-                         "exchange ran are added to the new global parameters, not dropped (nor mixed by --mix): "
-                         "the exchange hides behind τ steps and none of them is lost")
+                         "exchange ran are added to the new global parameters, not dropped (nor mixed by --mix)")
     replica: str = option("process", "with --local-steps: what one DiLoCo worker is: each process, or each node, "
                           "whose processes run --engine among themselves every step (ddp or scalesgd in fp32, or the "
                           "sharded engines' shards: with --shard node it is always the node) and synchronise with "
