@@ -146,7 +146,7 @@ class Fragment:
         with torch.no_grad():
             saved_grads = [p.grad for p in params]
             local = {i: params[i].detach().clone() for i in self.members}
-            if weights.carry and flight.own is not None:  # the steps in flight: θ_local − (θ_global − own Δ)
+            if flight.own is not None:  # carried (kept only then): the steps in flight, θ_local − (θ_global − own)
                 for bucket, own in zip(self.buckets, flight.own):
                     for i, piece in zip(bucket.members, torch.split(own, [params[i].numel() for i in bucket.members])):
                         local[i].sub_(global_params[i]).add_(piece.view_as(params[i]).to(params[i].dtype))
@@ -165,7 +165,7 @@ class Fragment:
         with torch.no_grad():
             for i in self.members:
                 global_params[i].copy_(params[i])
-                if weights.carry and flight.own is not None:
+                if flight.own is not None:
                     params[i].add_(local[i])
                 elif weights.mix:
                     params[i].lerp_(local[i], weights.mix)
