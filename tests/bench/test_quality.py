@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from scalesgd.bench.quality import EXCHANGES, QualityBenchConfig, link_of, parse_exchanges
+from scalesgd.bench.quality import EXCHANGES, QualityBenchConfig, link_of, parse_exchanges, reference_seeds
 from scalesgd.bench.quality_report import checkpoints_by, reached, steps_to_target, summarise, target_of
 from scalesgd.cli import main
 from scalesgd.errors import UsageError
@@ -24,6 +24,16 @@ def run(label, losses, step=10, seconds=2.0, rate="10mbit", seed=0, final=None, 
 def test_the_target_is_the_references_median_final_loss_plus_the_slack():
     reference = [run("ddp", [3.0, 2.0]), run("ddp", [3.0, 2.2], seed=1), run("ddp", [3.0, 2.1], seed=2)]
     assert target_of(reference, 0.01) == pytest.approx(2.1 * 1.01)
+
+
+def test_a_call_adding_seeds_counts_every_finished_reference_in_its_directory(tmp_path):
+    for name, finished in (("ddp-seed0", True), ("ddp-seed3", False), ("ddp-fp16-seed5", True)):
+        (tmp_path / name).mkdir()
+        if finished:
+            (tmp_path / name / "summary.json").write_text("{}")
+    # seed 0 finished (kept in the target); seed 3 was cut short and another label's seed 5 is not the reference
+    assert reference_seeds(tmp_path, "ddp", (1, 2)) == [0, 1, 2]
+    assert reference_seeds(tmp_path / "absent", "ddp", (2, 1)) == [1, 2]
 
 
 def test_time_steps_and_bytes_are_those_of_the_first_evaluation_at_the_target():

@@ -2,10 +2,11 @@
 
 First the reference exchange (DDP fp32) trains on local workers with nothing in the way, once per seed: its final
 validation loss + 1 % (a classifier's accuracy − 0.5 points) is the target, and its time to it the compute-only
-bound. Then, at each link rate of the testbed, every exchange trains once per seed (the exchanges taking turns,
-so a slow spell of the machine hits them alike) with an evaluation every `--eval-every` steps on a clock that
-leaves evaluations out, for at most `--budget` × the reference's training time; the report gives each one's
-time, steps and bytes to the target, its loss at the budget, and the plot its loss against the clock.
+bound; every seed's reference already in `--out` counts, so seeds added later meet the same target. Then, at each
+link rate of the testbed, every exchange trains once per seed (the exchanges taking turns, so a slow spell of the
+machine hits them alike) with an evaluation every `--eval-every` steps on a clock that leaves evaluations out, for
+at most `--budget` × the reference's training time; the report gives each one's time, steps and bytes to the
+target, its loss at the budget, and the plot its loss against the clock.
 """
 
 from __future__ import annotations
@@ -109,7 +110,8 @@ class QualityBenchConfig(Options):
                            check=checks.within(0, 100, low_open=True))
     slack: float = option(0.01, "the target: the reference's final validation loss × (1 + this), or its accuracy − "
                           "this/2 (0.005: half a point)", check=checks.within(0, 1))
-    out: str = option("", "output directory", shown_default="runs/bench/quality-<timestamp>",
+    out: str = option("", "output directory; runs finished there are kept, and the target and bound are those of "
+                      "every seed's reference there, so seeds added by a later call meet the same target", shown_default="runs/bench/quality-<timestamp>",
                       check=checks.output_dir)
     table: str = option("", "also merge each exchange's steps to the target over the reference's into this "
                         "steps-to-target table (the package ships src/scalesgd/sim/steps_to_target.json, which "
@@ -147,7 +149,7 @@ def run(cfg: QualityBenchConfig, command: str) -> int:
     out = Path(cfg.out)
     label, given = cfg.reference_entry
     reference = []
-    for seed in cfg.seeds:
+    for seed in reference_seeds(out / "reference", label, cfg.seeds):
         run_dir = out / "reference" / f"{label}-seed{seed}"
         code = train_once(argv_of(cfg, given, seed, 0.0), run_dir, f"reference {label} · seed {seed}")
         if code:
@@ -170,6 +172,14 @@ def run(cfg: QualityBenchConfig, command: str) -> int:
                 runs.append(read_run(run_dir, label, seed, rate))
     quality_report.write(out, cfg, reference, runs, budget_s, command, partial(key_of, cfg.train_args))
     return 0
+
+
+def reference_seeds(directory: Path, label: str, seeds: tuple[int, ...]) -> list[int]:
+    """The call's seeds and every seed whose reference already finished in `directory`: a call that adds seeds to
+    an --out is measured against the same target, bound and budget as the runs already there."""
+    kept = {int(d.name.removeprefix(f"{label}-seed")) for d in directory.glob(f"{label}-seed*")
+            if d.name.removeprefix(f"{label}-seed").isdigit() and (d / SUMMARY_NAME).exists()}
+    return sorted(kept | set(seeds))
 
 
 def key_of(train_args: tuple[str, ...], given: str) -> str:
