@@ -32,7 +32,8 @@ class OutputConfig:
                         check=checks.output_file)
     quiet: bool = option(False, "print nothing while training", runtime=True)
     sync_every: int = option(10, "iterations between reads of the loss on the host (one allreduce of their "
-                             "losses, no per-step wait); a non-finite loss stops the run at the next read",
+                             "losses, read at the next read in a fixed group: no step waits for it); a non-finite "
+                             "loss stops the run at the read that sees it",
                              runtime=True, check=checks.at_least(1))
     eval_every: int = option(0, "also evaluate every N steps: `eval` lines in metrics.jsonl with the training "
                              "seconds so far (evaluations left out, checkpoints kept in), the bytes this rank sent "

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import statistics
 import sys
 import time
@@ -17,7 +16,6 @@ from torch import nn
 from scalesgd.comm.cost import planner
 from scalesgd.comm.engine.exchange import ENGINES, GradientExchange
 from scalesgd.comm.engine.policies import GradientNorms
-from scalesgd.comm.wire.membership import Membership
 from scalesgd.config import TrainConfig
 from scalesgd.data import (
     DataBundle,
@@ -28,7 +26,6 @@ from scalesgd.data import (
     open_pipeline,
 )
 from scalesgd.data.pipeline import FolderPipeline, MemoryPipeline
-from scalesgd.errors import NonFiniteLoss
 from scalesgd.models import MODELS
 from scalesgd.recipe import build_scheduler, global_batch_loss
 from scalesgd.recipe.adascale import AdaScaleFactor, gain
@@ -51,6 +48,7 @@ from scalesgd.train.objective import Objective, throughput_key
 from scalesgd.train.progress import EpochProgress
 from scalesgd.train.rundir import BUCKETS_NAME, METRICS_NAME, write_json
 from scalesgd.train.timing import breakdown, iteration_timing
+from scalesgd.train.window import WindowReads
 
 PROBE_BATCHES = 4  # the first batches of the training set, in turn, for the planner's profile and auto's trials
 
@@ -207,9 +205,10 @@ def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None, progress: 
     left it); (global loss sum, correct, samples) and the seconds it took.
 
     Each step's loss, correct count and size stay on the device; every `sync_every` steps (and at the
-    epoch's end) one allreduce sums them across ranks and the host reads them, so no step waits for
-    the host (a non-finite loss stops the run at that read, naming its iteration). At those reads a
-    mid-epoch checkpoint is taken when `checkpoint_every` says one is due (rank 0's clock, shared by the read).
+    epoch's end) one allreduce sums them across ranks and the host reads them (`WindowReads`: in a fixed group,
+    a window later), so no step waits for the host (a non-finite loss stops the run at that read, naming its
+    iteration). At those reads a mid-epoch checkpoint is taken when `checkpoint_every` says one is due (rank 0's
+    clock, shared by the read).
     AdaScale's run ends within the epoch, at the step its schedule is done (every rank knows it from the same gains).
     """
     cfg, env, sampler, tracer = run.cfg, run.env, run.sampler, run.tracer
@@ -225,6 +224,7 @@ def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None, progress: 
     # per step: loss, correct, samples, and the squared norms of the local and the exchanged gradient; + a "due" row
     window = torch.zeros(cfg.output.sync_every + 1, 5, dtype=torch.float64, device=env.device)
     pending: list[dict] = []  # the window's iterations, as the log will have them
+    reads = WindowReads(env.members, log, progress, lagged=not env.members.may_abort and not cfg.measures_noise)
     start = last_saved = time.perf_counter() - resumed.epoch_s
     saved_at = resumed.step
     batches = run.pipeline.steps(resumed.step)  # from where the checkpoint this run resumed from left off
@@ -261,19 +261,20 @@ def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None, progress: 
                         "notices": run.exchange.notices()})
         if len(pending) == cfg.output.sync_every or last:
             clock_due = env.is_main and every_s > 0 and time.perf_counter() - last_saved >= every_s
-            rows, due, spent = read_window(window, len(pending), (clock_due, env.is_main and run.milestones.spent()),
-                                           pending, log, progress, env.members)
-            totals += rows[:, :3].sum(0)
+            read = reads.send(window, len(pending), (clock_due, env.is_main and run.milestones.spent()), pending)
+            pending = []
+            if last or read.spent or read.due or every_steps and i + 1 - saved_at >= every_steps:
+                read = read.then(reads.drain())  # every window in before the epoch ends, the run stops or saves
+            totals += read.rows[:, :3].sum(0)
             if cfg.measures_noise:
-                for _, _, samples, local_sq, mean_sq in rows.tolist():  # summed over ranks: ÷ W for the means
+                for _, _, samples, local_sq, mean_sq in read.rows.tolist():  # summed over ranks: ÷ W for the means
                     run.noise.update(local_sq / env.world_size, mean_sq / env.world_size,
                                      samples / env.world_size, samples)
             if adascale is not None:  # the gain for the next window's steps
                 adascale.gain = gain(run.noise.trace, run.noise.gradient_sq, cfg.recipe.base_batch,
                                      cfg.recipe.batch_size)
-            pending = []
-            run.milestones.stopped = spent and not (adascale is not None and adascale.done)  # at an epoch's end too
-            if not last and not spent and (due or every_steps and i + 1 - saved_at >= every_steps):
+            run.milestones.stopped = read.spent and not (adascale is not None and adascale.done)  # at an epoch's end too
+            if not last and not read.spent and (read.due or every_steps and i + 1 - saved_at >= every_steps):
                 with run.milestones.checkpointing():
                     save_mid_epoch(i + 1, totals, time.perf_counter() - start)
                 last_saved, saved_at = time.perf_counter(), i + 1
@@ -300,36 +301,6 @@ def forward_backward(run: Run, parts: list[tuple[torch.Tensor, torch.Tensor]], g
         sums[1] += correct
         sums[2] += y.numel()
     row[:3] = sums
-
-
-def read_window(window: torch.Tensor, n: int, flags: tuple[bool, bool], records: list[dict],
-                log: metrics.MetricsLog | None, progress: EpochProgress,
-                members: Membership) -> tuple[torch.Tensor, bool, bool]:
-    """Sum the window's first `n` rows (loss, correct, samples, squared gradient norms) across the members, and
-    whether any rank says a checkpoint is due or the time budget spent (`flags`), in one allreduce; log each iteration. The
-    summed rows, and those two agreements.
-
-    Raises NonFiniteLoss at the first iteration whose global loss is not finite.
-    """
-    window[-1, :2] = torch.tensor([float(f) for f in flags], dtype=window.dtype)
-    rows = torch.cat([window[:n], window[-1:]])
-    members.all_reduce(rows)
-    sums = rows.cpu()
-    for (loss, _, samples, *_), record in zip(sums[:n].tolist(), records):
-        step_loss = loss / samples
-        if not math.isfinite(step_loss):
-            raise NonFiniteLoss(f"loss became {step_loss} at epoch {record['epoch']}, iteration {record['iter']}")
-        notices = record.pop("notices")
-        if log:
-            log.write({**record, "loss": step_loss})
-            for notice in notices:
-                log.write({"kind": "notice", "epoch": record["epoch"], "iter": record["iter"], "text": notice})
-        for notice in notices:
-            progress.message(f"iteration {record['iter']}: {notice}")
-        progress.advance(step_loss, record["lr"])
-    if log:
-        log.flush()  # a window's steps readable at once by whoever watches the run (a fault's cost is read there)
-    return sums[:n], bool(sums[-1, 0] > 0), bool(sums[-1, 1] > 0)
 
 
 def adascale_factor(run: Run) -> AdaScaleFactor | None:

@@ -60,6 +60,13 @@ class Membership:
         dist.all_reduce(tensor, op=op, group=self.group)
         return tensor
 
+    def all_reduce_started(self, tensor: torch.Tensor):
+        """`tensor` summed across the members once the returned work is waited for (only in a fixed group: an
+        elastic one may be rebuilt before it lands)."""
+        if self.may_abort:
+            raise RuntimeError("an allreduce left in flight needs a fixed group; this one may change")
+        return dist.all_reduce(tensor, group=self.group, async_op=True)
+
     def all_gather_object(self, obj) -> list:
         everyone: list = [None] * self.size
         dist.all_gather_object(everyone, obj, group=self.group)
