@@ -111,8 +111,8 @@ class QualityBenchConfig(Options):
     slack: float = option(0.01, "the target: the reference's final validation loss × (1 + this), or its accuracy − "
                           "this/2 (0.005: half a point)", check=checks.within(0, 1))
     out: str = option("", "output directory; runs finished there are kept, and the target and bound are those of "
-                      "every seed's reference there, so seeds added by a later call meet the same target", shown_default="runs/bench/quality-<timestamp>",
-                      check=checks.output_dir)
+                      "every seed's reference there, so seeds added by a later call meet the same target",
+                      shown_default="runs/bench/quality-<timestamp>", check=checks.output_dir)
     table: str = option("", "also merge each exchange's steps to the target over the reference's into this "
                         "steps-to-target table (the package ships src/scalesgd/sim/steps_to_target.json, which "
                         "`simulate` and `--exchange auto` read)")

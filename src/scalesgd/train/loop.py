@@ -273,7 +273,7 @@ def train_epoch(run: Run, epoch: int, log: metrics.MetricsLog | None, progress: 
             if adascale is not None:  # the gain for the next window's steps
                 adascale.gain = gain(run.noise.trace, run.noise.gradient_sq, cfg.recipe.base_batch,
                                      cfg.recipe.batch_size)
-            run.milestones.stopped = read.spent and not (adascale is not None and adascale.done)  # at an epoch's end too
+            run.milestones.stopped = read.spent and not (adascale is not None and adascale.done)  # an epoch's end too
             if not last and not read.spent and (read.due or every_steps and i + 1 - saved_at >= every_steps):
                 with run.milestones.checkpointing():
                     save_mid_epoch(i + 1, totals, time.perf_counter() - start)

@@ -87,5 +87,5 @@ class WindowReads:
                 self.progress.message(f"iteration {record['iter']}: {notice}")
             self.progress.advance(step_loss, record["lr"])
         if self.log:
-            self.log.flush()  # a window's steps readable at once by whoever watches the run (a fault's cost is read there)
+            self.log.flush()  # its steps readable at once by whoever watches the run (a fault's cost is read there)
         return Read(sums[:-1], bool(sums[-1, 0] > 0), bool(sums[-1, 1] > 0))
