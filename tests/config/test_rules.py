@@ -73,6 +73,8 @@ def test_periodic_synchronisation_refuses_what_needs_an_exchange_every_step_and_
              ("--local-steps", "8", "--codec", "onebit"): "give `onebit_beta1` 0",
              ("--local-steps", "8", "--compress-after", "5"): "`compress_after` 5 needs the gradients exchanged",
              ("--local-steps", "8", "--peer", "torchft", "--codec", "fp8"): "`peer` torchft sends fp32",
+             ("--local-steps", "8", "--peer-bucket-mb", "25"): "`peer_bucket_mb` 25 sizes torchft's buckets: add "
+                                                               "`peer` torchft",
              ("--mix", "0.5",): "`mix` 0.5 applies to periodic synchronisation",
              ("--carry",): "`carry` applies to periodic synchronisation",
              ("--local-steps", "8", "--carry"): "`carry` keeps the inner steps taken while a round's exchange is in "

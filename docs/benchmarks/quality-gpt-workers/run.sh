@@ -23,6 +23,7 @@ declare -A X=(
   [sparseloco-h8]="--local-steps 8 --codec sparseloco --sparseloco-top 128 --epochs 2"
   [muon-fp8-h16]="--local-steps 16 --codec fp8 --outer-momentum 0.5 --optimizer muon --epochs 2"
   [torchft-h50]="--peer torchft --local-steps 50 --outer-momentum 0.5 --epochs 2"
+  [torchft-h50-buckets]="--peer torchft --peer-bucket-mb 25 --local-steps 50 --outer-momentum 0.5 --epochs 2"
   [fp8]="--codec fp8"
   [fp8-single]="--codec fp8 --buckets single"
   [auto]="--exchange auto"

@@ -54,6 +54,8 @@ def periodic(cfg) -> None:
                          f"`{entry.beta1_option}` 0 (the outer optimizer keeps the momentum)")
     if p.peer == "torchft":
         torchft_peer(cfg)
+    elif p.peer_bucket_mb:
+        raise UsageError(f"`peer_bucket_mb` {p.peer_bucket_mb:g} sizes torchft's buckets: add `peer` torchft")
     if p.elastic or p.join:
         elastic(cfg)
     elif p.elastic_grace:

@@ -87,6 +87,12 @@ def addressed_transport(host: str, timeout: timedelta):
     return Addressed(timeout=timeout, num_chunks=0)
 
 
+def buckets(bucket_mb: float) -> dict:
+    """torchft's DiLoCo arguments for `--peer-bucket-mb`: its buckets of that size, or (0) its default, a tensor
+    each."""
+    return {"use_bucketization": True, "bucket_cap_mb": bucket_mb} if bucket_mb else {}
+
+
 class TorchftExchange(GradientExchange):
     """torchft's `DiLoCo` hooked on this worker's inner optimizer: every H/F steps a fragment's fp32 pseudo-gradient is
     averaged over the quorum's gloo group and its outer SGD steps it; evaluation reads the last global parameters."""
@@ -120,7 +126,7 @@ class TorchftExchange(GradientExchange):
         self.diloco = TorchftDiLoCo(self.manager, fragments, optimizer, outer, sync_every=schedule.local_steps,
                                     backup_device=torch.device("cpu"), pin_memory=False, should_quantize=False,
                                     fragment_sync_delay=schedule.overlap_steps,
-                                    fragment_update_alpha=periodic.mix)
+                                    fragment_update_alpha=periodic.mix, **buckets(periodic.peer_bucket_mb))
         self.diloco.__enter__()
         self._bytes, self._landed = 0, 0.0
         super().__init__(model, optimizer, None, bare=model, precision=setup.precision, clip_norm=setup.clip_norm)

@@ -64,6 +64,10 @@ class PeriodicConfig:
     peer: str = option("", "with --local-steps: synchronise with another library's implementation in this loop, "
                        "for comparison: torchft (torchft.local_sgd.DiLoCo over its Manager and gloo, fp32 "
                        "pseudo-gradients; pip install 'scalesgd[peers]'); '': ours", choices=PEERS)
+    peer_bucket_mb: float = option(0.0, "with --peer torchft: its pseudo-gradients summed in buckets of this many MB "
+                                   "(torchft's use_bucketization: an allreduce a bucket, where a link's round trip "
+                                   "is paid per allreduce); 0: an allreduce a tensor, as torchft's DiLoCo example",
+                                   check=checks.at_least(0))
 
     @property
     def on(self) -> bool:
