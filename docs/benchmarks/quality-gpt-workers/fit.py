@@ -37,22 +37,25 @@ def rows_of(directory: Path) -> list[dict[str, StepsToTarget]]:
              for k, row in record.get("steps_to_target", {}).items()} for record in records]
 
 
-def draw(key: str, measured: dict, held_out, on_all, picture: Path) -> None:
-    """Steps to the target over DDP's against M: the counts measured, the law fitted without the largest, and on all."""
+def draw(fits: list[tuple], picture: Path) -> None:
+    """Steps to the target over DDP's against M, a colour a key: the counts measured, the law fitted without the
+    largest (dashed) and on all (dotted)."""
     from scalesgd import output
 
     plt = output.pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ms = sorted(m for m, f in measured.items() if f is not None)
-    ax.plot(ms, [measured[m] for m in ms], "o", color="black", label=f"{key}: measured")
+    fig, ax = plt.subplots(figsize=(6.5, 4.4))
     grid = [2 ** (i / 8) for i in range(8, 8 * 10 + 1)]
-    ax.plot(grid, [held_out(m) for m in grid], "--", label=f"fitted on {ms[:-1]}: M^{held_out.exponent:.2f}")
-    ax.plot(grid, [on_all(m) for m in grid], ":", label=f"fitted on all: M^{on_all.exponent:.2f}")
+    for (key, measured, held_out, on_all), colour in zip(fits, plt.rcParams["axes.prop_cycle"].by_key()["color"]):
+        ms = sorted(m for m, f in measured.items() if f is not None)
+        ax.plot(ms, [measured[m] for m in ms], "o", color=colour, label=f"{key}: measured")
+        ax.plot(grid, [held_out(m) for m in grid], "--", color=colour,
+                label=f"fitted on {ms[:-1]}: M^{held_out.exponent:.2f}")
+        ax.plot(grid, [on_all(m) for m in grid], ":", color=colour, label=f"on all: M^{on_all.exponent:.2f}")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("workers M (global batch fixed)")
     ax.set_ylabel("steps to the target ÷ DDP's")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(picture, dpi=110)
     plt.close(fig)
@@ -70,6 +73,7 @@ def main(argv: list[str]) -> int:
     tables = {family: quality.table(family) for family in quality.FAMILIES}
     calls = [rows for d in argv if d != "--write" for rows in rows_of(Path(d))]
     tables["text"] = quality.merged([tables["text"], *calls])
+    fits = []
     for key, row in sorted(tables["text"].items()):
         measured = {row.workers: row.factor, **row.by_workers}
         print(json.dumps({"key": key, "factor_by_workers": {m: measured[m] for m in sorted(measured)}}))
@@ -78,11 +82,13 @@ def main(argv: list[str]) -> int:
             held = reached[-1]
             law = scaling_in_workers({m: measured[m] for m in reached[:-1]})
             predicted = law(held)
-            draw(key, measured, law, scaling_in_workers(measured), picture)
+            fits.append((key, measured, law, scaling_in_workers(measured)))
             print(json.dumps({"key": key, "fit_on": reached[:-1], "exponent": round(law.exponent, 4),
                               "held_out": held, "predicted": round(predicted, 4), "measured": measured[held],
                               "error": round(predicted / measured[held] - 1, 4),
                               "law_on_all": round(scaling_in_workers(measured).exponent, 4)}))
+    if fits:
+        draw([f for f in fits if f[2].exponent > 0], picture)  # DDP's own (M^0: 1 at every M) left out
     if write:
         quality.write(tables)
     return 0

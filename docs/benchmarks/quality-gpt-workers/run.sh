@@ -12,6 +12,7 @@ here=docs/benchmarks/quality-gpt-workers
 out=$here/m$m-$rate-$delay-${6:-main}
 declare -A X=(
   [fp8-h16]="--local-steps 16 --codec fp8 --outer-momentum 0.5 --epochs 2"
+  [fp8-h32]="--local-steps 32 --codec fp8 --outer-momentum 0.5 --epochs 2"
   [fp8-h8]="--local-steps 8 --codec fp8 --outer-momentum 0.5 --epochs 2"
   [fp8-h16-carry8]="--local-steps 16 --overlap-steps 8 --carry --codec fp8 --outer-momentum 0.5 --epochs 2"
   [fp8-h16-carry4]="--local-steps 16 --overlap-steps 4 --carry --codec fp8 --outer-momentum 0.5 --epochs 2"
