@@ -81,12 +81,12 @@ def main(argv: list[str]) -> int:
         if len(reached) >= 3:
             held = reached[-1]
             law = scaling_in_workers({m: measured[m] for m in reached[:-1]})
-            predicted = law(held)
-            fits.append((key, measured, law, scaling_in_workers(measured)))
+            predicted, on_all = law(held), scaling_in_workers(measured)
+            fits.append((key, measured, law, on_all))
             print(json.dumps({"key": key, "fit_on": reached[:-1], "exponent": round(law.exponent, 4),
                               "held_out": held, "predicted": round(predicted, 4), "measured": measured[held],
                               "error": round(predicted / measured[held] - 1, 4),
-                              "law_on_all": round(scaling_in_workers(measured).exponent, 4)}))
+                              "law_on_all": round(on_all.exponent, 4)}))
     if fits:
         draw([f for f in fits if f[2].exponent > 0], picture)  # DDP's own (M^0: 1 at every M) left out
     if write:
