@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from scalesgd.bench.quality import EXCHANGES, QualityBenchConfig, link_of, parse_exchanges, reference_seeds
+from scalesgd.bench.quality import EXCHANGES, QualityBenchConfig, key_of, link_of, parse_exchanges, reference_seeds
 from scalesgd.bench.quality_report import checkpoints_by, reached, steps_to_target, summarise, target_of
 from scalesgd.cli import main
 from scalesgd.errors import UsageError
@@ -78,6 +78,15 @@ def test_steps_to_target_pool_rates_and_tell_reached_from_missed_from_cut_short(
     assert steps_to_target(rows, options, lambda given: given, 30, "")["-c"].factor == pytest.approx(20 / 30)
     assert table["key-b"].missed and table["key-b"].end == pytest.approx(2.35) and table["key-b"].runs == 2
     assert table["key-d"].factor == pytest.approx(50 / 30)  # the median of 40 and 60 steps
+
+
+def test_a_run_under_another_optimizer_than_its_models_own_keeps_a_row_of_its_own():
+    """Muon's steps to the target are not DiLoCo's under the GPT's AdamW: one key each, so neither overwrites."""
+    gpt = ("--model", "gpt", "--dataset", "text")
+    assert key_of(gpt, "--local-steps 16 --codec fp8") == key_of(gpt, "--local-steps 16 --optimizer adamw --codec fp8")
+    assert key_of(gpt, "--local-steps 16 --codec fp8 --optimizer muon") == "periodic@16-fp8+muon"
+    assert key_of(gpt, "--engine ddp --codec fp32 --optimizer muon") == "ddp+muon"
+    assert key_of(("--model", "resnet8"), "--engine ddp --codec fp32") == "ddp"  # its own: momentum SGD
 
 
 def test_exchanges_are_labels_of_the_table_or_label_equals_options():

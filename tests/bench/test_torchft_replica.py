@@ -23,10 +23,11 @@ def rounds(run: Path) -> list[dict]:
     return [r for r in metrics.read(run / "metrics.jsonl") if r["kind"] == "round"]
 
 
-def replica(i: int, replicas: int, lighthouse: str, run: Path, epochs: int) -> subprocess.Popen:
+def replica(i: int, replicas: int, lighthouse: str, run: Path, epochs: int, bucket_mb: float = 0) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "scalesgd.bench.elastic.torchft_replica", "--replica", str(i),
                              "--replicas", str(replicas), "--lighthouse", lighthouse, "--run-dir", str(run), "--",
-                             *TRAIN, "--epochs", str(epochs)], stderr=subprocess.PIPE, text=True)
+                             *TRAIN, "--epochs", str(epochs), "--peer-bucket-mb", str(bucket_mb)],
+                            stderr=subprocess.PIPE, text=True)
 
 
 def wait_for(check, what: str, timeout: float = 60.0) -> None:
@@ -48,8 +49,9 @@ def lighthouse(request):
 
 @pytest.mark.parametrize("lighthouse", [1], indirect=True)
 def test_the_others_go_on_without_a_killed_replica(tmp_path, lighthouse):
+    """In torchft's buckets (`--peer-bucket-mb`; the next test sends a tensor an allreduce)."""
     runs = [tmp_path / f"r{i}" for i in range(2)]
-    procs = [replica(i, 2, lighthouse, runs[i], epochs=4) for i in range(2)]  # rounds left after the kill, even
+    procs = [replica(i, 2, lighthouse, runs[i], epochs=4, bucket_mb=1.0) for i in range(2)]  # rounds left after the kill, even
     wait_for(lambda: any(r["committed"] for r in rounds(runs[1])), "replica 1's first round")  # on a loaded machine
     procs[1].send_signal(signal.SIGKILL)
     assert procs[0].wait(60) == 0, procs[0].stderr.read()[-2000:]

@@ -154,6 +154,7 @@ def test_a_preset_prints_its_headline(capsys, tmp_path):
     (("--model", "gpt", "--iteration-time", "1", "--cluster", "goyal", "--workers", "12"),
      "--workers 12: every count must be a positive multiple of --procs-per-node 8"),
     (("--model", "resnet20", "--iteration-time", "1", "--mtbf-hours", "-1"), "--mtbf-hours -1.0: must be"),
+    (("--model", "gpt", "--iteration-time", "1", "--optimizer", "lamb"), "--optimizer lamb: with --model, one whose"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
     code, _, err = simulate(capsys, *argv)
@@ -190,3 +191,18 @@ def test_links_fitted_from_a_bench_allreduce_record(capsys, tmp_path):
     assert code == 0
     inter = json.loads(out)["cluster"]["inter"]
     assert inter["alpha_s"] == pytest.approx(1e-3) and inter["bytes_per_s"] == pytest.approx(1e8)
+
+
+def test_another_optimizer_is_predicted_from_the_steps_measured_under_it(capsys):
+    """`--optimizer muon` reads Muon's rows (`periodic@16-fp8+muon`), not AdamW's: its own law in M at 1,024."""
+    argv = ("--model", "gpt", "--iteration-time", "0.02", "--cluster", "fujitsu", "--workers", "8,1024", "--modes",
+            "periodic@16-fp8", "--json")
+    rows = {}
+    for optimizer in ("", "muon"):
+        code, out, _ = simulate(capsys, *argv, *(("--optimizer", optimizer) if optimizer else ()))
+        assert code == 0
+        rows[optimizer] = {r["workers"]: r for r in json.loads(out)["rows"]}
+    muon = quality.table("text", optimizer="muon")["periodic@16-fp8"]
+    assert rows["muon"][8]["steps_factor"] == muon.at(8).factor and muon.at(8).basis == "measured"
+    assert rows["muon"][1024]["steps_factor"] == pytest.approx(muon.at(1024).factor)
+    assert rows["muon"][8]["steps_factor"] != rows[""][8]["steps_factor"]

@@ -1,5 +1,7 @@
 """The steps-to-target table: keys as the simulator names modes, the best-measured row kept, shipped rows read."""
 
+from dataclasses import replace
+
 from scalesgd.periodic.schedule import Schedule
 from scalesgd.sim import quality
 from scalesgd.sim.modes import parse_mode
@@ -13,6 +15,7 @@ def test_keys_name_the_exchange_without_its_amounts():
     assert quality.key_of("scalesgd", "fp8", Schedule(16, 4, 3)) == "periodic@16/4/3-fp8"
     assert quality.key_of("scalesgd", "fp8", Schedule(16, 4)) == "periodic@16/4-fp8"
     assert quality.key_of("scalesgd", "fp32", Schedule(10), peer="torchft") == "torchft:periodic@10-fp32"
+    assert quality.key_of("scalesgd", "fp8", Schedule(16), optimizer="muon") == "periodic@16-fp8+muon"
     assert quality.mode_key(parse_mode("periodic@16/4/3-fp8")) == "periodic@16/4/3-fp8"
     assert quality.mode_key(parse_mode("ddp-powersgd@4")) == "ddp-powersgd"
 
@@ -26,6 +29,11 @@ def test_merging_keeps_the_row_over_most_runs_and_the_table_round_trips(tmp_path
     path = tmp_path / "steps.json"
     quality.write({"text": rows, "image": {}}, path)
     assert quality.table("text", path) == rows and quality.table("image", path) == {}
+    muon = StepsToTarget("scalesgd-fp8+muon", "--codec fp8 --optimizer muon", 0.8, 2.0, 1, "c")
+    quality.write({"text": {**rows, muon.key: muon}}, path)
+    assert quality.table("text", path) == rows  # another optimizer's rows: not the recipe's
+    assert quality.table("text", path, optimizer="muon") == {"scalesgd-fp8": replace(muon, key="scalesgd-fp8")}
+    assert quality.other_optimizers("text", path) == ["muon"] and quality.other_optimizers("image", path) == []
     assert quality.to_target(0.5, three) == 0.5 and quality.to_target(0.5, missed) is None
 
 

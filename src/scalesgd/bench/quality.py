@@ -25,7 +25,9 @@ from scalesgd import checks, testbed
 from scalesgd.bench import quality_report
 from scalesgd.config import TrainConfig
 from scalesgd.errors import UsageError
-from scalesgd.options import Options, ints, option, parse, words
+from scalesgd.models import MODELS
+from scalesgd.options import Options, field_default, ints, option, parse, words
+from scalesgd.recipe.config import RecipeConfig
 from scalesgd.sim.quality import key_of as quality_key
 from scalesgd.train import metrics
 from scalesgd.train.rundir import METRICS_NAME, SUMMARY_NAME
@@ -183,13 +185,16 @@ def reference_seeds(directory: Path, label: str, seeds: tuple[int, ...]) -> list
 
 
 def key_of(train_args: tuple[str, ...], given: str) -> str:
-    """The steps-to-target table's name of the exchange a run with these options trains with ("" for auto: its
-    exchange is chosen as the run starts, and the table is what it chooses by)."""
+    """The steps-to-target table's name of the exchange a run with these options trains with, and of its optimizer
+    where not the model's own ("" for auto: its exchange is chosen as the run starts, and the table is what it
+    chooses by)."""
     run = TrainConfig.from_argv([*train_args, *shlex.split(given)])
     x, p = run.exchange, run.periodic
     if x.auto:
         return ""
-    return quality_key(x.engine, x.codec, p.schedule, p.peer)
+    own = MODELS[run.model.name].recipe.get("optimizer", field_default(RecipeConfig, "optimizer"))
+    other = run.recipe.optimizer if run.recipe.optimizer != own else ""
+    return quality_key(x.engine, x.codec, p.schedule, p.peer, other)
 
 
 def argv_of(cfg: QualityBenchConfig, given: str, seed: int, budget_s: float) -> list[str]:

@@ -55,6 +55,9 @@ class SimulateConfig(Options):
     accumulate: int = option(1, "with --model: micro-batches per step (the ones before the last compute with "
                              "nothing to exchange; --iteration-time is one micro-batch's and the step)",
                              check=checks.at_least(1))
+    optimizer: str = option("", "with --model: the inner optimizer whose measured steps to the target turn a "
+                            "predicted step into a time to it (muon: its rows of the shipped table)",
+                            shown_default="the model's own")
     image_size: int = option(224, "with --model: input side", check=checks.positive)
     classes: int = option(1000, "with --model: classifier outputs", check=checks.at_least(2, "classes"))
     model_options: ModelOptions = expanded(MODEL_OPTIONS.items, ModelOptions, lambda held, family: held[family],
@@ -108,6 +111,12 @@ class SimulateConfig(Options):
         if self.model and self.iteration_time <= 0:
             raise UsageError(f"`iteration_time` {self.iteration_time}: with `model` give the seconds one worker's "
                              "iteration takes on the device (> 0)")
+        if self.optimizer:
+            family = quality.family_of(bool(self.model) and MODELS[self.model].data == TEXT)
+            measured = quality.other_optimizers(family)
+            if not self.model or self.optimizer not in measured:
+                raise UsageError(f"`optimizer` {self.optimizer}: with `model`, one whose steps to the target were "
+                                 f"measured for it: {', '.join(measured) or 'none'}")
         for count in self.workers:
             if count < 1 or count % self.procs_per_node:
                 raise UsageError(f"`workers` {count}: every count must be a positive multiple of `procs_per_node` "
@@ -162,7 +171,8 @@ def run(cfg: SimulateConfig, command: str) -> int:
     costs = {**costs, **{m.name: replace(costs.get(m.name, Costs()), fsdp_backend=cfg.fsdp_backend) for m in parsed
                          if m.engine in SHARDED}}
     table = scaling.rows(profile, cluster, parsed, workers, costs)
-    measured = quality.table(quality.family_of(MODELS[cfg.model].data == TEXT)) if cfg.model else {}
+    measured = quality.table(quality.family_of(MODELS[cfg.model].data == TEXT),
+                             optimizer=cfg.optimizer) if cfg.model else {}
     failures = Failures(cfg.mtbf_hours * 3600, cfg.restart_seconds, cfg.checkpoint_seconds) if cfg.mtbf_hours else None
     for row, mode in zip(table, [m for _ in workers for m in parsed]):
         steps = measured.get(quality.mode_key(mode))

@@ -3,7 +3,8 @@ them (shipped with the package in steps_to_target.json): what turns a predicted 
 time to the target, and what keeps an exchange that missed the target from being chosen.
 
 An exchange is keyed by its simulator mode name without amounts (`ddp`, `ddp-fp16`, `scalesgd-fp8`,
-`periodic@16-fp8`); a peer's by its name before it (`torchft:periodic@10-fp32`). Steps to the target do not depend
+`periodic@16-fp8`); a peer's by its name before it (`torchft:periodic@10-fp32`), an inner optimizer other than the
+model's own by its name after (`periodic@16-fp8+muon`). Steps to the target do not depend
 on the link, so the table pools every rate a benchmark ran: an exchange reached it where most of its runs did (the
 median of their steps over DDP's), and missed it where most ran all their steps without reaching it. They do depend
 on the number of replicas M (the global batch fixed): a row holds the factor at each M measured, and `StepsToTarget.at`
@@ -93,14 +94,23 @@ def family_of(text: bool) -> str:
     return "text" if text else "image"
 
 
-def table(family: str, path: Path = TABLE) -> dict[str, StepsToTarget]:
-    """The shipped measurements for a model family ("text" or "image"), by key; empty where none were shipped. A
-    periodic row measured at one M borrows the median exponent of the family's periodic rows measured at several
-    (DiLoCo's dependence on M, assumed alike for its variants), so that no prediction holds it flat in M."""
+def other_optimizers(family: str, path: Path = TABLE) -> list[str]:
+    """The optimizers besides its models' own whose steps the shipped table holds for a model family."""
     rows = json.loads(path.read_text()).get(family, {}) if path.is_file() else {}
+    return sorted({key.rpartition("+")[2] for key in rows if "+" in key})
+
+
+def table(family: str, path: Path = TABLE, optimizer: str = "") -> dict[str, StepsToTarget]:
+    """The shipped measurements for a model family ("text" or "image") under its models' own optimizer, or under
+    `optimizer` (its rows, the "+" name dropped), by key; empty where none were shipped. A periodic row measured at
+    one M borrows the median exponent of the family's periodic rows measured at several (DiLoCo's dependence on M,
+    assumed alike for its variants), so that no prediction holds it flat in M."""
+    rows = json.loads(path.read_text()).get(family, {}) if path.is_file() else {}
+    mine = {key.removesuffix(f"+{optimizer}"): row for key, row in rows.items()
+            if (key.endswith(f"+{optimizer}") if optimizer else "+" not in key)}
     out = {key: StepsToTarget(key=key, **{**row, "by_workers": {int(m): f for m, f in row.get("by_workers",
                                                                                               {}).items()}})
-           for key, row in rows.items()}
+           for key, row in mine.items()}
     periodic = [row for row in out.values() if "periodic@" in row.key]
     laws = [scaling_in_workers({row.workers: row.factor, **row.by_workers}) for row in periodic]
     exponents = [law.exponent for law in laws if law is not None]
@@ -111,12 +121,14 @@ def table(family: str, path: Path = TABLE) -> dict[str, StepsToTarget]:
                       if law is None}}
 
 
-def key_of(engine: str, codec: str, schedule: Schedule | None = None, peer: str = "") -> str:
-    """An exchange's key: the simulator's mode name, amounts left out (a rank or density does not name a row)."""
+def key_of(engine: str, codec: str, schedule: Schedule | None = None, peer: str = "", optimizer: str = "") -> str:
+    """An exchange's key: the simulator's mode name, amounts left out (a rank or density does not name a row); an
+    optimizer other than the model's own after a "+" (its steps are its own, not the exchange's under the recipe)."""
     if schedule is not None:
         name = f"periodic@{schedule.name}-{codec}"
     else:
         name = engine if engine == "ddp" and codec == DENSE.name else f"{engine}-{codec}"
+    name = f"{name}+{optimizer}" if optimizer else name
     return f"{peer}:{name}" if peer else name
 
 
