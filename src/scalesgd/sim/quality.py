@@ -94,10 +94,14 @@ def family_of(text: bool) -> str:
     return "text" if text else "image"
 
 
+def _shipped(family: str, path: Path) -> dict[str, dict]:
+    """The table's raw rows for a model family, every optimizer's; empty where none were shipped."""
+    return json.loads(path.read_text()).get(family, {}) if path.is_file() else {}
+
+
 def other_optimizers(family: str, path: Path = TABLE) -> list[str]:
     """The optimizers besides its models' own whose steps the shipped table holds for a model family."""
-    rows = json.loads(path.read_text()).get(family, {}) if path.is_file() else {}
-    return sorted({key.rpartition("+")[2] for key in rows if "+" in key})
+    return sorted({key.rpartition("+")[2] for key in _shipped(family, path) if "+" in key})
 
 
 def table(family: str, path: Path = TABLE, optimizer: str = "") -> dict[str, StepsToTarget]:
@@ -105,8 +109,7 @@ def table(family: str, path: Path = TABLE, optimizer: str = "") -> dict[str, Ste
     `optimizer` (its rows, the "+" name dropped), by key; empty where none were shipped. A periodic row measured at
     one M borrows the median exponent of the family's periodic rows measured at several (DiLoCo's dependence on M,
     assumed alike for its variants), so that no prediction holds it flat in M."""
-    rows = json.loads(path.read_text()).get(family, {}) if path.is_file() else {}
-    mine = {key.removesuffix(f"+{optimizer}"): row for key, row in rows.items()
+    mine = {key.removesuffix(f"+{optimizer}"): row for key, row in _shipped(family, path).items()
             if (key.endswith(f"+{optimizer}") if optimizer else "+" not in key)}
     out = {key: StepsToTarget(key=key, **{**row, "by_workers": {int(m): f for m, f in row.get("by_workers",
                                                                                               {}).items()}})
