@@ -40,6 +40,14 @@ def test_momentum_sgd_and_the_default_job_are_unchanged():
         "sgd", 0.1, 1e-4, "step", "linear", 30)
 
 
+def test_an_optimizer_other_than_the_models_own_is_named_apart_and_its_own_is_not():
+    gpt = ["--model", "gpt", "--dataset", "text"]
+    assert TrainConfig.from_argv([*gpt, "--optimizer", "muon"]).other_optimizer == "muon"
+    assert TrainConfig.from_argv(gpt).other_optimizer == ""  # AdamW, the GPT's own
+    assert TrainConfig.from_argv([*gpt, "--optimizer", "adamw"]).other_optimizer == ""  # its own, given
+    assert TrainConfig.from_argv(["--optimizer", "lars"]).other_optimizer == "lars"  # the ResNet's own is SGD
+
+
 def test_config_json_holds_the_resolved_values_and_a_stored_run_keeps_them():
     cfg = TrainConfig.from_argv(["--model", "gpt", "--dataset", "text"])
     stored = cfg.to_dict()

@@ -2,6 +2,8 @@
 
 from dataclasses import replace
 
+import pytest
+
 from scalesgd.periodic.schedule import Schedule
 from scalesgd.sim import quality
 from scalesgd.sim.modes import parse_mode
@@ -35,6 +37,28 @@ def test_merging_keeps_the_row_over_most_runs_and_the_table_round_trips(tmp_path
     assert quality.table("text", path, optimizer="muon") == {"scalesgd-fp8": replace(muon, key="scalesgd-fp8")}
     assert quality.other_optimizers("text", path) == ["muon"] and quality.other_optimizers("image", path) == []
     assert quality.to_target(0.5, three) == 0.5 and quality.to_target(0.5, missed) is None
+
+
+def test_under_another_optimizer_a_per_step_row_steps_as_ddp_does_under_it_unless_measured(tmp_path):
+    ddp = StepsToTarget("ddp", "", 1.0, 2.2, 3, "a", by_workers={8: 1.0})
+    fp8 = StepsToTarget("scalesgd-fp8", "--codec fp8", 1.2, 2.2, 3, "b", by_workers={4: 1.1})
+    topk = StepsToTarget("scalesgd-topk", "--codec topk", None, 2.4, 3, "b")
+    diloco = StepsToTarget("periodic@16-fp8", "--local-steps 16", 1.5, 2.2, 3, "c")
+    ddp_muon = StepsToTarget("ddp+muon", "--optimizer muon", 0.8, 2.1, 1, "d", workers=8)
+    fp16_muon = StepsToTarget("scalesgd-fp16+muon", "--codec fp16 --optimizer muon", 0.9, 2.1, 1, "e")
+    path = tmp_path / "steps.json"
+    rows = {r.key: r for r in (ddp, fp8, topk, diloco, ddp_muon, fp16_muon)}
+    quality.write({"text": rows}, path)
+    muon = quality.table("text", path, optimizer="muon")
+    assert muon["ddp"] == replace(ddp_muon, key="ddp") and muon["scalesgd-fp16"].factor == 0.9  # measured: as is
+    assert muon["scalesgd-fp8"].factor == pytest.approx(1.2 * 0.8)  # the codec's cost in steps × DDP's under Muon
+    assert muon["scalesgd-fp8"].by_workers == {4: pytest.approx(1.1 * 0.8)}
+    assert muon["scalesgd-fp8"].source == "b × ddp+muon"
+    assert muon["scalesgd-topk"].missed  # missed under the recipe: not assumed to reach it under another
+    assert "periodic@16-fp8" not in muon  # a periodic row's steps under an optimizer are only as measured
+    del rows["ddp+muon"]
+    quality.write({"text": rows}, path)
+    assert set(quality.table("text", path, optimizer="muon")) == {"scalesgd-fp16"}  # no DDP to step as
 
 
 def test_the_shipped_table_has_the_reference_at_one_and_no_peer_among_what_auto_may_choose():

@@ -13,10 +13,11 @@ from scalesgd.config import TrainConfig
 from scalesgd.train import auto
 from scalesgd.sim.exchange import Costs, predict
 from scalesgd.sim.modes import parse_mode
+from scalesgd.sim import quality
 from scalesgd.sim.quality import StepsToTarget
 from scalesgd.train.auto import PLANS, Decision, Weighed, decide
 from scalesgd.train.auto_rank import (FINALIST_MARGIN, FINALISTS, RESOLUTION, Candidate, finalists,
-                                      periodic_candidate, periodic_options, periodic_settings, pick)
+                                      periodic_candidate, periodic_options, periodic_settings, pick, steps_for)
 from tests.sim.test_exchange import PROFILE, cluster
 from tests.spawn_util import run_workers
 
@@ -170,6 +171,19 @@ def test_auto_may_choose_a_periodic_mode_only_as_measured_and_only_where_it_chan
     assert periodic_settings(_steps("--local-steps 16 --codec fp8"), GPT.replaced(auto_codecs=("fp16",))) is None
     assert periodic_settings(_steps("--local-steps 16 --codec fp8"), GPT.replaced(auto_periodic=False)) is None
     assert periodic_settings(_steps("--local-steps 16 --fragments 3 --codec fp8"), GPT) is None  # invalid: 3 ∤ 16
+
+
+def test_a_run_under_another_optimizer_is_ranked_by_its_measured_steps_and_else_by_the_recipes():
+    muon = GPT.replaced(optimizer="muon", epochs=2)
+    optimizer, rows = steps_for(muon)
+    assert optimizer == "muon" and rows == quality.table("text", optimizer="muon")
+    assert rows["ddp-fp16"].factor == rows["ddp"].factor != 1.0  # per step: as DDP under Muon, not under AdamW
+    assert periodic_settings(rows["periodic@16-fp8"], muon) == {"local_steps": 16, "codec": "fp8",
+                                                                "outer_momentum": 0.5}  # measured under Muon: its own
+    assert steps_for(GPT) == ("", quality.table("text"))
+    assert steps_for(GPT.replaced(optimizer="lamb")) == ("", quality.table("text"))  # none measured: the recipe's
+    record = Decision(_row("fp8", 1.0), [_row("fp8", 1.0)], steps_under="muon").to_dict()
+    assert Decision.from_dict(json.loads(json.dumps(record))).steps_under == "muon"
 
 
 def test_a_periodic_mode_is_chosen_where_sooner_to_the_target_and_a_tie_keeps_exchanging_every_step():

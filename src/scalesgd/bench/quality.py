@@ -25,9 +25,7 @@ from scalesgd import checks, testbed
 from scalesgd.bench import quality_report
 from scalesgd.config import TrainConfig
 from scalesgd.errors import UsageError
-from scalesgd.models import MODELS
-from scalesgd.options import Options, field_default, ints, option, parse, words
-from scalesgd.recipe.config import RecipeConfig
+from scalesgd.options import Options, ints, option, parse, words
 from scalesgd.sim.quality import key_of as quality_key
 from scalesgd.train import metrics
 from scalesgd.train.rundir import METRICS_NAME, SUMMARY_NAME
@@ -192,9 +190,7 @@ def key_of(train_args: tuple[str, ...], given: str) -> str:
     x, p = run.exchange, run.periodic
     if x.auto:
         return ""
-    own = MODELS[run.model.name].recipe.get("optimizer", field_default(RecipeConfig, "optimizer"))
-    other = run.recipe.optimizer if run.recipe.optimizer != own else ""
-    return quality_key(x.engine, x.codec, p.schedule, p.peer, other)
+    return quality_key(x.engine, x.codec, p.schedule, p.peer, run.other_optimizer)
 
 
 def argv_of(cfg: QualityBenchConfig, given: str, seed: int, budget_s: float) -> list[str]:

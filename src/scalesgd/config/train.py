@@ -23,6 +23,7 @@ from scalesgd.config.runtime import RuntimeConfig
 from scalesgd.data import DATASETS, DataRequest
 from scalesgd.data.config import DataConfig
 from scalesgd.errors import UsageError
+from scalesgd.models import MODELS
 from scalesgd.models.config import ModelConfig
 from scalesgd.optim import OPTIMIZERS, variance_horizon
 from scalesgd.options import (build, check_fields, field_default, flat_options, flatten, nested, parse, refuse,
@@ -84,6 +85,12 @@ class TrainConfig:
     def measures_noise(self) -> bool:
         """Whether the run counts the gradient norms the noise scale needs (asked for, or AdaScale's gain)."""
         return self.output.noise_scale or self.recipe.lr_scaling == "adascale"
+
+    @property
+    def other_optimizer(self) -> str:
+        """The optimizer where it is not the model's own, else "": its steps to a target are measured apart."""
+        own = MODELS[self.model.name].recipe.get("optimizer", field_default(RecipeConfig, "optimizer"))
+        return self.recipe.optimizer if self.recipe.optimizer != own else ""
 
     @property
     def freezes_variance(self) -> bool:

@@ -106,14 +106,18 @@ def other_optimizers(family: str, path: Path = TABLE) -> list[str]:
 
 def table(family: str, path: Path = TABLE, optimizer: str = "") -> dict[str, StepsToTarget]:
     """The shipped measurements for a model family ("text" or "image") under its models' own optimizer, or under
-    `optimizer` (its rows, the "+" name dropped), by key; empty where none were shipped. A periodic row measured at
-    one M borrows the median exponent of the family's periodic rows measured at several (DiLoCo's dependence on M,
-    assumed alike for its variants), so that no prediction holds it flat in M."""
-    mine = {key.removesuffix(f"+{optimizer}"): row for key, row in _shipped(family, path).items()
-            if (key.endswith(f"+{optimizer}") if optimizer else "+" not in key)}
-    out = {key: StepsToTarget(key=key, **{**row, "by_workers": {int(m): f for m, f in row.get("by_workers",
-                                                                                              {}).items()}})
-           for key, row in mine.items()}
+    `optimizer` (its rows, the "+" name dropped, and each per-step row through DDP's under it), by key; empty where
+    none were shipped. A periodic row measured at one M borrows the median exponent of the family's periodic rows
+    measured at several (DiLoCo's dependence on M, assumed alike for its variants), so that no prediction holds it
+    flat in M."""
+    shipped = {key: StepsToTarget(key=key, **{**row, "by_workers": {int(m): f for m, f in row.get("by_workers",
+                                                                                                 {}).items()}})
+               for key, row in _shipped(family, path).items()}
+    out = {key: row for key, row in shipped.items() if "+" not in key}
+    if optimizer:
+        out = {**_per_step_under(optimizer, out, shipped.get(f"ddp+{optimizer}")),
+               **{key.removesuffix(f"+{optimizer}"): replace(row, key=key.removesuffix(f"+{optimizer}"))
+                  for key, row in shipped.items() if key.endswith(f"+{optimizer}")}}
     periodic = [row for row in out.values() if "periodic@" in row.key]
     laws = [scaling_in_workers({row.workers: row.factor, **row.by_workers}) for row in periodic]
     exponents = [law.exponent for law in laws if law is not None]
@@ -122,6 +126,18 @@ def table(family: str, path: Path = TABLE, optimizer: str = "") -> dict[str, Ste
     exponent = statistics.median(exponents)
     return {**out, **{row.key: replace(row, borrowed_exponent=exponent) for row, law in zip(periodic, laws)
                       if law is None}}
+
+
+def _per_step_under(optimizer: str, recipe: dict[str, StepsToTarget], ddp: StepsToTarget | None
+                    ) -> dict[str, StepsToTarget]:
+    """The per-step rows under `optimizer` where only DDP's was measured with it: each its codec's factor under the
+    recipe × DDP's under the optimizer (a per-step exchange steps as DDP does, its codec's cost in steps kept)."""
+    if ddp is None or ddp.missed:
+        return {}
+    return {key: replace(row, factor=row.factor and row.factor * ddp.factor,
+                         by_workers={m: f and f * ddp.factor for m, f in row.by_workers.items()},
+                         source=f"{row.source} × {ddp.key}")
+            for key, row in recipe.items() if "periodic@" not in key and ":" not in key}
 
 
 def key_of(engine: str, codec: str, schedule: Schedule | None = None, peer: str = "", optimizer: str = "") -> str:

@@ -86,6 +86,7 @@ class Decision:
     measured: list[float] = field(default_factory=list)  # each finalist's trial iteration ([]: chosen by the model)
     periodic: list[dict] = field(default_factory=list)  # {"mode", "options", "to_target_s"}: listed, not chosen
     link: dict = field(default_factory=dict)  # the links measured on the run's group ({"inter"/"intra": LinkCost's})
+    steps_under: str = ""  # the optimizer whose steps to the target ranked the candidates ("": the model's own)
 
     @property
     def measured_s(self) -> float | None:
@@ -108,7 +109,8 @@ class Decision:
                 "trial_s": self.measured_s,
                 "finalists": [f.to_dict(groups=True) | ({"measured_s": m} if self.measured else {})
                               for f, m in zip(self.finalists, self.measured or [None] * len(self.finalists))],
-                "candidates": [row.to_dict() for row in self.table], "periodic": self.periodic, "link": self.link}
+                "candidates": [row.to_dict() for row in self.table], "periodic": self.periodic, "link": self.link,
+                "steps_under": self.steps_under}
 
     @classmethod
     def from_dict(cls, d: dict) -> Decision:
@@ -124,7 +126,8 @@ class Decision:
                                settings=settings)
             chosen = next((f for f in finals if (f.exchange, f.plan) == (chosen.exchange, chosen.plan)), chosen)
         return cls(chosen, [Candidate.from_dict(row) for row in d["candidates"]], finals,
-                   measured if len(measured) == len(finals) else [], d.get("periodic", []), d.get("link", {}))
+                   measured if len(measured) == len(finals) else [], d.get("periodic", []), d.get("link", {}),
+                   d.get("steps_under", ""))
 
     def tried(self, measured_s: list[float]) -> Decision:
         """The finalist measured soonest to the target (`measured_s`: each finalist's trial iteration, in order, × its
@@ -208,7 +211,7 @@ def choose(cfg: TrainConfig, model: torch.nn.Module, batches: list, loss_fn, env
         decision = Decision.from_dict(json.loads(saved.read_text()))
     else:
         x = cfg.exchange
-        steps_table = quality.table(quality.family_of(cfg.data.text))
+        optimizer, steps_table = steps_for(cfg)
         weighed = Weighed(rules.auto_fitting(cfg)[0], cfg.codec_settings(), x.algorithm, env.exchange_group,
                           env.topology_groups, x.procs_per_node or env.local_world_size, cfg.micro_batch,
                           cfg.recipe.accumulate, steps_table,
@@ -216,7 +219,7 @@ def choose(cfg: TrainConfig, model: torch.nn.Module, batches: list, loss_fn, env
                            if not x.sharded and (settings := periodic_settings(steps, cfg)) is not None},
                           ("node" if x.hybrid else "") if x.sharded else None,
                           unit_names(model, cfg.model.name) if x.sharded else ())
-        decision = decide(model, batches[0], loss_fn, weighed)
+        decision = replace(decide(model, batches[0], loss_fn, weighed), steps_under=optimizer)
         if len(decision.finalists) > 1:
             decision = decision.tried(trial(cfg, model, batches, loss_fn, env, decision.finalists))
         if env.is_main and saved is not None:
@@ -297,7 +300,8 @@ def show(decision: Decision) -> None:
                                                                chosen.settings.items()) + ")")
     console.print(rich_table(f"--exchange auto chose {chose}"
                              + (": no compression pays here" if not decision.compresses else ""),
-                             ["codec", "buckets or mode", "predicted ms", "exposed ms", "steps to target × DDP's",
+                             ["codec", "buckets or mode", "predicted ms", "exposed ms",
+                              f"steps to target × DDP's{f' ({decision.steps_under})' if decision.steps_under else ''}",
                               "to target: ms per DDP step"],
                              [[c.exchange, c.shown, f"{1e3 * c.iteration_s:.1f}", f"{1e3 * c.exposed_comm_s:.1f}",
                                _factor_text(c), "never chosen" if c.missed else f"{1e3 * c.to_target_s:.1f}"]

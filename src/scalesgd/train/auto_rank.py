@@ -22,6 +22,7 @@ from scalesgd.sim.compute import ComputeProfile
 from scalesgd.sim.exchange import Costs, predict
 from scalesgd.sim.modes import Mode, parse_mode
 from scalesgd.sim.network import Cluster
+from scalesgd.sim import quality
 from scalesgd.sim.quality import StepsToTarget, per_reference_step
 
 AUTO_ONLY = {"exchange": "manual", "auto_codecs": AUTO_CODECS, "auto_periodic": True}  # a manual run's own values
@@ -81,6 +82,14 @@ class Candidate:
         return cls(d["exchange"], d["iteration_s"], d["exposed_comm_s"], d.get("plan", ""),
                    tuple(map(tuple, d.get("groups", ()))), d.get("steps_factor"), d.get("missed", False),
                    d.get("mode", ""), d.get("settings"))
+
+
+def steps_for(cfg: TrainConfig) -> tuple[str, dict[str, StepsToTarget]]:
+    """The steps to the target a run's candidates are ranked by, and whose: its optimizer's where it is not its
+    model's own and was measured ("muon": Muon's fewer steps are its own), else the model's recipe's ("")."""
+    family = quality.family_of(cfg.data.text)
+    optimizer = cfg.other_optimizer if cfg.other_optimizer in quality.other_optimizers(family) else ""
+    return optimizer, quality.table(family, optimizer=optimizer)
 
 
 def periodic_settings(steps: StepsToTarget, cfg: TrainConfig) -> dict | None:
