@@ -46,6 +46,7 @@ from scalesgd.train.auto_rank import (
     periodic_settings,
     pick,
     proxy,
+    steps_for,
     uncompressed,
 )
 
