@@ -115,7 +115,7 @@ def table(family: str, path: Path = TABLE, optimizer: str = "") -> dict[str, Ste
                for key, row in _shipped(family, path).items()}
     out = {key: row for key, row in shipped.items() if "+" not in key}
     if optimizer:
-        out = {**_per_step_under(optimizer, out, shipped.get(f"ddp+{optimizer}")),
+        out = {**_per_step_under(out, shipped.get(f"ddp+{optimizer}")),
                **{key.removesuffix(f"+{optimizer}"): replace(row, key=key.removesuffix(f"+{optimizer}"))
                   for key, row in shipped.items() if key.endswith(f"+{optimizer}")}}
     periodic = [row for row in out.values() if "periodic@" in row.key]
@@ -128,10 +128,10 @@ def table(family: str, path: Path = TABLE, optimizer: str = "") -> dict[str, Ste
                       if law is None}}
 
 
-def _per_step_under(optimizer: str, recipe: dict[str, StepsToTarget], ddp: StepsToTarget | None
-                    ) -> dict[str, StepsToTarget]:
-    """The per-step rows under `optimizer` where only DDP's was measured with it: each its codec's factor under the
-    recipe × DDP's under the optimizer (a per-step exchange steps as DDP does, its codec's cost in steps kept)."""
+def _per_step_under(recipe: dict[str, StepsToTarget], ddp: StepsToTarget | None) -> dict[str, StepsToTarget]:
+    """The per-step rows under another optimizer where only DDP's (`ddp`) was measured with it: each its codec's
+    factor under the recipe × DDP's under the optimizer (a per-step exchange steps as DDP does, its codec's cost in
+    steps kept)."""
     if ddp is None or ddp.missed:
         return {}
     return {key: replace(row, factor=row.factor and row.factor * ddp.factor,
