@@ -353,6 +353,8 @@ TRIAL = {  # what a new user ran against ef7adf9 that ended silent, in a traceba
         "test_the_readme_transformer_line_runs_adamw_at_adams_rate_with_the_gpts_own_length",
     "bf16 on a CPU without native bf16, 10× slower without a word":
         "tests.config.test_rules::test_bf16_on_a_cpu_without_native_bf16_warns_with_the_measured_slowdown",
+    "Muon on an AVX2 CPU, 10× slower than AdamW without a word":
+        "tests.config.test_rules::test_muon_on_a_cpu_whose_onednn_has_no_bf16_warns_with_the_measured_slowdown",
     "a variance frozen before Adam's horizon, without a word":
         "tests.config.test_rules::test_a_freeze_given_before_adams_horizon_warns_and_the_default_waits_for_it",
     "the hook's freeze set to a 20-step warm-up with β2 0.99":

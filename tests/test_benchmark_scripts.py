@@ -51,7 +51,8 @@ def test_the_fit_on_fewer_workers_predicts_the_most_workers_measured(tmp_path, c
 
 
 def test_the_run_scripts_parse():
-    for script_path in (HERE / "run.sh", HERE.parent / "gpu-h200-workers" / "run.sh"):
+    for folder in ("quality-gpt-workers", "gpu-h200-workers", "muon-cpu"):
+        script_path = HERE.parent / folder / "run.sh"
         assert subprocess.run(["bash", "-n", str(script_path)]).returncode == 0, script_path
 
 

@@ -150,7 +150,7 @@ for kind, config, run, help_, workers, description in [
     ("data", data.DataBenchConfig, data.run,
      "images/s an image folder is decoded and augmented at, per loader worker, beside the model's step", False, ""),
     ("optimizer", optimizer.OptimizerBenchConfig, optimizer.run,
-     "time of one optimizer step(), LARS against torch's SGD, one process", False, ""),
+     "time of one optimizer step() (LARS, LAMB, AdamW, Muon) against torch's SGD, one process", False, ""),
     ("accuracy", accuracy.AccuracyBenchConfig, accuracy.run,
      "final test accuracy of training variants, median over seeds", False,
      "Run `scalesgd train` for every variant × seed, one after another; options after -- go to every run. Finished "

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from scalesgd.cli import main
 from tests.bench.cli import bench
@@ -29,8 +30,21 @@ def test_bench_optimizer_times_each_optimizer_against_sgd_and_writes_its_files(t
     assert (out / "optimizer.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_bench_optimizer_times_muon_on_the_gpt_and_records_whether_onednn_computes_its_bf16(tmp_path):
+    out = tmp_path / "muon"
+    proc = bench("optimizer", "--model", "gpt", "--optimizers", "sgd,adamw,muon", "--repeats", "1", "--warmup", "0",
+                 "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads((out / "optimizer.json").read_text())
+    assert [r["optimizer"] for r in record["results"]] == ["sgd", "adamw", "muon"]
+    assert record["cpu"] == {"capability": torch.backends.cpu.get_cpu_capability(),
+                             "onednn_bf16": torch.ops.mkldnn._is_mkldnn_bf16_supported()}
+    assert f"bf16 in oneDNN: {'yes' if record['cpu']['onednn_bf16'] else 'no'}" in proc.stdout
+
+
 @pytest.mark.parametrize("argv, message", [
-    (("--optimizers", "sgd,adam"), "--optimizers 'adam' is not known; choose from sgd, sgd-foreach, lars, naive-lars"),
+    (("--optimizers", "sgd,adam"), "--optimizers 'adam' is not known; choose from sgd, sgd-foreach, lars, naive-lars, "
+                                   "lamb, adamw, muon"),
     (("--optimizers", "lars"), "--optimizers lars: include sgd, the reference of the ratios"),
     (("--repeats", "0"), "--repeats 0: must be a positive number"),
     (("--weight-decay", "-1"), "--weight-decay -1.0: must be a finite number >= 0"),

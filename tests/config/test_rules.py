@@ -1,5 +1,6 @@
 """The rules between options: `--exchange auto` weighs only what manual mode would run, and says what it left out;
-a variance frozen before Adam's averaging horizon and emulated bf16 are warned of at start."""
+a variance frozen before Adam's averaging horizon, emulated bf16 and Muon's bf16 on a scalar path are warned of at
+start."""
 
 import re
 
@@ -50,6 +51,17 @@ def test_bf16_on_a_cpu_without_native_bf16_warns_with_the_measured_slowdown(monk
     monkeypatch.setattr(rules.torch.cuda, "is_available", lambda: False)  # on a GPU bf16 runs there
     lines = rules.advice(TrainConfig.from_argv(["--precision", "bf16"]))
     assert any("measured 10.3× slower a step than fp32" in line for line in lines) == warned
+
+
+@pytest.mark.parametrize("onednn,cuda,warned", [(False, False, True), (True, False, False), (False, True, False)])
+def test_muon_on_a_cpu_whose_onednn_has_no_bf16_warns_with_the_measured_slowdown(monkeypatch, onednn, cuda, warned):
+    monkeypatch.setattr(rules, "onednn_bf16", lambda: onednn)
+    monkeypatch.setattr(rules.torch.cuda, "is_available", lambda: cuda)
+    lines = rules.advice(TrainConfig.from_argv(["--model", "gpt", "--dataset", "text", "--optimizer", "muon"]))
+    assert any("torch's Muon orthogonalises in bf16" in line and "measured 10.2× fewer tokens a second than adamw" in line
+               for line in lines) == warned
+    assert not any("Muon" in line for line in rules.advice(TrainConfig.from_argv(["--model", "gpt", "--dataset",
+                                                                                  "text"])))
 
 
 def test_periodic_synchronisation_refuses_what_needs_an_exchange_every_step_and_its_bad_schedules():

@@ -1,4 +1,5 @@
-"""`scalesgd bench optimizer`: what one LARS or LAMB step() costs next to torch's SGD on a real model's parameters."""
+"""`scalesgd bench optimizer`: what one step() of LARS, LAMB, AdamW or Muon costs next to torch's SGD on a real model's
+parameters, on this CPU (torch's Muon orthogonalises in bf16, which oneDNN computes only on AVX512 CPUs)."""
 
 from __future__ import annotations
 
@@ -16,18 +17,24 @@ from scalesgd.models import MODELS, build_model
 from scalesgd.optim import LAMB, LARS, NaiveLARS
 from scalesgd.options import Options, option, words
 from scalesgd.recipe import param_groups
+from scalesgd.recipe.params import build_optimizer
 
 LR, MOMENTUM = 0.1, 0.9
 REFERENCE = "sgd"
-# name → (what it is, how to build it on parameter groups)
+# name → (what it is, how to build it on the model's parameter groups and their weight decay)
 OPTIMIZERS = {
-    "sgd": ("torch SGD, default: per tensor on CPU", lambda groups: torch.optim.SGD(groups, LR, MOMENTUM)),
+    "sgd": ("torch SGD, default: per tensor on CPU", lambda groups, _: torch.optim.SGD(groups, LR, MOMENTUM)),
     "sgd-foreach": ("torch SGD, foreach=True",
-                    lambda groups: torch.optim.SGD(groups, LR, MOMENTUM, foreach=True)),
-    "lars": ("LARS, batched", lambda groups: LARS(groups, LR, MOMENTUM)),
-    "naive-lars": ("LARS, per tensor", lambda groups: NaiveLARS(groups, LR, MOMENTUM)),
-    "lamb": ("LAMB, batched", lambda groups: LAMB(groups, LR)),
+                    lambda groups, _: torch.optim.SGD(groups, LR, MOMENTUM, foreach=True)),
+    "lars": ("LARS, batched", lambda groups, _: LARS(groups, LR, MOMENTUM)),
+    "naive-lars": ("LARS, per tensor", lambda groups, _: NaiveLARS(groups, LR, MOMENTUM)),
+    "lamb": ("LAMB, batched", lambda groups, _: LAMB(groups, LR)),
+    "adamw": ("torch AdamW, the recipe's groups",
+              lambda model, decay: build_optimizer(model, "adamw", 1e-3, MOMENTUM, False, decay)),
+    "muon": ("torch Muon on the hidden matrices, AdamW the rest",
+             lambda model, decay: build_optimizer(model, "muon", 1e-3, MOMENTUM, False, decay)),
 }
+ON_MODEL = ("adamw", "muon")  # built by the recipe on the model (its own groups), not on the shared groups
 
 
 @dataclass
@@ -62,14 +69,15 @@ def run(cfg: OptimizerBenchConfig, command: str) -> int:
     for p in model.parameters():
         p.grad = torch.randn(p.shape, generator=gen) * 1e-2
     # fresh group dicts each: torch optimizers fill their defaults into the dicts they are given
-    optimizers = {name: OPTIMIZERS[name][1](param_groups(model, cfg.weight_decay)) for name in cfg.optimizers}
+    optimizers = {name: OPTIMIZERS[name][1](model if name in ON_MODEL else param_groups(model, cfg.weight_decay),
+                                            cfg.weight_decay) for name in cfg.optimizers}
     times = _time_steps(optimizers, cfg.warmup, cfg.repeats)
     reference = statistics.median(times[REFERENCE]), min(times[REFERENCE])
     results = [{"optimizer": name, "median_ms": 1e3 * statistics.median(t), "min_ms": 1e3 * min(t),
                 "ratio_median": statistics.median(t) / reference[0], "ratio_min": min(t) / reference[1],
                 "times_ms": [1e3 * s for s in t]} for name, t in times.items()]
     report(cfg, {"parameters": _describe(param_groups(model, cfg.weight_decay)), "load_average_1_5_15": load,
-                 "results": results}, command)
+                 "cpu": cpu(), "results": results}, command)
     return 0
 
 
@@ -85,6 +93,12 @@ def _time_steps(optimizers: dict, warmup: int, repeats: int) -> dict[str, list[f
             opt.step()
             times[name].append(time.perf_counter() - start)
     return times
+
+
+def cpu() -> dict:
+    """The vector instructions torch uses here, and whether oneDNN computes bf16 (torch's Muon's Newton–Schulz)."""
+    return {"capability": torch.backends.cpu.get_cpu_capability(),
+            "onednn_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())}
 
 
 def _describe(groups: list[dict]) -> dict:
@@ -104,8 +118,12 @@ def report(cfg: OptimizerBenchConfig, measured: dict, command: str) -> None:
     plot(out / "optimizer.png", cfg, params, results)
     output.console().print(output.rich_table(f"one step() on {cfg.model}: {params['tensors']} tensors, "
                                       f"{params['elements'] / 1e6:.1f} M parameters, {cfg.threads} thread(s), "
-                                      f"{cfg.repeats} steps", columns, rows))
+                                      f"{cfg.repeats} steps, {_cpu_words(measured['cpu'])}", columns, rows))
     output.console().print(f"written to {out}/optimizer.{{json,md,png}}", highlight=False)
+
+
+def _cpu_words(cpu: dict) -> str:
+    return f"CPU {cpu['capability']}, bf16 in oneDNN: {'yes' if cpu['onednn_bf16'] else 'no'}"
 
 
 def plot(path: Path, cfg: OptimizerBenchConfig, params: dict, results: list[dict]) -> None:

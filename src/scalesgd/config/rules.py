@@ -29,6 +29,10 @@ MIN_PER_WORKER = 2  # BatchNorm needs more than one sample per worker
 SPARSE_ADAM_LOSS, SPARSE_ADAM_CORRECTED = "+8.3 %", "+2.1 %"
 # the default GPT, batch 64, 2 workers, AdamW, on an AMD EPYC with AVX2 alone: 3.39 s a step against 0.33 s (2026-11-26)
 EMULATED_BF16_SLOWDOWN = "10.3×"
+# the default GPT, batch 64, 8 local workers: adamw's tokens a second ÷ muon's, median of 3, on an AMD EPYC whose
+# torch runs AVX2 (no AVX512, so no bf16 in oneDNN: torch's Muon's Newton–Schulz in bf16 on a scalar path;
+# docs/results.md#muon-cpu)
+MUON_BF16_SLOWDOWN = "10.2×"
 
 
 def dense_start(cfg) -> bool:
@@ -352,6 +356,12 @@ def native_bf16() -> bool:
     return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
 
 
+def onednn_bf16() -> bool:
+    """Whether oneDNN computes bf16 matrix products on this CPU (AVX512 and up): where not, torch falls back to a
+    scalar path many times slower than fp32's."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def advice(cfg) -> list[str]:
     """What a valid configuration is known to lose, and what to add instead (warnings, naming options)."""
     r, x = cfg.recipe, cfg.exchange
@@ -364,6 +374,10 @@ def advice(cfg) -> list[str]:
     if r.precision == "bf16" and not torch.cuda.is_available() and not native_bf16():
         found.append(f"`precision` bf16 on this CPU, which has no native bf16 (AVX512-BF16 or AMX), is emulated: "
                      f"measured {EMULATED_BF16_SLOWDOWN} slower a step than fp32; train in fp32 here, in bf16 on a GPU")
+    if r.optimizer == "muon" and not torch.cuda.is_available() and not onednn_bf16():
+        found.append(f"`optimizer` muon on this CPU ({torch.backends.cpu.get_cpu_capability()}, no bf16 in oneDNN): "
+                     f"torch's Muon orthogonalises in bf16, here on a scalar path: measured {MUON_BF16_SLOWDOWN} "
+                     "fewer tokens a second than adamw with 8 workers; adamw here, muon on a GPU or an AVX512 CPU")
     sparse_gradient = x.codec_entry.sparse and not cfg.periodic.on  # periodic: it carries the pseudo-gradient
     if r.optimizer == "adamw" and sparse_gradient and not x.codec_options["topk"].momentum_correction:
         carries = x.codec_entry.family is not None and "momentum_correction" in {
