@@ -62,6 +62,7 @@ def test_muon_on_a_cpu_whose_onednn_has_no_bf16_warns_with_the_measured_slowdown
                for line in lines) == warned
     assert not any("Muon" in line for line in rules.advice(TrainConfig.from_argv(["--model", "gpt", "--dataset",
                                                                                   "text"])))
+    assert not any("Muon" in line for line in rules.advice(TrainConfig.from_argv(["--optimizer", "muon"])))  # a CNN
 
 
 def test_periodic_synchronisation_refuses_what_needs_an_exchange_every_step_and_its_bad_schedules():

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from scalesgd import checks, output
+from scalesgd.config.rules import onednn_bf16
 from scalesgd.errors import UsageError
 from scalesgd.models import MODELS, build_model
 from scalesgd.optim import LAMB, LARS, NaiveLARS
@@ -98,7 +99,7 @@ def _time_steps(optimizers: dict, warmup: int, repeats: int) -> dict[str, list[f
 def cpu() -> dict:
     """The vector instructions torch uses here, and whether oneDNN computes bf16 (torch's Muon's Newton–Schulz)."""
     return {"capability": torch.backends.cpu.get_cpu_capability(),
-            "onednn_bf16": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())}
+            "onednn_bf16": onednn_bf16()}
 
 
 def _describe(groups: list[dict]) -> dict:

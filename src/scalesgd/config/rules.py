@@ -374,7 +374,8 @@ def advice(cfg) -> list[str]:
     if r.precision == "bf16" and not torch.cuda.is_available() and not native_bf16():
         found.append(f"`precision` bf16 on this CPU, which has no native bf16 (AVX512-BF16 or AMX), is emulated: "
                      f"measured {EMULATED_BF16_SLOWDOWN} slower a step than fp32; train in fp32 here, in bf16 on a GPU")
-    if r.optimizer == "muon" and not torch.cuda.is_available() and not onednn_bf16():
+    hidden_matrices = MODELS[cfg.model.name].data == TEXT  # a CNN's hidden weights are 4-D: AdamW's, not Muon's
+    if r.optimizer == "muon" and hidden_matrices and not torch.cuda.is_available() and not onednn_bf16():
         found.append(f"`optimizer` muon on this CPU ({torch.backends.cpu.get_cpu_capability()}, no bf16 in oneDNN): "
                      f"torch's Muon orthogonalises in bf16, here on a scalar path: measured {MUON_BF16_SLOWDOWN} "
                      "fewer tokens a second than adamw with 8 workers; adamw here, muon on a GPU or an AVX512 CPU")
